@@ -1,0 +1,37 @@
+"""tfcompat: model patches (packed sequences, varlen attention) that keep working across transformers releases.
+
+Importing tfcompat imports neither transformers' model modules nor transformers itself; `resolve` and
+`patch` do, for the family asked for.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    InvalidInputError,
+    PatchError,
+    SymbolProbeError,
+    TfcompatError,
+    UnknownFamilyError,
+    UnsupportedVersionError,
+)
+from .patching import PatchHandle, patch
+from .registry import ForwardCompatWarning, Resolved, resolve
+from .rope_index import rope_index
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ForwardCompatWarning",
+    "InvalidInputError",
+    "PatchError",
+    "PatchHandle",
+    "Resolved",
+    "SymbolProbeError",
+    "TfcompatError",
+    "UnknownFamilyError",
+    "UnsupportedVersionError",
+    "__version__",
+    "patch",
+    "resolve",
+    "rope_index",
+]

@@ -1,0 +1,114 @@
+"""Sequence boundaries of a packed batch, computed once per forward from the text position row.
+
+A packed row holds several sequences back to back with no padding; the text position row restarts at 0
+at each sequence. Every attention layer of the forward shares the one `PackedSeqs` built here, so the
+hot path has no per-layer ``nonzero``/``.item()``/``all_gather`` (reference: flash-attn's
+``bert_padding.py`` and transformers' ``prepare_fa_kwargs_from_position_ids``, which runs per layer).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .errors import InvalidInputError
+
+__all__ = ["PackedSeqs", "from_text_positions", "from_lengths"]
+
+
+class PackedSeqs(NamedTuple):
+    """Boundaries of the sequences in a flattened packed stream of ``T`` tokens.
+
+    cu_seqlens: ``(N + 1,)`` int32 on the tokens' device, ``cu_seqlens[i]`` = start of sequence ``i``.
+    max_seqlen: the longest sequence, a host int (varlen kernels take it as an int).
+    lengths: the ``N`` sequence lengths as host ints (the SDPA backend splits on them without a sync).
+    """
+
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    lengths: tuple[int, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(self.lengths)
+
+
+def from_lengths(lengths: list[int] | tuple[int, ...], device: torch.device | str = "cpu") -> PackedSeqs:
+    """Boundaries from host-side sequence lengths (no device sync)."""
+    lengths = tuple(int(n) for n in lengths)
+    if not lengths or min(lengths) <= 0:
+        raise InvalidInputError(
+            "packed sequence lengths must be positive",
+            why=f"got lengths {lengths!r}",
+            fix="drop empty sequences before packing",
+        )
+    cu = torch.tensor((0, *_cumsum(lengths)), dtype=torch.int32)
+    return PackedSeqs(cu.to(device, non_blocking=True), max(lengths), lengths)
+
+
+def from_text_positions(
+    text_positions: torch.Tensor, *, attention_mask: torch.Tensor | None = None, family: str | None = None
+) -> PackedSeqs:
+    """Boundaries from the text position row of a packed batch: one device-to-host copy, no other sync.
+
+    text_positions: ``(B, L)`` integer; each row is flattened into the stream in order, a sequence starts
+    at every row start and wherever the position is 0, and inside a sequence positions count up by 1.
+    attention_mask: ``(B, L)`` or None; packed rows carry no padding, so it must be all ones (checked on the
+    same host copy).
+    Returns the `PackedSeqs` of the ``B * L`` tokens.
+    """
+    if text_positions.ndim != 2 or text_positions.is_floating_point() or text_positions.dtype == torch.bool:
+        raise InvalidInputError(
+            "the text position row must be an integer (batch, seq_len) tensor",
+            family=family,
+            why=f"got dtype {text_positions.dtype} and shape {tuple(text_positions.shape)}",
+            fix="pass position_ids as a LongTensor: (B, L), or (4, B, L) = [text; t; h; w]",
+        )
+    rows = [text_positions.detach().long()]
+    if attention_mask is not None:
+        if attention_mask.shape != text_positions.shape:
+            raise InvalidInputError(
+                "a packed batch takes a 2-D attention_mask of ones (or None)",
+                family=family,
+                why=f"attention_mask {tuple(attention_mask.shape)} vs positions {tuple(text_positions.shape)}",
+                fix="pass attention_mask=None: packed rows have no padding",
+            )
+        rows.append(attention_mask.detach().to(text_positions.device, torch.long))
+    host = torch.stack(rows).cpu()  # the one sync of the forward
+    if attention_mask is not None and not bool(host[1].all()):
+        raise InvalidInputError(
+            "a packed batch has padding",
+            family=family,
+            why="attention_mask has zeros; packing removes padding, so every token must be attended",
+            fix="drop the padding when packing, or pass attention_mask=None",
+        )
+    host = host[0]
+    batch, length = host.shape
+    if length == 0:
+        raise InvalidInputError("empty packed batch", family=family, fix="pass at least one token")
+    flat = host.reshape(-1)
+    starts = flat == 0
+    starts[::length] = True  # every row starts a sequence
+    continues = flat[1:] == flat[:-1] + 1
+    bad = ~(starts[1:] | continues)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0]) + 1
+        raise InvalidInputError(
+            "text position ids are not packed sequences",
+            family=family,
+            why=f"at flat index {i} the position goes {int(flat[i - 1])} -> {int(flat[i])}; inside a sequence "
+            "positions count up by 1 and each new sequence restarts at 0",
+            fix="build each sequence's ids with tfcompat.rope_index (or arange) and concatenate them",
+        )
+    begin = starts.nonzero().flatten()
+    lengths = torch.diff(torch.cat([begin, torch.tensor([flat.numel()])])).tolist()
+    return from_lengths(lengths, device=text_positions.device)
+
+
+def _cumsum(values: tuple[int, ...]) -> list[int]:
+    out, acc = [], 0
+    for v in values:
+        acc += v
+        out.append(acc)
+    return out

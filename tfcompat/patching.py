@@ -1,0 +1,245 @@
+"""Applying and undoing patches, with a record of every change.
+
+`patch` changes the given model's instances only, except one process-wide action: it registers the
+attention key ``"tfcompat_packed"`` in transformers' ``AttentionInterface`` (a new name; no existing
+function is replaced; removed again when the last patched model is undone). Per instance it sets:
+
+- the text config's ``_attn_implementation`` to that key (the stock attention forward then dispatches to
+  tfcompat's packed core, after its own rotary);
+- an instance ``forward`` on the text model that accepts contract position ids, computes the packed
+  boundaries once per forward and passes them down in kwargs;
+- where the installed decoder layer drops ``**kwargs``, a forward pre-hook on each decoder layer that hands
+  the boundaries to its attention.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from . import hf_attention
+from .attention import Backend
+from .errors import InvalidInputError, PatchError
+from .hf_attention import BRIDGE_ATTR, CONTEXT_KWARG, ForwardContext
+from .packing import from_text_positions
+from .registry import Resolved, resolve
+from .rope import split_positions, to_text_model_layout
+
+__all__ = ["PatchHandle", "Record", "patch"]
+
+_MISSING = object()
+_HANDLE_ATTR = "_tfcompat_handle"
+
+
+@dataclass(frozen=True)
+class Record:
+    """One change: ``target.attr`` went from ``old`` to ``new`` (``old`` is `None` with ``was_set=False``
+    when the attribute was not in the instance's ``__dict__``); scope is "instance", "config", "hook" or
+    "process"."""
+
+    scope: str
+    target: Any
+    attr: str
+    old: Any
+    new: Any
+    was_set: bool
+    note: str
+
+    def __str__(self) -> str:
+        return f"[{self.scope}] {type(self.target).__name__}.{self.attr}: {self.note}"
+
+
+class PatchHandle:
+    """The result of `patch`: what was changed, and how to take it back (`undo`, or leave the ``with``)."""
+
+    def __init__(self, model: torch.nn.Module, resolved: Resolved, options: dict[str, Any]) -> None:
+        self.model = model
+        self.resolved = resolved
+        self.options = options
+        self.records: list[Record] = []
+        self._undo: list[Callable[[], None]] = []
+        self.active = True
+
+    def _set(self, scope: str, target: Any, attr: str, new: Any, note: str) -> None:
+        was_set = attr in vars(target) if scope == "instance" else True
+        old = vars(target).get(attr) if scope == "instance" else getattr(target, attr)
+        setattr(target, attr, new)
+        self.records.append(Record(scope, target, attr, old, new, was_set, note))
+
+        def restore() -> None:
+            if was_set:
+                setattr(target, attr, old)
+            else:
+                delattr(target, attr)
+
+        self._undo.append(restore)
+
+    def _add(self, record: Record, restore: Callable[[], None]) -> None:
+        self.records.append(record)
+        self._undo.append(restore)
+
+    def undo(self) -> None:
+        """Restore every original object, newest change first. Idempotent."""
+        while self._undo:
+            self._undo.pop()()
+        self.active = False
+
+    def __enter__(self) -> PatchHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.undo()
+
+    def explain(self) -> str:
+        head = f"tfcompat patch of {type(self.model).__name__} ({'active' if self.active else 'undone'}), options {self.options}"
+        return "\n".join([head, *(f"  {r}" for r in self.records), self.resolved.explain()])
+
+
+def patch(model: torch.nn.Module, *, remove_padding: bool = True, backend: Backend = "auto") -> PatchHandle:
+    """Make a stock transformers model accept packed batches; returns a `PatchHandle`.
+
+    remove_padding: accept packed rows (several sequences back to back, no padding; the text row of the
+        position ids restarts at 0 at each sequence) and return, per token, what the stock model returns
+        for each sequence alone. Position ids are ``(4, B, L)`` ``[text; t; h; w]`` or ``(B, L)``.
+    backend: the varlen attention backend (``"auto"``, ``"flash"``, ``"torch"``, ``"sdpa"``).
+
+    Idempotent: patching a patched model with the same options returns its handle. Everything that cannot
+    apply raises `PatchError` here, never inside a forward. See the module docstring for what is changed.
+    """
+    if not remove_padding:
+        raise PatchError(
+            "nothing to patch: remove_padding=False",
+            fix="pass remove_padding=True (the packed path is what tfcompat.patch provides)",
+        )
+    options = {"remove_padding": remove_padding, "backend": backend}
+    existing = vars(model).get(_HANDLE_ATTR)
+    if existing is not None and existing.active:
+        if existing.options != options:
+            raise PatchError(
+                "model is already patched with other options",
+                family=existing.resolved.family,
+                transformers_version=existing.resolved.transformers_version,
+                why=f"patched with {existing.options}, asked for {options}",
+                fix="undo() the first handle before patching again",
+            )
+        return existing
+
+    family = getattr(getattr(model, "config", None), "model_type", None)
+    if family is None:
+        raise PatchError("model has no config.model_type", why=f"got {type(model).__name__}",
+                         fix="pass a transformers PreTrainedModel")
+    resolved = resolve(family)
+    plan = _plan(model, resolved)
+
+    handle = PatchHandle(model, resolved, options)
+    hf_attention.register()
+    handle._add(
+        Record("process", hf_attention, "AttentionInterface", None, hf_attention.ATTENTION_KEY, True,
+               f"registered attention key {hf_attention.ATTENTION_KEY!r} (reference counted)"),
+        hf_attention.unregister,
+    )
+    for config in plan.configs:
+        handle._set("config", config, "_attn_implementation", hf_attention.ATTENTION_KEY,
+                    f"{config._attn_implementation!r} -> {hf_attention.ATTENTION_KEY!r}")
+    for text_model in plan.text_models:
+        forward = _packed_text_forward(text_model.forward, resolved, backend)
+        handle._set("instance", text_model, "forward", forward, "packed position ids -> boundaries once per forward")
+    for layer, attn in plan.bridges:
+        hook = layer.register_forward_pre_hook(_bridge(attn), with_kwargs=True)
+        handle._add(Record("hook", layer, "forward_pre_hook", None, hook, True,
+                           "hands packed boundaries to self-attention (layer drops **kwargs)"), hook.remove)
+    handle._set("instance", model, _HANDLE_ATTR, handle, "the active handle (idempotence)")
+    return handle
+
+
+@dataclass
+class _Plan:
+    configs: list[Any]
+    text_models: list[torch.nn.Module]
+    bridges: list[tuple[torch.nn.Module, torch.nn.Module]]
+
+
+def _plan(model: torch.nn.Module, r: Resolved) -> _Plan:
+    """Find what to change and check it can be changed, before changing anything."""
+    def error(what: str, why: str, fix: str = "") -> PatchError:
+        return PatchError(what, family=r.family, transformers_version=r.transformers_version, why=why,
+                          supported=f"entry {r.entry.versions}", fix=fix)
+
+    text_models = [m for m in model.modules() if isinstance(m, r.text_model_cls)]
+    attentions = [m for m in model.modules() if isinstance(m, r.attention_cls)]
+    if not text_models or not attentions:
+        raise error(f"cannot patch {type(model).__name__}",
+                    f"found {len(text_models)} {r.text_model_cls.__name__} and {len(attentions)} {r.attention_cls.__name__}",
+                    "pass the model built by transformers for this family")
+    for tm in text_models:
+        params = inspect.signature(tm.forward).parameters.values()
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            raise error(f"{type(tm).__name__}.forward takes no **kwargs", "boundaries cannot reach attention")
+    configs: list[Any] = []
+    for attn in attentions:
+        cfg = attn.config
+        if getattr(cfg, "attention_dropout", 0.0):
+            raise error("attention dropout is not supported by the packed core",
+                        f"config.attention_dropout = {cfg.attention_dropout}", "set attention_dropout=0.0")
+        if all(cfg is not c for c in configs):
+            configs.append(cfg)
+    for tm in text_models:
+        if all(tm.config is not c for c in configs):
+            configs.append(tm.config)
+    bridges = []
+    if not r.entry.layer_forwards_kwargs:
+        for layer in (m for m in model.modules() if isinstance(m, r.decoder_layer_cls)):
+            attn = [c for c in layer.children() if isinstance(c, r.attention_cls)]
+            if len(attn) != 1:
+                raise error(f"{type(layer).__name__} has {len(attn)} attention children", "cannot bridge kwargs")
+            bridges.append((layer, attn[0]))
+    return _Plan(configs, text_models, bridges)
+
+
+def _bridge(attn: torch.nn.Module) -> Callable[..., None]:
+    def hook(layer: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        attn.__dict__[BRIDGE_ATTR] = kwargs.get(CONTEXT_KWARG)
+
+    return hook
+
+
+def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Backend) -> Callable[..., Any]:
+    """Wrap the text model's bound forward: contract ids in, boundaries computed once, stock forward out."""
+    sig = inspect.signature(original)
+    var_kw = next(p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD)
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind(*args, **kwargs)
+        a = bound.arguments
+        extra = a.setdefault(var_kw, {})
+        if CONTEXT_KWARG not in extra:
+            tokens = a.get("inputs_embeds")
+            tokens = a.get("input_ids") if tokens is None else tokens
+            if a.get("position_ids") is None or tokens is None:
+                raise InvalidInputError(
+                    "a packed forward needs position_ids and input_ids (or inputs_embeds)",
+                    family=r.family, transformers_version=r.transformers_version,
+                    why="position_ids is None" if tokens is not None else "no input tokens",
+                    fix="pass position_ids: tfcompat.rope_index(model, ids, ...) per sequence, concatenated on dim -1",
+                )
+            positions = split_positions(a["position_ids"], seq_len=tokens.shape[1], family=r.family)
+            if positions.text.shape[0] != tokens.shape[0]:
+                raise InvalidInputError(
+                    "position_ids and the input tokens differ in batch size", family=r.family,
+                    transformers_version=r.transformers_version,
+                    why=f"{positions.text.shape[0]} position rows for {tokens.shape[0]} token rows",
+                )
+            seqs = from_text_positions(positions.text, attention_mask=a.get("attention_mask"), family=r.family)
+            extra[CONTEXT_KWARG] = ForwardContext(seqs, backend)
+            a["position_ids"] = to_text_model_layout(positions, r.entry.text_model_positions)
+            if "attention_mask" in a:
+                a["attention_mask"] = None
+        # keywords only: transformers' forward decorators re-inject defaults by name
+        return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
+
+    return forward

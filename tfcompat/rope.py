@@ -1,0 +1,104 @@
+"""Rope configuration and the position-id contract.
+
+The contract, the same on every transformers version: position ids are ``(4, B, L)`` rows
+``[text; t; h; w]`` (M-RoPE families) or ``(B, L)`` (text only: all four rows equal it). The text row
+drives sequence boundaries and masks; ``t, h, w`` drive the multimodal rotary. Each registry entry says
+which layout its text model accepts, and `to_text_model_layout` converts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NamedTuple
+
+import torch
+
+from .errors import InvalidInputError
+
+__all__ = ["Positions", "rope_config", "split_positions", "to_text_model_layout", "text_row_from_mask"]
+
+RopeConfigKey = Literal["rope_scaling", "rope_parameters"]
+TextModelLayout = Literal["mrope", "text+mrope"]
+
+
+def rope_config(config: Any, key: RopeConfigKey) -> dict[str, Any]:
+    """The rope settings of a (possibly composite) config as one flat dict.
+
+    Reads ``config.text_config`` when present, then the dict at ``key`` (``rope_scaling`` on 4.x,
+    ``rope_parameters`` on 5.x), and fills ``rope_theta`` / ``partial_rotary_factor`` from the top level
+    of the text config where the dict lacks them. Keys: ``rope_type``, ``rope_theta``, ``mrope_section``, ...
+    """
+    text = getattr(config, "text_config", None) or config
+    found = dict(getattr(text, key, None) or {})
+    if "type" in found and "rope_type" not in found:
+        found["rope_type"] = found["type"]
+    for name in ("rope_theta", "partial_rotary_factor"):
+        if name not in found and getattr(text, name, None) is not None:
+            found[name] = getattr(text, name)
+    return found
+
+
+class Positions(NamedTuple):
+    """Position ids split by role. text: ``(B, L)``; mrope: ``(3, B, L)`` rows ``[t; h; w]``."""
+
+    text: torch.Tensor
+    mrope: torch.Tensor
+
+
+def split_positions(position_ids: torch.Tensor, *, seq_len: int, family: str | None = None) -> Positions:
+    """Split contract position ids into their text row and M-RoPE rows.
+
+    position_ids: ``(4, B, L)`` ``[text; t; h; w]`` or ``(B, L)``. A ``(3, B, L)`` tensor has no text row
+    and is rejected: on a packed batch its rows do not restart at sequence starts, so boundaries and
+    masks cannot be derived from it.
+    """
+    if position_ids.is_floating_point() or position_ids.dtype in (torch.bool, torch.uint8):
+        raise InvalidInputError(
+            "position_ids must be an integer tensor",
+            family=family,
+            why=f"got dtype {position_ids.dtype}",
+            fix="pass a LongTensor, e.g. the output of tfcompat.rope_index",
+        )
+    if position_ids.shape[-1] != seq_len:
+        raise InvalidInputError(
+            "position_ids and the input tokens differ in length",
+            family=family,
+            why=f"position_ids {tuple(position_ids.shape)} has {position_ids.shape[-1]} positions, the input has {seq_len} tokens",
+            fix="build one position per token (tfcompat.rope_index per sequence, concatenated on the last dim)",
+        )
+    if position_ids.ndim == 2:
+        return Positions(position_ids, position_ids[None].expand(3, -1, -1))
+    if position_ids.ndim == 3 and position_ids.shape[0] == 4:
+        return Positions(position_ids[0], position_ids[1:])
+    if position_ids.ndim == 3 and position_ids.shape[0] == 3:
+        raise InvalidInputError(
+            "3-row position ids have no text row",
+            family=family,
+            why="(3, B, L) ids are [t; h; w] only; a packed batch needs the text row [text; t; h; w] to find "
+            "sequence boundaries",
+            supported="(4, B, L) [text; t; h; w] or (B, L)",
+            fix="pass tfcompat.rope_index(model, input_ids, ...) (4 rows), concatenated per sequence",
+        )
+    raise InvalidInputError(
+        "position_ids have an unsupported shape",
+        family=family,
+        why=f"got {tuple(position_ids.shape)}",
+        supported="(4, B, L) [text; t; h; w] or (B, L)",
+    )
+
+
+def to_text_model_layout(positions: Positions, layout: TextModelLayout) -> torch.Tensor:
+    """What the installed text model takes: ``(3, B, L)`` for "mrope", ``(4, B, L)`` for "text+mrope"."""
+    if layout == "mrope":
+        return positions.mrope
+    return torch.cat([positions.text[None], positions.mrope], dim=0)
+
+
+def text_row_from_mask(attention_mask: torch.Tensor | None, batch: int, length: int, device: torch.device) -> torch.Tensor:
+    """The text row of a (possibly padded) batch: ``(B, L)``, counting only attended tokens.
+
+    Padding positions get 1, as transformers' generation does, so they never look like a sequence start.
+    """
+    if attention_mask is None:
+        return torch.arange(length, device=device).expand(batch, -1)
+    mask = attention_mask.to(device=device, dtype=torch.long)
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
