@@ -81,12 +81,8 @@ class Family:
 
     @property
     def supported(self) -> str:
-        return f"transformers {self.entries[0].versions.low} to {_last_release(self)}"
-
-
-def _last_release(family: Family) -> str:
-    high = family.entries[-1].versions.high
-    return f"{high} (exclusive)" if high else "latest"
+        span = versions.VersionRange(self.entries[0].versions.low, self.entries[-1].versions.high)
+        return f"transformers {span} (newer releases resolve by probing, with a warning)"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,219 @@
+"""GLM-4V differential tests: packed patched forward/backward against stock per-sequence runs.
+
+The oracle is the stock model of the installed transformers, on the same tiny random weights.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tfcompat
+from tfcompat.hf_attention import ATTENTION_KEY
+from tfcompat.selfcheck import pack, sample_sequences, stock_inputs, tiny_model
+from tests.helpers import max_token_diff
+
+FAMILY = "glm4v"
+IMPLS = ["eager", "sdpa"]
+CASES = {
+    # (lengths of text, image grid or None) per packed sequence
+    "text": ([7, 12, 5], [None, None, None]),
+    "images": ([7, 12, 5, 9], [None, (1, 4, 6), (1, 2, 4), (1, 4, 4)]),
+}
+
+
+@pytest.fixture(scope="module")
+def resolved() -> tfcompat.Resolved:
+    return tfcompat.resolve(FAMILY)
+
+
+def _stock_logits(r, model, seqs):
+    return [model(**stock_inputs(r, model, s), use_cache=False).logits[0] for s in seqs]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", sorted(CASES))
+class TestPackedEqualsStock:
+    """Rule: per token, the patched packed forward returns what the stock model returns per sequence."""
+
+    def test_forward(self, resolved, impl, case):
+        model = tiny_model(FAMILY, impl)
+        seqs = sample_sequences(model, *CASES[case], seed=1)
+        with torch.no_grad():
+            expected = _stock_logits(resolved, model, seqs)
+            inputs = pack(model, seqs)
+            with tfcompat.patch(model, remove_padding=True):
+                got = model(**inputs, use_cache=False).logits[0]
+        assert max_token_diff(got, expected) <= 1e-5
+
+    def test_unpatched_packed_forward_differs(self, resolved, impl, case):
+        """Control: without the patch the packed row leaks across sequences, so the oracle can fail."""
+        model = tiny_model(FAMILY, impl)
+        seqs = sample_sequences(model, *CASES[case], seed=1)
+        with torch.no_grad():
+            expected = _stock_logits(resolved, model, seqs)
+            inputs = pack(model, seqs)
+            inputs["position_ids"] = inputs["position_ids"][1:]  # what stock accepts everywhere: 3 rows
+            got = model(**inputs, attention_mask=torch.ones_like(inputs["input_ids"]), use_cache=False).logits[0]
+        assert max_token_diff(got, expected) > 1e-3
+
+    def test_backward(self, resolved, impl, case):
+        model = tiny_model(FAMILY, impl)
+        seqs = sample_sequences(model, *CASES[case], seed=2)
+        vocab = model.config.text_config.vocab_size
+        weight = torch.randn(vocab, generator=torch.Generator().manual_seed(3))
+
+        for s in seqs:  # stock: each sequence alone, gradients accumulate
+            (model(**stock_inputs(resolved, model, s), use_cache=False).logits[0] @ weight).sum().backward()
+        expected = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+
+        with tfcompat.patch(model, remove_padding=True):
+            (model(**pack(model, seqs), use_cache=False).logits[0] @ weight).sum().backward()
+        got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+        assert got.keys() == expected.keys()
+        watched = [n for n in got if any(k in n for k in ("q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", "visual"))]
+        assert any("q_proj" in n for n in watched) and any("embed_tokens" in n for n in watched)
+        if case == "images":
+            assert any("visual" in n for n in watched)
+        for name in watched:
+            scale = max(1.0, float(expected[name].abs().max()))
+            diff = float((got[name] - expected[name]).abs().max())
+            assert diff <= 1e-5 * scale, f"{name}: max abs diff {diff:.3e} (grad scale {scale:.2e})"
+
+
+class TestPatchLifecycle:
+    """Rule: patch() is idempotent, reversible to the identical objects, and records what it changed."""
+
+    def test_undo_restores_identical_objects(self, resolved):
+        model = tiny_model(FAMILY, "sdpa")
+        text_model = next(m for m in model.modules() if isinstance(m, resolved.text_model_cls))
+        configs = {id(m.config): m.config for m in model.modules() if isinstance(m, resolved.attention_cls)}
+        before_impl = {k: c._attn_implementation for k, c in configs.items()}
+        interface = __import__("transformers.modeling_utils", fromlist=["x"]).AttentionInterface
+        before_mapping = dict(interface._global_mapping)
+        ids = sample_sequences(model, [9], [None])[0].input_ids
+        with torch.no_grad():
+            stock = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+
+        handle = tfcompat.patch(model, remove_padding=True)
+        assert "forward" in vars(text_model)
+        assert all(c._attn_implementation == ATTENTION_KEY for c in configs.values())
+        assert interface._global_mapping[ATTENTION_KEY] is resolved.attention_function
+        handle.undo()
+
+        assert "forward" not in vars(text_model)
+        assert type(text_model).forward is resolved.text_model_cls.forward
+        assert {k: c._attn_implementation for k, c in configs.items()} == before_impl
+        assert interface._global_mapping.keys() == before_mapping.keys()
+        assert all(interface._global_mapping[k] is v for k, v in before_mapping.items())
+        assert "_tfcompat_handle" not in vars(model)
+        assert not any(layer._forward_pre_hooks for layer in model.modules() if isinstance(layer, resolved.decoder_layer_cls))
+        with torch.no_grad():
+            again = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+        assert torch.equal(again, stock)
+
+    def test_idempotent_and_recorded(self, resolved):
+        model = tiny_model(FAMILY, "sdpa")
+        first = tfcompat.patch(model, remove_padding=True)
+        n = len(first.records)
+        assert tfcompat.patch(model, remove_padding=True) is first
+        assert len(first.records) == n
+        scopes = {r.scope for r in first.records}
+        assert {"process", "config", "instance"} <= scopes
+        assert ATTENTION_KEY in first.explain()
+        with pytest.raises(tfcompat.PatchError, match="already patched with other options"):
+            tfcompat.patch(model, remove_padding=True, backend="sdpa")
+        first.undo()
+        first.undo()  # idempotent undo
+        assert not first.active
+
+    def test_two_models_share_the_key_until_the_last_undo(self, resolved):
+        interface = __import__("transformers.modeling_utils", fromlist=["x"]).AttentionInterface
+        a, b = tiny_model(FAMILY, "sdpa"), tiny_model(FAMILY, "eager")
+        ha, hb = tfcompat.patch(a), tfcompat.patch(b)
+        ha.undo()
+        assert ATTENTION_KEY in interface._global_mapping
+        hb.undo()
+        assert ATTENTION_KEY not in interface._global_mapping
+
+    def test_nothing_to_patch_is_an_error(self):
+        model = tiny_model(FAMILY, "sdpa")
+        with pytest.raises(tfcompat.PatchError, match="nothing to patch"):
+            tfcompat.patch(model, remove_padding=False)
+
+    def test_dropout_fails_at_patch_time(self, resolved):
+        model = tiny_model(FAMILY, "sdpa")
+        model.config.text_config.attention_dropout = 0.1
+        for m in model.modules():
+            if isinstance(m, resolved.attention_cls):
+                m.config.attention_dropout = 0.1
+        with pytest.raises(tfcompat.PatchError, match="attention_dropout") as info:
+            tfcompat.patch(model)
+        assert info.value.family == FAMILY
+        assert "_tfcompat_handle" not in vars(model)
+
+
+class TestBadInputs:
+    """Rule: bad inputs to a patched forward raise a typed error naming the family, before any attention."""
+
+    @pytest.fixture()
+    def patched(self):
+        model = tiny_model(FAMILY, "sdpa")
+        seqs = sample_sequences(model, [6, 8], [None, (1, 4, 6)])
+        with tfcompat.patch(model) as handle:
+            yield model, pack(model, seqs), handle
+
+    def test_three_row_ids_need_a_text_row(self, patched):
+        model, inputs, _ = patched
+        inputs["position_ids"] = inputs["position_ids"][1:]
+        with pytest.raises(tfcompat.InvalidInputError, match="no text row") as info:
+            model(**inputs)
+        assert info.value.family == FAMILY
+
+    def test_missing_position_ids(self, patched):
+        model, inputs, _ = patched
+        inputs = {"input_ids": inputs["input_ids"][:, :6]}  # text only: 5.3+ raises its own error for images
+        with pytest.raises(tfcompat.InvalidInputError, match="text row|position_ids"):
+            model(**inputs)
+
+    def test_length_mismatch(self, patched):
+        model, inputs, _ = patched
+        inputs["position_ids"] = inputs["position_ids"][..., :-1]
+        with pytest.raises(tfcompat.InvalidInputError, match="differ in length"):
+            model(**inputs)
+
+    def test_float_position_ids(self, patched):
+        model, inputs, _ = patched
+        inputs["position_ids"] = inputs["position_ids"].float()
+        with pytest.raises(tfcompat.InvalidInputError, match="integer"):
+            model(**inputs)
+
+    def test_padding_is_rejected(self, patched):
+        model, inputs, _ = patched
+        mask = torch.ones_like(inputs["input_ids"])
+        mask[0, -1] = 0
+        with pytest.raises(tfcompat.InvalidInputError, match="padding"):
+            model(**inputs, attention_mask=mask)
+
+    def test_mask_of_ones_is_accepted(self, patched):
+        model, inputs, _ = patched
+        with torch.no_grad():
+            a = model(**inputs, use_cache=False).logits
+            b = model(**inputs, attention_mask=torch.ones_like(inputs["input_ids"]), use_cache=False).logits
+        assert torch.equal(a, b)
+
+
+def test_rope_index_contract(resolved):
+    """Rule: rope_index gives (4, B, L) [text; t; h; w]; text rows restart per sequence; t/h/w match stock."""
+    model = tiny_model(FAMILY, "sdpa")
+    seq = sample_sequences(model, [10], [(1, 4, 6)])[0]
+    pos = tfcompat.rope_index(model, seq.input_ids, image_grid_thw=seq.image_grid_thw)
+    length = seq.input_ids.shape[1]
+    assert pos.shape == (4, 1, length) and pos.dtype == torch.long
+    assert torch.equal(pos[0, 0], torch.arange(length))
+    image = seq.input_ids[0] == model.config.image_token_id
+    assert not torch.equal(pos[2, 0, image], pos[3, 0, image])  # h and w differ inside the image
+    text = ~image
+    assert torch.equal(pos[1, 0, text], pos[2, 0, text]) and torch.equal(pos[2, 0, text], pos[3, 0, text])

@@ -1,0 +1,110 @@
+"""The ``tfcompat`` command: ``tfcompat doctor [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import warnings
+from importlib import metadata
+from typing import Any
+
+from . import __version__
+from .errors import TfcompatError
+from .registry import families, match, resolve
+from .versions import installed_transformers
+
+__all__ = ["main", "doctor"]
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def doctor() -> dict[str, Any]:
+    """Resolve every family on the installed transformers and self-check each resolved one."""
+    from .selfcheck import run_check
+
+    report: dict[str, Any] = {
+        "tfcompat": __version__,
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "transformers": installed_transformers(),
+        "flash_attn": _version("flash-attn") or _version("flash_attn"),
+        "families": [],
+    }
+    for key, fam in sorted(families().items()):
+        row: dict[str, Any] = {"family": key, "supported": fam.supported}
+        try:
+            if report["transformers"] is None:
+                raise TfcompatError("transformers is not installed", fix="pip install transformers")
+            entry, _ = match(key, report["transformers"])
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                r = resolve(key)
+            row.update(status="resolved", entry=str(entry.versions), why=entry.why,
+                       warnings=[str(w.message) for w in caught])
+            checks = [run_check(key, impl) for impl in ("eager", "sdpa")]
+            row["selfcheck"] = [
+                {"attn_implementation": c.attn_implementation, "max_abs_diff": c.max_abs_diff, "tokens": c.tokens,
+                 "ok": c.ok, "seconds": round(c.seconds, 3)} for c in checks
+            ]
+            row["ok"] = all(c.ok for c in checks)
+            row["explain"] = r.explain()
+        except TfcompatError as exc:
+            row.update(status="unsupported", why=str(exc), ok=True)
+            if report["transformers"] and not _module_present(fam.entries[-1].module):
+                row["status"] = "not present in this transformers"
+        except Exception as exc:  # a self-check crash is a failure to report, not to hide
+            row.update(status="selfcheck crashed", why=f"{type(exc).__name__}: {exc}", ok=False)
+        report["families"].append(row)
+    report["ok"] = all(row["ok"] for row in report["families"])
+    return report
+
+
+def _module_present(module: str) -> bool:
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _print(report: dict[str, Any]) -> None:
+    print(f"tfcompat {report['tfcompat']}  python {report['python']}  torch {report['torch']}  "
+          f"transformers {report['transformers']}  flash-attn {report['flash_attn'] or 'not installed'}")
+    for row in report["families"]:
+        mark = "ok  " if row["ok"] else "FAIL"
+        if row["status"] == "resolved":
+            print(f"[{mark}] {row['family']:<12} resolved: entry {row['entry']} ({row['why']})")
+            for w in row["warnings"]:
+                print(f"       warning: {w}")
+            for c in row["selfcheck"]:
+                print(f"       self-check {c['attn_implementation']:<5} packed vs stock per-sequence: max abs diff "
+                      f"{c['max_abs_diff']:.2e} over {c['tokens']} tokens ({'pass' if c['ok'] else 'FAIL'}, {c['seconds']} s)")
+        else:
+            print(f"[{mark}] {row['family']:<12} {row['status']}: " + row["why"].replace("\n", "\n       "))
+    print("all self-checks passed" if report["ok"] else "SELF-CHECK FAILED")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tfcompat", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    doc = sub.add_parser("doctor", help="resolve every family on the installed transformers and self-check it")
+    doc.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    report = doctor()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print(report)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
