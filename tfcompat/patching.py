@@ -185,6 +185,10 @@ def _plan(model: torch.nn.Module, r: Resolved) -> _Plan:
         if getattr(cfg, "attention_dropout", 0.0):
             raise error("attention dropout is not supported by the packed core",
                         f"config.attention_dropout = {cfg.attention_dropout}", "set attention_dropout=0.0")
+        if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
+            raise error("sliding-window attention is not supported by the packed core",
+                        f"config.use_sliding_window with sliding_window = {cfg.sliding_window}",
+                        "set use_sliding_window=False")
         if all(cfg is not c for c in configs):
             configs.append(cfg)
     for tm in text_models:

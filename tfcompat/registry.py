@@ -38,12 +38,12 @@ class Entry:
     """One row of a family table: what the family looks like inside one transformers range.
 
     classes: role -> class name in ``module``; roles: ``attention``, ``rotary``, ``text_model``,
-        ``decoder_layer``, ``model`` (owns ``get_rope_index``), ``for_causal_lm``, ``config``.
+        ``decoder_layer``, ``for_causal_lm``, and for M-RoPE families ``model`` (owns ``get_rope_index``).
     apply_rotary: the module function the attention applies rotary with.
     rotary_layout: "sectioned" = the rotary embedding returns ``(3, B, L, D)`` cos/sin and ``apply_rotary``
         takes ``mrope_section``; "folded" = sectioning happens inside the embedding, ``(B, L, D)``.
     text_model_positions: "mrope" = the text model takes ``(3, B, L)`` and cannot take a text row;
-        "text+mrope" = it splits ``(4, B, L)`` itself.
+        "text+mrope" = it splits ``(4, B, L)`` itself; "text" = a text-only model taking ``(B, L)``.
     layer_forwards_kwargs: the decoder layer passes ``**kwargs`` on to its attention.
     rope_index_mm_token_types: ``get_rope_index`` requires ``mm_token_type_ids``.
     rotary_marker: an attribute of the rotary class that only this range has (layout check), or None.
@@ -70,13 +70,14 @@ class Entry:
 class Family:
     """A model family: its entries (oldest first) and the few family-specific helpers.
 
-    mm_token_types: ``(config, input_ids (B, L)) -> (B, L)`` int tensor, 0 text / 1 image / 2 video.
+    mm_token_types: ``(config, input_ids (B, L)) -> (B, L)`` int tensor, 0 text / 1 image / 2 video
+        (None for text-only families).
     tiny_config: ``(entry) -> (config_class_name, kwargs)`` for a tiny random model (self-check, tests).
     """
 
     key: str
     entries: tuple[Entry, ...]
-    mm_token_types: Callable[[Any, torch.Tensor], torch.Tensor]
+    mm_token_types: Callable[[Any, torch.Tensor], torch.Tensor] | None
     tiny_config: Callable[[Entry], tuple[str, dict[str, Any]]]
 
     @property
@@ -143,7 +144,7 @@ class Resolved:
             f"{self.family} on transformers {self.transformers_version}: {how} entry {e.versions} ({e.why})",
             f"  module: {e.module}",
             f"  rotary: {e.apply_rotary} ({e.rotary_layout}); rope config key: {e.rope_config_key}",
-            f"  text model position ids: {'(3, B, L) [t; h; w], text row stripped by tfcompat' if e.text_model_positions == 'mrope' else '(4, B, L) [text; t; h; w]'}",
+            f"  text model position ids: {_LAYOUTS[e.text_model_positions]}",
             "  attention: stock attention forward (stock rotary), dispatching to tfcompat's packed core "
             f"through transformers' AttentionInterface key {_attention_key()!r}",
             "  kwargs: " + ("flow from the text model to attention" if e.layer_forwards_kwargs
@@ -154,6 +155,13 @@ class Resolved:
         ]
         lines += [f"    [{'ok' if p.ok else 'FAIL'}] {p.what}: {p.detail}" for p in self.probes]
         return "\n".join(lines)
+
+
+_LAYOUTS = {
+    "mrope": "(3, B, L) [t; h; w]; tfcompat strips the text row after taking boundaries from it",
+    "text+mrope": "(4, B, L) [text; t; h; w], split by the text model itself",
+    "text": "(B, L)",
+}
 
 
 def _attention_key() -> str:
@@ -292,13 +300,14 @@ def _probe(entry: Entry, version: str, forward_compatible: bool) -> Resolved:
         raise fail(f"{entry.classes['text_model']}.forward", "has no position_ids parameter")
     probes.append(Probe("text model position_ids", True, entry.text_model_positions))
 
-    rope_index = getattr(classes["model"], "get_rope_index", None)
-    if rope_index is None:
-        raise fail(f"{entry.classes['model']}.get_rope_index", "is missing")
-    takes_mm = "mm_token_type_ids" in inspect.signature(rope_index).parameters
-    if takes_mm != entry.rope_index_mm_token_types:
-        raise fail(f"{entry.classes['model']}.get_rope_index", f"mm_token_type_ids parameter is {takes_mm}")
-    probes.append(Probe("get_rope_index", True, str(inspect.signature(rope_index))))
+    if "model" in classes:  # M-RoPE families
+        rope_index = getattr(classes["model"], "get_rope_index", None)
+        if rope_index is None:
+            raise fail(f"{entry.classes['model']}.get_rope_index", "is missing")
+        takes_mm = "mm_token_type_ids" in inspect.signature(rope_index).parameters
+        if takes_mm != entry.rope_index_mm_token_types:
+            raise fail(f"{entry.classes['model']}.get_rope_index", f"mm_token_type_ids parameter is {takes_mm}")
+        probes.append(Probe("get_rope_index", True, str(inspect.signature(rope_index))))
 
     modeling_utils = importlib.import_module("transformers.modeling_utils")
     interface = getattr(modeling_utils, "AttentionInterface", None)

@@ -17,7 +17,7 @@ from .errors import InvalidInputError
 __all__ = ["Positions", "rope_config", "split_positions", "to_text_model_layout", "text_row_from_mask"]
 
 RopeConfigKey = Literal["rope_scaling", "rope_parameters"]
-TextModelLayout = Literal["mrope", "text+mrope"]
+TextModelLayout = Literal["mrope", "text+mrope", "text"]
 
 
 def rope_config(config: Any, key: RopeConfigKey) -> dict[str, Any]:
@@ -87,7 +87,9 @@ def split_positions(position_ids: torch.Tensor, *, seq_len: int, family: str | N
 
 
 def to_text_model_layout(positions: Positions, layout: TextModelLayout) -> torch.Tensor:
-    """What the installed text model takes: ``(3, B, L)`` for "mrope", ``(4, B, L)`` for "text+mrope"."""
+    """What the installed text model takes: ``(3, B, L)`` "mrope", ``(4, B, L)`` "text+mrope", ``(B, L)`` "text"."""
+    if layout == "text":
+        return positions.text
     if layout == "mrope":
         return positions.mrope
     return torch.cat([positions.text[None], positions.mrope], dim=0)

@@ -17,7 +17,7 @@ from .patching import patch
 from .registry import Resolved, family, resolve
 from .rope_index import rope_index
 
-__all__ = ["Sequence", "CheckResult", "tiny_model", "sample_sequences", "pack", "stock_inputs", "run_check"]
+__all__ = ["Sequence", "CheckResult", "tiny_model", "sample_sequences", "positions", "pack", "stock_inputs", "run_check"]
 
 
 @dataclass
@@ -57,9 +57,9 @@ def sample_sequences(model: torch.nn.Module, lengths: list[int], images: list[tu
                      seed: int = 0) -> list[Sequence]:
     """Sequences of random text tokens; where ``images[i]`` is a grid ``(t, h, w)`` an image sits mid-text."""
     cfg = model.config
-    vision = cfg.vision_config
+    vision = getattr(cfg, "vision_config", None)
     gen = torch.Generator().manual_seed(seed)
-    special = min(cfg.image_token_id, getattr(cfg, "video_token_id", cfg.image_token_id), getattr(cfg, "image_start_token_id", 10**9))
+    special = min(getattr(cfg, k, cfg.get_text_config().vocab_size) for k in ("image_token_id", "video_token_id", "image_start_token_id"))
     out = []
     for n, grid in zip(lengths, images):
         text = torch.randint(0, special, (n,), generator=gen)
@@ -71,7 +71,7 @@ def sample_sequences(model: torch.nn.Module, lengths: list[int], images: list[tu
         image = torch.full((n_img,), cfg.image_token_id)
         start, end = [torch.tensor([getattr(cfg, k)]) for k in ("image_start_token_id", "image_end_token_id")]
         ids = torch.cat([text[: n // 2], start, image, end, text[n // 2:]])
-        patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2 if hasattr(vision, "in_channels") else 3 * vision.temporal_patch_size * vision.patch_size**2
+        patch_dim = getattr(vision, "in_channels", 3) * vision.temporal_patch_size * vision.patch_size**2
         pixels = torch.randn(t * h * w, patch_dim, generator=gen)
         out.append(Sequence(ids[None], pixels, torch.tensor([grid])))
     return out
@@ -88,12 +88,19 @@ def stock_inputs(r: Resolved, model: torch.nn.Module, seq: Sequence) -> dict[str
     return inputs
 
 
+def positions(model: torch.nn.Module, seq: Sequence) -> torch.Tensor:
+    """Contract position ids of one sequence: ``(4, 1, L)`` for M-RoPE families, ``(1, L)`` otherwise."""
+    if "model" in resolve(model.config.model_type).classes:
+        return rope_index(model, seq.input_ids, image_grid_thw=seq.image_grid_thw)
+    return torch.arange(seq.input_ids.shape[1])[None]
+
+
 def pack(model: torch.nn.Module, seqs: list[Sequence]) -> dict[str, Any]:
     """Packed inputs: ids ``(1, T)``, position ids ``(4, 1, T)`` (per-sequence rope_index, concatenated)."""
     with_images = [s for s in seqs if s.pixel_values is not None]
     inputs: dict[str, Any] = {
         "input_ids": torch.cat([s.input_ids for s in seqs], dim=1),
-        "position_ids": torch.cat([rope_index(model, s.input_ids, image_grid_thw=s.image_grid_thw) for s in seqs], dim=-1),
+        "position_ids": torch.cat([positions(model, s) for s in seqs], dim=-1),
     }
     if with_images:
         inputs["pixel_values"] = torch.cat([s.pixel_values for s in with_images])
@@ -107,7 +114,8 @@ def run_check(key: str, attn_implementation: str = "sdpa", tolerance: float = 1e
     start = time.perf_counter()
     r = resolve(key)
     model = tiny_model(key, attn_implementation)
-    seqs = sample_sequences(model, [7, 12, 5], [None, (1, 4, 6), None])
+    image = (1, 4, 6) if hasattr(model.config, "vision_config") else None
+    seqs = sample_sequences(model, [7, 12, 5], [None, image, None])
     expected = [model(**stock_inputs(r, model, s), use_cache=False).logits[0] for s in seqs]
     packed = pack(model, seqs)
     with patch(model, remove_padding=True):
