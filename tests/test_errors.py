@@ -28,18 +28,20 @@ class TestUnknownFamily:
         assert isinstance(err, ValueError)
         assert err.family == bad
         assert repr(bad) in str(err)
-        assert re.search(r"supported: .*\bglm4v\b", str(err))
-        assert "glm4v" in err.supported
+        supported_line = re.search(r"^  supported: (.*)$", str(err), re.M)
+        assert supported_line, str(err)
+        for key in registry.families():
+            assert re.search(rf"\b{re.escape(key)}\b", supported_line.group(1)), key
 
     def test_caught_as_value_error(self) -> None:
         with pytest.raises(ValueError, match="unknown model family"):
             tfcompat.resolve("glm-4v")
 
     def test_no_guess_for_unrelated_key(self) -> None:
-        with pytest.raises(tfcompat.UnknownFamilyError, match=r"unknown model family 'llama'") as info:
-            registry.match("llama", "5.0.0")
+        with pytest.raises(tfcompat.UnknownFamilyError, match=r"unknown model family 'bert'") as info:
+            registry.match("bert", "5.0.0")
         assert "did you mean" not in str(info.value)
-        assert "glm4v" in str(info.value)  # still lists what is supported
+        assert "glm4v" in info.value.supported  # still lists what is supported
 
 
 class TestUnsupportedVersion:
@@ -111,7 +113,7 @@ class TestPickle:
 
 
 class TestImportIsLight:
-    """`import tfcompat` imports no transformers module; resolve() is what imports it."""
+    """`import tfcompat` imports no transformers module (resolve() and patch() import it, for the family asked for)."""
 
     def test_fresh_interpreter(self) -> None:
         root = Path(tfcompat.__file__).resolve().parent.parent
@@ -120,13 +122,17 @@ class TestImportIsLight:
             "def tf(): return sorted(m for m in sys.modules if m == 'transformers' or m.startswith('transformers.'))\n"
             "import tfcompat\n"
             "after_import = tf()\n"
-            "tfcompat.resolve('glm4v')\n"
-            "print(json.dumps({'file': tfcompat.__file__, 'after_import': after_import, 'after_resolve': tf()}))\n"
+            "from tfcompat import registry\n"
+            "registry.match('glm4v', '5.0.0'); registry.families()\n"
+            "after_match = tf()\n"
+            "import transformers\n"
+            "print(json.dumps({'file': tfcompat.__file__, 'after_import': after_import, 'after_match': after_match,\n"
+            "                  'after_transformers': tf()}))\n"
         )
         proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         report = json.loads(proc.stdout.strip().splitlines()[-1])
         assert Path(report["file"]).resolve() == Path(tfcompat.__file__).resolve()
         assert report["after_import"] == []
-        # the check above can see transformers modules: resolve() does import them
-        assert "transformers" in report["after_resolve"]
+        assert report["after_match"] == []  # matching versions reads metadata and family tables only
+        assert "transformers" in report["after_transformers"]  # the probe does see transformers once imported
