@@ -4,33 +4,25 @@ transformers' attention modules compute q/k/v, apply their own rotary, then call
 ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation](module, q, k, v, mask, scaling=..., **kwargs)``.
 A patched model's text config names `ATTENTION_KEY`, registered here, so the stock forward (and the stock
 rotary of that version) runs unchanged and only the attention itself is ours. The key has no mask function
-registered, so transformers builds no (T, T) mask for it. The packed boundaries travel in ``kwargs`` under
-`CONTEXT_KWARG` (checkpoint-safe: recomputation replays the same kwargs).
+registered, so transformers builds no (T, T) mask for it. The packed boundaries arrive in the
+`tfcompat.context.ForwardContext`.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-from .attention import Backend, varlen_attention
+from . import ulysses
+from .attention import varlen_attention
+from .context import BRIDGE_ATTR, CONTEXT_KWARG
 from .errors import PatchError
-from .packing import PackedSeqs
 
-__all__ = ["ATTENTION_KEY", "CONTEXT_KWARG", "BRIDGE_ATTR", "ForwardContext", "packed_attention", "register", "unregister"]
+__all__ = ["ATTENTION_KEY", "packed_attention", "register", "unregister"]
 
 ATTENTION_KEY = "tfcompat_packed"
-CONTEXT_KWARG = "tfcompat_context"
-BRIDGE_ATTR = "_tfcompat_context"  # set by the decoder-layer pre-hook where layers drop kwargs
-
-
-class ForwardContext(NamedTuple):
-    """What every attention layer of one forward shares: boundaries and the backend."""
-
-    seqs: PackedSeqs
-    backend: Backend = "auto"
 
 
 def packed_attention(
@@ -47,7 +39,8 @@ def packed_attention(
 
     query: ``(B, Hq, L, D)``; key, value: ``(B, Hkv, L, D)`` (already rotated by the stock forward).
     Returns ``(B, L, Hq, D)`` and no weights. ``attention_mask`` is ignored: causality and sequence
-    boundaries come from the context.
+    boundaries come from the context. Under Ulysses (``B == 1``, ``L = T / sp``), q/k/v are traded for a
+    head split before the core and back after it.
     """
     ctx = kwargs.get(CONTEXT_KWARG) or module.__dict__.get(BRIDGE_ATTR)
     if ctx is None:
@@ -61,8 +54,16 @@ def packed_attention(
     q = query.transpose(1, 2).reshape(b * length, hq, d)
     k = key.transpose(1, 2).reshape(b * length, key.shape[1], d)
     v = value.transpose(1, 2).reshape(b * length, value.shape[1], d)
+    if ctx.group is None:
+        out = varlen_attention(q, k, v, ctx.seqs, scale=scaling, backend=ctx.backend)
+        return out.view(b, length, hq, d), None
+    sp = ulysses.group_size(ctx.group)
+    repeats = ulysses.kv_repeats(k.shape[1], sp)
+    if repeats > 1:  # (T/sp, Hkv, D) -> (T/sp, sp, D): one KV head per rank, not full multi-head
+        k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+    q, k, v = (ulysses.seq_to_heads(x, ctx.group) for x in (q, k, v))
     out = varlen_attention(q, k, v, ctx.seqs, scale=scaling, backend=ctx.backend)
-    return out.view(b, length, hq, d), None
+    return ulysses.heads_to_seq(out, ctx.group).view(b, length, hq, d), None
 
 
 def _interface() -> Any:

@@ -65,6 +65,9 @@ def from_text_positions(
             why=f"got dtype {text_positions.dtype} and shape {tuple(text_positions.shape)}",
             fix="pass position_ids as a LongTensor: (B, L), or (4, B, L) = [text; t; h; w]",
         )
+    if text_positions.numel() == 0:
+        raise InvalidInputError("empty packed batch", family=family, why=f"shape {tuple(text_positions.shape)}",
+                                fix="pass at least one token")
     rows = [text_positions.detach().long()]
     if attention_mask is not None:
         if attention_mask.shape != text_positions.shape:
@@ -85,8 +88,6 @@ def from_text_positions(
         )
     host = host[0]
     batch, length = host.shape
-    if length == 0:
-        raise InvalidInputError("empty packed batch", family=family, fix="pass at least one token")
     flat = host.reshape(-1)
     starts = flat == 0
     starts[::length] = True  # every row starts a sequence

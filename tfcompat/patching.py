@@ -24,10 +24,11 @@ import torch
 from . import hf_attention
 from .attention import Backend
 from .errors import InvalidInputError, PatchError
-from .hf_attention import BRIDGE_ATTR, CONTEXT_KWARG, ForwardContext
+from .context import BRIDGE_ATTR, CONTEXT_KWARG, ForwardContext
 from .packing import from_text_positions
 from .registry import Resolved, resolve
 from .rope import split_positions, to_text_model_layout
+from .ulysses import check_heads
 
 __all__ = ["PatchHandle", "Record", "patch"]
 
@@ -99,12 +100,20 @@ class PatchHandle:
         return "\n".join([head, *(f"  {r}" for r in self.records), self.resolved.explain()])
 
 
-def patch(model: torch.nn.Module, *, remove_padding: bool = True, backend: Backend = "auto") -> PatchHandle:
+def patch(
+    model: torch.nn.Module,
+    *,
+    remove_padding: bool = True,
+    ulysses_group: Any = None,
+    backend: Backend = "auto",
+) -> PatchHandle:
     """Make a stock transformers model accept packed batches; returns a `PatchHandle`.
 
     remove_padding: accept packed rows (several sequences back to back, no padding; the text row of the
         position ids restarts at 0 at each sequence) and return, per token, what the stock model returns
         for each sequence alone. Position ids are ``(4, B, L)`` ``[text; t; h; w]`` or ``(B, L)``.
+    ulysses_group: a torch.distributed process group for Ulysses sequence parallelism, or None. The forward
+        then takes `tfcompat.ulysses.shard_inputs(...).model_inputs` (this rank's slice of one packed row).
     backend: the varlen attention backend (``"auto"``, ``"flash"``, ``"torch"``, ``"sdpa"``).
 
     Idempotent: patching a patched model with the same options returns its handle. Everything that cannot
@@ -115,7 +124,7 @@ def patch(model: torch.nn.Module, *, remove_padding: bool = True, backend: Backe
             "nothing to patch: remove_padding=False",
             fix="pass remove_padding=True (the packed path is what tfcompat.patch provides)",
         )
-    options = {"remove_padding": remove_padding, "backend": backend}
+    options = {"remove_padding": remove_padding, "ulysses_group": ulysses_group, "backend": backend}
     existing = vars(model).get(_HANDLE_ATTR)
     if existing is not None and existing.active:
         if existing.options != options:
@@ -133,7 +142,7 @@ def patch(model: torch.nn.Module, *, remove_padding: bool = True, backend: Backe
         raise PatchError("model has no config.model_type", why=f"got {type(model).__name__}",
                          fix="pass a transformers PreTrainedModel")
     resolved = resolve(family)
-    plan = _plan(model, resolved)
+    plan = _plan(model, resolved, ulysses_group)
 
     handle = PatchHandle(model, resolved, options)
     hf_attention.register()
@@ -146,7 +155,7 @@ def patch(model: torch.nn.Module, *, remove_padding: bool = True, backend: Backe
         handle._set("config", config, "_attn_implementation", hf_attention.ATTENTION_KEY,
                     f"{config._attn_implementation!r} -> {hf_attention.ATTENTION_KEY!r}")
     for text_model in plan.text_models:
-        forward = _packed_text_forward(text_model.forward, resolved, backend)
+        forward = _packed_text_forward(text_model.forward, resolved, backend, ulysses_group)
         handle._set("instance", text_model, "forward", forward, "packed position ids -> boundaries once per forward")
     for layer, attn in plan.bridges:
         hook = layer.register_forward_pre_hook(_bridge(attn), with_kwargs=True)
@@ -163,7 +172,7 @@ class _Plan:
     bridges: list[tuple[torch.nn.Module, torch.nn.Module]]
 
 
-def _plan(model: torch.nn.Module, r: Resolved) -> _Plan:
+def _plan(model: torch.nn.Module, r: Resolved, group: Any) -> _Plan:
     """Find what to change and check it can be changed, before changing anything."""
     def error(what: str, why: str, fix: str = "") -> PatchError:
         return PatchError(what, family=r.family, transformers_version=r.transformers_version, why=why,
@@ -189,6 +198,11 @@ def _plan(model: torch.nn.Module, r: Resolved) -> _Plan:
             raise error("sliding-window attention is not supported by the packed core",
                         f"config.use_sliding_window with sliding_window = {cfg.sliding_window}",
                         "set use_sliding_window=False")
+        if group is not None:
+            import torch.distributed as dist
+
+            check_heads(cfg.num_attention_heads, cfg.num_key_value_heads, dist.get_world_size(group),
+                        family=r.family, transformers_version=r.transformers_version)
         if all(cfg is not c for c in configs):
             configs.append(cfg)
     for tm in text_models:
@@ -211,39 +225,57 @@ def _bridge(attn: torch.nn.Module) -> Callable[..., None]:
     return hook
 
 
-def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Backend) -> Callable[..., Any]:
-    """Wrap the text model's bound forward: contract ids in, boundaries computed once, stock forward out."""
+def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Backend,
+                         group: Any) -> Callable[..., Any]:
+    """Wrap the text model's bound forward: contract ids in, boundaries computed once, stock forward out.
+
+    Without a caller's context it derives the boundaries from the text row (single process). Under Ulysses
+    the context comes from `tfcompat.ulysses.shard_inputs` (global boundaries) and must name the patch's group.
+    """
     sig = inspect.signature(original)
     var_kw = next(p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD)
 
+    def error(what: str, why: str, fix: str = "") -> InvalidInputError:
+        return InvalidInputError(what, family=r.family, transformers_version=r.transformers_version, why=why, fix=fix)
+
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
-        bound = sig.bind(*args, **kwargs)
-        a = bound.arguments
+        a = sig.bind(*args, **kwargs).arguments
         extra = a.setdefault(var_kw, {})
-        if CONTEXT_KWARG not in extra:
-            tokens = a.get("inputs_embeds")
-            tokens = a.get("input_ids") if tokens is None else tokens
-            if a.get("position_ids") is None or tokens is None:
-                raise InvalidInputError(
-                    "a packed forward needs position_ids and input_ids (or inputs_embeds)",
-                    family=r.family, transformers_version=r.transformers_version,
-                    why="position_ids is None" if tokens is not None else "no input tokens",
-                    fix="pass position_ids: tfcompat.rope_index(model, ids, ...) per sequence, concatenated on dim -1",
-                )
-            positions = split_positions(a["position_ids"], seq_len=tokens.shape[1], family=r.family)
-            if positions.text.shape[0] != tokens.shape[0]:
-                raise InvalidInputError(
-                    "position_ids and the input tokens differ in batch size", family=r.family,
-                    transformers_version=r.transformers_version,
-                    why=f"{positions.text.shape[0]} position rows for {tokens.shape[0]} token rows",
-                )
-            seqs = from_text_positions(positions.text, attention_mask=a.get("attention_mask"), family=r.family)
-            extra[CONTEXT_KWARG] = ForwardContext(seqs, backend)
-            a["position_ids"] = to_text_model_layout(positions, r.entry.text_model_positions)
-            if "attention_mask" in a:
-                a["attention_mask"] = None
+        tokens = a.get("inputs_embeds")
+        tokens = a.get("input_ids") if tokens is None else tokens
+        if a.get("position_ids") is None or tokens is None:
+            raise error("a packed forward needs position_ids and input_ids (or inputs_embeds)",
+                        "position_ids is None" if tokens is not None else "no input tokens",
+                        "pass position_ids: tfcompat.rope_index(model, ids, ...) per sequence, concatenated on dim -1")
+        positions = split_positions(a["position_ids"], seq_len=tokens.shape[1], family=r.family)
+        if positions.text.shape[0] != tokens.shape[0]:
+            raise error("position_ids and the input tokens differ in batch size",
+                        f"{positions.text.shape[0]} position rows for {tokens.shape[0]} token rows")
+        ctx = extra.get(CONTEXT_KWARG)
+        if ctx is None and group is not None:
+            raise error("a sequence-parallel forward needs the inputs of tfcompat.ulysses.shard_inputs",
+                        "the model was patched with ulysses_group, and no shard context was passed",
+                        "model(**tfcompat.ulysses.shard_inputs(ids, position_ids, group=group).model_inputs)")
+        if ctx is None:
+            ctx = ForwardContext(from_text_positions(positions.text, attention_mask=a.get("attention_mask"), family=r.family))
+        elif ctx.group is not group:
+            raise error("the shard's group is not the group the model was patched with",
+                        f"patched with {_describe(group)}, inputs sharded over {_describe(ctx.group)}",
+                        "shard_inputs(..., group=g) with the same g as patch(model, ulysses_group=g)")
+        extra[CONTEXT_KWARG] = ctx._replace(backend=backend)
+        a["position_ids"] = to_text_model_layout(positions, r.entry.text_model_positions)
+        if "attention_mask" in a:
+            a["attention_mask"] = None
         # keywords only: transformers' forward decorators re-inject defaults by name
         return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
 
     return forward
+
+
+def _describe(group: Any) -> str:
+    if group is None:
+        return "no group (single process)"
+    import torch.distributed as dist
+
+    return f"a group of {dist.get_world_size(group)} ranks"

@@ -203,31 +203,37 @@ def match(key: str, version: str) -> tuple[Entry, bool]:
     `UnsupportedVersionError`; a newer one returns the newest entry with ``True``.
     """
     fam = family(key)
-    hits = [e for e in fam.entries if version in e.versions]
+    try:
+        parsed = versions.parse(version)
+    except ValueError:
+        parsed = None
+    hits = [e for e in fam.entries if version in e.versions] if parsed is not None and parsed.epoch == 0 else []
     if len(hits) == 1:
         return hits[0], False
     newest = fam.entries[-1]
-    if not hits and newest.versions.high is not None and versions.parse(version) >= versions.release_floor(newest.versions.high):
+    if (not hits and parsed is not None and parsed.epoch == 0 and newest.versions.high is not None
+            and parsed >= versions.release_floor(newest.versions.high)):
         return newest, True
+    why = "no registry entry covers this version" if parsed is not None else "not a PEP 440 version"
     raise UnsupportedVersionError(
         f"{key} is not supported on transformers {version}",
         family=key,
         transformers_version=version,
-        why="no registry entry covers this version" if not hits else f"{len(hits)} entries overlap (registry bug)",
+        why=why if not hits else f"{len(hits)} entries overlap (registry bug)",
         supported=fam.supported,
         fix=f"pip install 'transformers>={fam.entries[0].versions.low}'",
     )
 
 
-def resolve(key: str, version: str | None = None) -> Resolved:
-    """Resolve ``key`` on the installed transformers (``version`` only labels the result; it must match)."""
+def resolve(key: str) -> Resolved:
+    """Resolve ``key`` on the installed transformers: match its entry, import and probe its symbols (cached)."""
     installed = versions.installed_transformers()
     if installed is None:
         raise UnsupportedVersionError(
             "transformers is not installed", family=key, fix="pip install transformers",
             supported=family(key).supported,
         )
-    return _resolve(key, version or installed)
+    return _resolve(key, installed)
 
 
 @functools.cache
@@ -247,15 +253,16 @@ def _probe(entry: Entry, version: str, forward_compatible: bool) -> Resolved:
     probes: list[Probe] = []
 
     def fail(symbol: str, why: str) -> SymbolProbeError:
-        nearest = entry.versions.high or entry.versions.low
+        fam = family(entry.family)
+        newest = fam.entries[-1].versions
+        nearest = f"{newest.low}" if forward_compatible else f"a release in {entry.versions}"
         return SymbolProbeError(
             f"cannot resolve {entry.family}: {entry.module}.{symbol} {why}",
             family=entry.family,
             transformers_version=version,
             why=f"the {entry.versions} entry expects it" + (" (undeclared version, probed)" if forward_compatible else ""),
-            supported=family(entry.family).supported,
-            fix=f"install a supported transformers (the newest declared range ends before {nearest}) "
-            "or upgrade tfcompat",
+            supported=fam.supported,
+            fix=f"install transformers {nearest} (nearest supported), or upgrade tfcompat",
         )
 
     try:

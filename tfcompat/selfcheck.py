@@ -43,10 +43,14 @@ class CheckResult:
         return self.max_abs_diff <= self.tolerance
 
 
-def tiny_model(key: str, attn_implementation: str = "sdpa", seed: int = 0) -> torch.nn.Module:
-    """A tiny random model of ``key`` built from config (no download), in eval mode, fp32."""
+def tiny_model(key: str, attn_implementation: str = "sdpa", seed: int = 0, **text: Any) -> torch.nn.Module:
+    """A tiny random model of ``key`` built from config (no download), in eval mode, fp32.
+
+    text: overrides of the text config (e.g. ``num_key_value_heads=1``).
+    """
     r = resolve(key)
     config_name, kwargs = family(key).tiny_config(r.entry)
+    (kwargs["text_config"] if "text_config" in kwargs else kwargs).update(text)
     config_cls = getattr(importlib.import_module("transformers"), config_name)
     torch.manual_seed(seed)
     model_cls = r.classes["for_causal_lm"]

@@ -1,0 +1,29 @@
+"""The per-forward context every attention layer shares, and the kwarg that carries it.
+
+It travels in the forward's ``**kwargs`` (checkpoint-safe: recomputation replays the same kwargs); where a
+decoder layer drops kwargs, a pre-hook stores it on the attention module under `BRIDGE_ATTR`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from .attention import Backend
+from .packing import PackedSeqs
+
+__all__ = ["CONTEXT_KWARG", "BRIDGE_ATTR", "ForwardContext"]
+
+CONTEXT_KWARG = "tfcompat_context"
+BRIDGE_ATTR = "_tfcompat_context"
+
+
+class ForwardContext(NamedTuple):
+    """What every attention layer of one forward shares.
+
+    seqs: boundaries of the whole packed row (global under sequence parallelism).
+    backend: the varlen backend. group: the Ulysses process group, or None for a single process.
+    """
+
+    seqs: PackedSeqs
+    backend: Backend = "auto"
+    group: Any = None

@@ -1,0 +1,237 @@
+"""Ulysses sequence parallelism over torch.distributed (gloo on CPU, NCCL on GPU).
+
+One packed row of ``T`` tokens is split into ``sp`` contiguous shards, one per rank of the group. Around
+each attention, an all-to-all trades the sequence split for a head split (``(T/sp, H, D)`` ->
+``(T, H/sp, D)``), every rank runs the varlen core on its heads over the whole sequence, and a second
+all-to-all trades back. Boundaries come from the *global* text row, computed once in `shard_inputs` and
+handed to every layer in the forward's kwargs: no per-layer gather of position ids, no per-layer sync.
+(Reference: DeepSpeed-Ulysses, Jacobs et al. 2023.)
+
+GQA: K/V are split by heads too. With ``Hkv % sp == 0`` nothing is repeated; with ``sp % Hkv == 0`` each KV
+head is repeated ``sp // Hkv`` times, just enough for one KV head per rank, never to full multi-head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .context import CONTEXT_KWARG, ForwardContext
+from .errors import InvalidInputError
+from .packing import PackedSeqs, from_text_positions
+from .rope import split_positions
+
+__all__ = [
+    "Shard",
+    "check_heads",
+    "gather_outputs",
+    "group_size",
+    "heads_to_seq",
+    "kv_repeats",
+    "seq_to_heads",
+    "shard_inputs",
+]
+
+
+def check_heads(num_heads: int, num_kv_heads: int, sp: int, *, family: str | None = None,
+                transformers_version: str | None = None) -> None:
+    """Raise `InvalidInputError` unless ``sp`` divides the query heads and divides or is divided by the KV heads."""
+    if num_heads % sp or (num_kv_heads % sp and sp % num_kv_heads):
+        raise InvalidInputError(
+            f"cannot split {num_heads} query / {num_kv_heads} KV heads over a sequence-parallel group of {sp}",
+            family=family,
+            transformers_version=transformers_version,
+            why="Ulysses gives each rank num_heads / sp query heads, and either num_kv_heads / sp KV heads or one "
+            "KV head repeated sp / num_kv_heads times",
+            supported="sp dividing num_attention_heads, and sp dividing or divided by num_key_value_heads",
+            fix=f"use a group size among {[d for d in range(1, num_heads + 1) if not num_heads % d and (not num_kv_heads % d or not d % num_kv_heads)]}",
+        )
+
+
+def group_size(group: dist.ProcessGroup) -> int:
+    return dist.get_world_size(group)
+
+
+def kv_repeats(num_kv_heads: int, sp: int) -> int:
+    """Copies of each KV head needed for the head split: ``sp // Hkv`` when ``Hkv < sp``, else 1."""
+    return sp // num_kv_heads if num_kv_heads < sp else 1
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` on ``(sp, ...)`` chunks; equal chunks make it its own adjoint."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        x = x.contiguous()
+        out = torch.empty_like(x)  # after contiguous(): a transposed view's strides would scramble the result
+        dist.all_to_all_single(out, x, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.contiguous()
+        out = torch.empty_like(grad)
+        dist.all_to_all_single(out, grad, group=ctx.group)
+        return out, None
+
+
+def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """``(T/sp, H, D)`` sequence shard -> ``(T, H/sp, D)`` head shard (this rank's heads, every token)."""
+    sp = dist.get_world_size(group)
+    t_local, h, d = x.shape
+    # (T/sp, H, D) -> (sp, T/sp, H/sp, D): chunk j goes to rank j (its heads)
+    chunks = x.view(t_local, sp, h // sp, d).transpose(0, 1)
+    # received chunk i is rank i's tokens: (sp, T/sp, H/sp, D) -> (T, H/sp, D)
+    return _AllToAll.apply(chunks, group).reshape(sp * t_local, h // sp, d)
+
+
+def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """``(T, H/sp, D)`` head shard -> ``(T/sp, H, D)`` sequence shard; the inverse of `seq_to_heads`."""
+    sp = dist.get_world_size(group)
+    t, h_local, d = x.shape
+    # (T, H/sp, D) -> (sp, T/sp, H/sp, D): chunk j (rank j's tokens) goes to rank j
+    received = _AllToAll.apply(x.view(sp, t // sp, h_local, d), group)
+    # received chunk i is head group i of this rank's tokens: -> (T/sp, sp, H/sp, D) -> (T/sp, H, D)
+    return received.transpose(0, 1).reshape(t // sp, sp * h_local, d)
+
+
+@dataclass
+class Shard:
+    """This rank's slice of a packed row, and what is needed to put outputs back together.
+
+    model_inputs: kwargs for the patched model: the local ``input_ids`` or ``inputs_embeds`` ``(1, T/sp[, H])``,
+        the local ``position_ids`` (last dim sliced) and the forward context (global boundaries, group).
+    labels: the local labels ``(1, T/sp)``, shifted on the global sequence (``labels[t] = ids[t + 1]``) before
+        slicing, with ``ignore_index`` at each sequence's last token and on the pad; None if none given.
+    total: tokens before padding; padded: after padding to a multiple of ``sp``.
+    """
+
+    model_inputs: dict[str, Any]
+    labels: torch.Tensor | None
+    group: dist.ProcessGroup
+    rank: int
+    sp: int
+    total: int
+    padded: int
+    seqs: PackedSeqs = field(repr=False)
+
+    @property
+    def local_slice(self) -> slice:
+        n = self.padded // self.sp
+        return slice(self.rank * n, (self.rank + 1) * n)
+
+
+def shard_inputs(
+    input_ids: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    *,
+    labels: torch.Tensor | None = None,
+    inputs_embeds: torch.Tensor | None = None,
+    group: dist.ProcessGroup | None = None,
+    pad_token_id: int = 0,
+    ignore_index: int = -100,
+) -> Shard:
+    """Pad a packed row to a multiple of the group size and take this rank's slice.
+
+    input_ids: ``(1, T)``; or inputs_embeds: ``(1, T, H)`` (VLMs: embed with the vision tower first, so whole
+    images go through it); position_ids: ``(4, 1, T)`` or ``(1, T)``, each sequence's text row from 0;
+    labels: ``(1, T)`` next-token targets are taken from it after a global shift (pass ``input_ids`` with
+    ignored positions set to ``ignore_index``). The pad forms its own sequence. Computes the global
+    boundaries here (the forward's one host sync) and checks that every rank holds the same ``T``.
+    """
+    if (input_ids is None) == (inputs_embeds is None):
+        raise InvalidInputError("shard_inputs takes exactly one of input_ids and inputs_embeds")
+    tokens = input_ids if input_ids is not None else inputs_embeds
+    if tokens.shape[0] != 1:
+        raise InvalidInputError(
+            "Ulysses shards one packed row", why=f"got batch size {tokens.shape[0]}",
+            fix="pack the batch into one row (B = 1) before sharding",
+        )
+    if position_ids is None:
+        raise InvalidInputError("shard_inputs needs position_ids", fix="pass tfcompat.rope_index per sequence, concatenated")
+    group = group if group is not None else dist.group.WORLD
+    sp, rank = dist.get_world_size(group), dist.get_rank(group)
+    total = tokens.shape[1]
+    positions = split_positions(position_ids, seq_len=total, family=None)
+    _check_same_length(total, tokens.device, group)
+
+    pad = -total % sp
+    padded = total + pad
+    pad_pos = torch.arange(pad, device=tokens.device, dtype=positions.text.dtype)
+    text = torch.cat([positions.text, pad_pos[None]], dim=-1)
+    seqs = from_text_positions(text)
+    local = slice(rank * padded // sp, (rank + 1) * padded // sp)
+
+    if position_ids.ndim == 3:  # (4, 1, T): the pad's rows all count from 0 too
+        full_pos = torch.cat([position_ids, pad_pos.expand(position_ids.shape[0], 1, pad)], dim=-1)
+    else:
+        full_pos = text
+    inputs: dict[str, Any] = {"position_ids": full_pos[..., local]}
+    if input_ids is not None:
+        ids = torch.cat([input_ids, input_ids.new_full((1, pad), pad_token_id)], dim=1)
+        inputs["input_ids"] = ids[:, local]
+    else:
+        embeds = torch.cat([inputs_embeds, inputs_embeds.new_zeros(1, pad, inputs_embeds.shape[-1])], dim=1)
+        inputs["inputs_embeds"] = embeds[:, local]
+    inputs[CONTEXT_KWARG] = ForwardContext(seqs, group=group)
+
+    local_labels = None
+    if labels is not None:
+        shifted = labels.new_full((1, padded), ignore_index)
+        shifted[:, : total - 1] = labels[:, 1:total]
+        ends = seqs.cu_seqlens[1:].to(labels.device, torch.long) - 1  # each sequence's last token predicts nothing
+        shifted[0, ends] = ignore_index
+        local_labels = shifted[:, local]
+    return Shard(inputs, local_labels, group, rank, sp, total, padded, seqs)
+
+
+def gather_outputs(x: torch.Tensor, shard: Shard, dim: int = 1) -> torch.Tensor:
+    """All ranks' slices of ``x`` concatenated on ``dim`` with the pad removed (differentiable).
+
+    x: this rank's output, ``T/sp`` long on ``dim`` (e.g. logits ``(1, T/sp, V)``); returns ``T`` long.
+    """
+    if x.shape[dim] * shard.sp != shard.padded:
+        raise InvalidInputError(
+            "output length does not match the shard",
+            why=f"dim {dim} has {x.shape[dim]} tokens, expected {shard.padded // shard.sp}",
+        )
+    parts = _AllGather.apply(x.contiguous(), shard.group, dim)
+    return parts.narrow(dim, 0, shard.total)
+
+
+class _AllGather(torch.autograd.Function):
+    """Concatenate every rank's tensor on ``dim``; backward hands each rank the gradient of its own slice.
+
+    Every rank is expected to compute the same loss of the gathered tensor; parameter gradients are then
+    partial per rank and sum to the full gradient over the group (as data-parallel reduction does).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
+        ctx.group, ctx.dim = group, dim
+        ctx.rank, ctx.n = dist.get_rank(group), x.shape[dim]
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x, group=group)
+        return torch.cat(parts, dim=dim)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return grad.contiguous().narrow(ctx.dim, ctx.rank * ctx.n, ctx.n), None, None
+
+
+def _check_same_length(total: int, device: torch.device, group: dist.ProcessGroup) -> None:
+    device = device if dist.get_backend(group) != "gloo" else torch.device("cpu")
+    mine = torch.tensor([total], device=device)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, mine, group=group)
+    lengths = [int(t) for t in everyone]
+    if len(set(lengths)) != 1:
+        raise InvalidInputError(
+            "ranks disagree on the packed sequence length",
+            why=f"lengths by rank: {lengths}",
+            fix="give every rank of the sequence-parallel group the same packed row",
+        )
