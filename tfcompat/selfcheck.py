@@ -22,11 +22,17 @@ __all__ = ["Sequence", "CheckResult", "tiny_model", "sample_sequences", "positio
 
 @dataclass
 class Sequence:
-    """One sample. input_ids: ``(1, L)``; pixel_values: ``(patches, C * tp * p * p)``; grid: ``(n, 3)``."""
+    """One sample. input_ids: ``(1, L)``; pixel values ``(patches, C * tp * p * p)`` with grids ``(n, 3)``."""
 
     input_ids: torch.Tensor
     pixel_values: torch.Tensor | None = None
     image_grid_thw: torch.Tensor | None = None
+    pixel_values_videos: torch.Tensor | None = None
+    video_grid_thw: torch.Tensor | None = None
+
+    def vision_inputs(self) -> dict[str, torch.Tensor]:
+        names = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 
 @dataclass
@@ -57,36 +63,51 @@ def tiny_model(key: str, attn_implementation: str = "sdpa", seed: int = 0, **tex
     return model_cls._from_config(config_cls(**kwargs), attn_implementation=attn_implementation).eval()
 
 
-def sample_sequences(model: torch.nn.Module, lengths: list[int], images: list[tuple[int, int, int] | None],
-                     seed: int = 0) -> list[Sequence]:
-    """Sequences of random text tokens; where ``images[i]`` is a grid ``(t, h, w)`` an image sits mid-text."""
+Item = tuple[int, int, int] | tuple[str, tuple[int, int, int]] | None
+
+
+def sample_sequences(model: torch.nn.Module, lengths: list[int], items: list[Item], seed: int = 0) -> list[Sequence]:
+    """Sequences of random text tokens, each with an optional vision item in the middle of its text.
+
+    items[i]: None (text only), a grid ``(t, h, w)`` (an image) or ``("video", (t, h, w))``; the placeholder
+    run has ``t * h * w / merge**2`` tokens between the family's vision start and end tokens.
+    """
     cfg = model.config
     vision = getattr(cfg, "vision_config", None)
     gen = torch.Generator().manual_seed(seed)
-    special = min(getattr(cfg, k, cfg.get_text_config().vocab_size) for k in ("image_token_id", "video_token_id", "image_start_token_id"))
+    special = min(getattr(cfg, k, cfg.get_text_config().vocab_size)
+                  for k in ("image_token_id", "video_token_id", "image_start_token_id", "vision_start_token_id"))
     out = []
-    for n, grid in zip(lengths, images):
+    for n, item in zip(lengths, items):
         text = torch.randint(0, special, (n,), generator=gen)
-        if grid is None:
+        if item is None:
             out.append(Sequence(text[None]))
             continue
+        kind, grid = item if isinstance(item[0], str) else ("image", item)
         t, h, w = grid
-        n_img = t * h * w // vision.spatial_merge_size**2
-        image = torch.full((n_img,), cfg.image_token_id)
-        start, end = [torch.tensor([getattr(cfg, k)]) for k in ("image_start_token_id", "image_end_token_id")]
-        ids = torch.cat([text[: n // 2], start, image, end, text[n // 2:]])
+        token = cfg.video_token_id if kind == "video" and hasattr(cfg, "vision_start_token_id") else cfg.image_token_id
+        start, end = (_first(cfg, f"{kind}_start_token_id", "vision_start_token_id"),
+                      _first(cfg, f"{kind}_end_token_id", "vision_end_token_id"))
+        placeholder = torch.full((t * h * w // vision.spatial_merge_size**2,), token)
+        ids = torch.cat([text[: n // 2], torch.tensor([start]), placeholder, torch.tensor([end]), text[n // 2:]])
         patch_dim = getattr(vision, "in_channels", 3) * vision.temporal_patch_size * vision.patch_size**2
         pixels = torch.randn(t * h * w, patch_dim, generator=gen)
-        out.append(Sequence(ids[None], pixels, torch.tensor([grid])))
+        if kind == "video":
+            out.append(Sequence(ids[None], pixel_values_videos=pixels, video_grid_thw=torch.tensor([grid])))
+        else:
+            out.append(Sequence(ids[None], pixels, torch.tensor([grid])))
     return out
+
+
+def _first(config: Any, *names: str) -> int:
+    return next(getattr(config, n) for n in names if getattr(config, n, None) is not None)
 
 
 def stock_inputs(r: Resolved, model: torch.nn.Module, seq: Sequence) -> dict[str, Any]:
     """Inputs for a stock forward of one sequence (the version's own position-id computation)."""
     # an explicit mask: 4.53's mask builder crashes on 3-row position ids when none is given
-    inputs: dict[str, Any] = {"input_ids": seq.input_ids, "attention_mask": torch.ones_like(seq.input_ids)}
-    if seq.pixel_values is not None:
-        inputs.update(pixel_values=seq.pixel_values, image_grid_thw=seq.image_grid_thw)
+    inputs: dict[str, Any] = {"input_ids": seq.input_ids, "attention_mask": torch.ones_like(seq.input_ids),
+                              **seq.vision_inputs()}
     if r.entry.rope_index_mm_token_types:
         inputs["mm_token_type_ids"] = family(r.family).mm_token_types(model.config, seq.input_ids)
     return inputs
@@ -95,20 +116,21 @@ def stock_inputs(r: Resolved, model: torch.nn.Module, seq: Sequence) -> dict[str
 def positions(model: torch.nn.Module, seq: Sequence) -> torch.Tensor:
     """Contract position ids of one sequence: ``(4, 1, L)`` for M-RoPE families, ``(1, L)`` otherwise."""
     if "model" in resolve(model.config.model_type).classes:
-        return rope_index(model, seq.input_ids, image_grid_thw=seq.image_grid_thw)
+        return rope_index(model, seq.input_ids, image_grid_thw=seq.image_grid_thw, video_grid_thw=seq.video_grid_thw)
     return torch.arange(seq.input_ids.shape[1])[None]
 
 
 def pack(model: torch.nn.Module, seqs: list[Sequence]) -> dict[str, Any]:
-    """Packed inputs: ids ``(1, T)``, position ids ``(4, 1, T)`` (per-sequence rope_index, concatenated)."""
-    with_images = [s for s in seqs if s.pixel_values is not None]
+    """Packed inputs: ids ``(1, T)``, position ids ``(4, 1, T)`` (per-sequence rope_index, concatenated), and
+    every sequence's vision inputs concatenated in order."""
     inputs: dict[str, Any] = {
         "input_ids": torch.cat([s.input_ids for s in seqs], dim=1),
         "position_ids": torch.cat([positions(model, s) for s in seqs], dim=-1),
     }
-    if with_images:
-        inputs["pixel_values"] = torch.cat([s.pixel_values for s in with_images])
-        inputs["image_grid_thw"] = torch.cat([s.image_grid_thw for s in with_images])
+    for name in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
+        parts = [getattr(s, name) for s in seqs if getattr(s, name) is not None]
+        if parts:
+            inputs[name] = torch.cat(parts)
     return inputs
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from ..registry import Family
-from . import glm4v, llama, qwen2, qwen3
+from . import glm4v, llama, qwen2, qwen2_5_vl, qwen2_vl, qwen3
 
 __all__ = ["FAMILIES"]
 
-FAMILIES: tuple[Family, ...] = (glm4v.FAMILY, llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY)
+FAMILIES: tuple[Family, ...] = (
+    glm4v.FAMILY, qwen2_vl.FAMILY, qwen2_5_vl.FAMILY, llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY,
+)

@@ -1,4 +1,4 @@
-"""GLM-4V differential tests: packed patched forward/backward against stock per-sequence runs.
+"""Differential tests: packed patched forward/backward against stock per-sequence runs, every family.
 
 The oracle is the stock model of the installed transformers, on the same tiny random weights.
 """
@@ -9,17 +9,28 @@ import pytest
 import torch
 
 import tfcompat
+from tfcompat.context import ForwardContext
 from tfcompat.hf_attention import ATTENTION_KEY
+from tfcompat.packing import from_lengths
 from tfcompat.selfcheck import pack, sample_sequences, stock_inputs, tiny_model
 from tests.helpers import max_token_diff
 
-FAMILY = "glm4v"
+FAMILY = "glm4v"  # lifecycle and bad-input tests
 IMPLS = ["eager", "sdpa"]
+TEXT = ([7, 12, 5], [None, None, None])
+# (text lengths, vision item per packed sequence): images of different grids, a video, text-only sequences
 CASES = {
-    # (lengths of text, image grid or None) per packed sequence
-    "text": ([7, 12, 5], [None, None, None]),
-    "images": ([7, 12, 5, 9], [None, (1, 4, 6), (1, 2, 4), (1, 4, 4)]),
+    ("glm4v", "text"): TEXT,
+    ("glm4v", "vision"): ([7, 12, 5, 9], [None, (1, 4, 6), (1, 2, 4), (1, 4, 4)]),
+    ("qwen2_vl", "text"): TEXT,
+    ("qwen2_vl", "vision"): ([7, 12, 5, 9, 6], [None, (1, 4, 6), (1, 2, 4), ("video", (2, 4, 4)), None]),
+    ("qwen2_5_vl", "text"): TEXT,
+    ("qwen2_5_vl", "vision"): ([7, 12, 5, 9, 6], [None, (1, 4, 6), (1, 2, 4), ("video", (2, 4, 4)), None]),
+    ("llama", "text"): TEXT,
+    ("qwen2", "text"): TEXT,
+    ("qwen3", "text"): TEXT,
 }
+CASE_IDS = [f"{f}-{c}" for f, c in CASES]
 
 
 @pytest.fixture(scope="module")
@@ -32,13 +43,14 @@ def _stock_logits(r, model, seqs):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("family,case", list(CASES), ids=CASE_IDS)
 class TestPackedEqualsStock:
     """Rule: per token, the patched packed forward returns what the stock model returns per sequence."""
 
-    def test_forward(self, resolved, impl, case):
-        model = tiny_model(FAMILY, impl)
-        seqs = sample_sequences(model, *CASES[case], seed=1)
+    def test_forward(self, family, case, impl):
+        resolved = tfcompat.resolve(family)
+        model = tiny_model(family, impl)
+        seqs = sample_sequences(model, *CASES[family, case], seed=1)
         with torch.no_grad():
             expected = _stock_logits(resolved, model, seqs)
             inputs = pack(model, seqs)
@@ -46,21 +58,25 @@ class TestPackedEqualsStock:
                 got = model(**inputs, use_cache=False).logits[0]
         assert max_token_diff(got, expected) <= 1e-5
 
-    def test_unpatched_packed_forward_differs(self, resolved, impl, case):
-        """Control: without the patch the packed row leaks across sequences, so the oracle can fail."""
-        model = tiny_model(FAMILY, impl)
-        seqs = sample_sequences(model, *CASES[case], seed=1)
+    def test_boundaries_matter(self, family, case, impl):
+        """Control: the same patched forward told the row is one sequence leaks across sequences and fails
+        the comparison, so the oracle can tell right boundaries from wrong ones."""
+        resolved = tfcompat.resolve(family)
+        model = tiny_model(family, impl)
+        seqs = sample_sequences(model, *CASES[family, case], seed=1)
         with torch.no_grad():
             expected = _stock_logits(resolved, model, seqs)
             inputs = pack(model, seqs)
-            inputs["position_ids"] = inputs["position_ids"][1:]  # what stock accepts everywhere: 3 rows
-            got = model(**inputs, attention_mask=torch.ones_like(inputs["input_ids"]), use_cache=False).logits[0]
+            one_sequence = ForwardContext(from_lengths([inputs["input_ids"].shape[1]]))
+            with tfcompat.patch(model, remove_padding=True):
+                got = model(**inputs, tfcompat_context=one_sequence, use_cache=False).logits[0]
         assert max_token_diff(got, expected) > 1e-3
 
-    def test_backward(self, resolved, impl, case):
-        model = tiny_model(FAMILY, impl)
-        seqs = sample_sequences(model, *CASES[case], seed=2)
-        vocab = model.config.text_config.vocab_size
+    def test_backward(self, family, case, impl):
+        resolved = tfcompat.resolve(family)
+        model = tiny_model(family, impl)
+        seqs = sample_sequences(model, *CASES[family, case], seed=2)
+        vocab = model.config.get_text_config().vocab_size
         weight = torch.randn(vocab, generator=torch.Generator().manual_seed(3))
 
         for s in seqs:  # stock: each sequence alone, gradients accumulate
@@ -75,7 +91,7 @@ class TestPackedEqualsStock:
         assert got.keys() == expected.keys()
         watched = [n for n in got if any(k in n for k in ("q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", "visual"))]
         assert any("q_proj" in n for n in watched) and any("embed_tokens" in n for n in watched)
-        if case == "images":
+        if case == "vision":
             assert any("visual" in n for n in watched)
         for name in watched:
             scale = max(1.0, float(expected[name].abs().max()))

@@ -1,0 +1,88 @@
+"""Functions run on every rank by `tests.gpu.nccl_harness.run_world` (module level so spawn can import them).
+
+Same logic as `tests.dist.workers.sp_equals_single`, on ``cuda:rank`` under NCCL (or CPU under gloo), with a
+dtype and a backend: the SP=1 reference is computed on every rank with the same dtype and backend, then the
+SP run, `gather_outputs`, loss ``(logits @ w).sum()`` in fp32, gradients all-reduced over the group.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.distributed as dist
+
+import tfcompat
+from tfcompat import ulysses
+from tfcompat.embedding import embed_inputs
+from tfcompat.selfcheck import pack, sample_sequences, tiny_model
+
+WATCHED = ("q_proj", "o_proj", "embed_tokens")
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _loss(logits: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return (logits.float() @ weight).sum()
+
+
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().float().clone() for n, p in model.named_parameters()
+            if p.grad is not None and any(w in n for w in WATCHED + ("visual",))}
+
+
+def sp_equals_single(rank: int, world: int, family: str, lengths: list[int], images: list, text: dict,
+                     dtype_name: str, backend: str, tol: float, relative_to_max: bool) -> None:
+    """SP forward and backward on ``world`` ranks equal the single-process packed run, per token.
+
+    Tolerance: ``|got - ref|.max() <= tol * scale`` with scale ``max(1, |ref|.max())`` (``relative_to_max=False``)
+    or ``|ref|.max()`` (``relative_to_max=True``), per tensor (logits, each watched gradient).
+    """
+    warnings.simplefilter("ignore")
+    device, dtype = _device(), getattr(torch, dtype_name)
+    model = tiny_model(family, "sdpa", **text)  # built and packed on CPU, then moved
+    seqs = sample_sequences(model, lengths, images, seed=5)
+    inputs = pack(model, seqs)
+    inputs = {k: (v.to(device, dtype) if v.is_floating_point() else v.to(device)) for k, v in inputs.items()}
+    model = model.to(device=device, dtype=dtype)
+    vocab = model.config.get_text_config().vocab_size
+    weight = torch.randn(vocab, generator=torch.Generator().manual_seed(9)).to(device)
+    is_vlm = "pixel_values" in inputs
+
+    def scale(ref: torch.Tensor) -> float:
+        m = float(ref.abs().max())
+        return max(m, 1e-12) if relative_to_max else max(1.0, m)
+
+    with tfcompat.patch(model, remove_padding=True, backend=backend):  # SP = 1 reference, on every rank
+        ref_logits = model(**inputs, use_cache=False).logits[0]
+        _loss(ref_logits, weight).backward()
+    ref_grads = _grads(model)
+    model.zero_grad(set_to_none=True)
+
+    group = dist.group.WORLD
+    with tfcompat.patch(model, remove_padding=True, ulysses_group=group, backend=backend):
+        if is_vlm:  # whole images through the vision tower, then slice the embeddings
+            embeds = embed_inputs(model, inputs["input_ids"], inputs["pixel_values"], inputs["image_grid_thw"])
+            shard = ulysses.shard_inputs(position_ids=inputs["position_ids"], inputs_embeds=embeds, group=group)
+        else:
+            shard = ulysses.shard_inputs(inputs["input_ids"], inputs["position_ids"], group=group)
+        assert shard.padded % world == 0 and shard.total == inputs["input_ids"].shape[1]
+        local = model(**shard.model_inputs, use_cache=False).logits
+        assert local.shape[1] == shard.padded // world
+        assert local.device == device, local.device
+        logits = ulysses.gather_outputs(local, shard)[0]
+        _loss(logits, weight).backward()
+
+    diff = float((logits.float() - ref_logits.float()).abs().max())
+    bound = tol * scale(ref_logits.float())
+    assert diff <= bound, f"rank {rank}: SP={world} {dtype_name} logits differ from SP=1 by {diff:.3e} (bound {bound:.3e})"
+    grads = _grads(model)
+    assert grads.keys() == ref_grads.keys(), sorted(set(grads) ^ set(ref_grads))
+    assert grads, "no watched gradients"
+    for name, g in grads.items():
+        dist.all_reduce(g, group=group)  # each rank holds its tokens' share of the gradient
+        gdiff = float((g - ref_grads[name]).abs().max())
+        bound = tol * scale(ref_grads[name])
+        assert gdiff <= bound, f"rank {rank}: {dtype_name} grad {name} differs by {gdiff:.3e} (bound {bound:.3e})"

@@ -1,0 +1,285 @@
+"""PPO forward heads: backend "torch" (chunked, recomputing) against backend "logits" (the reference)."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import assert_close
+from tfcompat.errors import InvalidInputError
+from tfcompat.heads import IGNORE_INDEX, LogprobsEntropy, logprobs_entropy
+
+SETTINGS = settings(max_examples=60, deadline=None)
+
+# fp32: forward values to 1e-5; gradients to 1e-5 of their largest entry (each sums up to V or T terms)
+FP32_TOL = 1e-5
+# bf16: both backends round the logits the same way; the gradients round each tile's product to bf16
+BF16_FORWARD_TOL = 1e-4
+BF16_GRAD_TOL = 2e-2
+
+
+class Case(NamedTuple):
+    """Inputs of one call: hidden ``(*S, H)``, weight ``(V, H)``, bias ``(V,)`` or None, labels ``S``,
+    temperature (float or tensor ``S``), and upstream gradients ``S`` for logprobs and entropy."""
+
+    hidden: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    labels: torch.Tensor
+    temperature: float | torch.Tensor
+    grad_logprobs: torch.Tensor
+    grad_entropy: torch.Tensor
+
+
+def make_case(
+    shape: tuple[int, ...], vocab: int, hidden_size: int, *, seed: int, bias: bool = True,
+    per_token_temperature: bool = True, ignored: float = 0.25, dtype: torch.dtype = torch.float32,
+) -> Case:
+    """Logits of order 1 (weight ~ N(0, 1/H)); temperatures in [0.25, 4]; a fraction of labels ignored."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(*shape, hidden_size, generator=gen)
+    weight = torch.randn(vocab, hidden_size, generator=gen) / math.sqrt(hidden_size)
+    bias_values = torch.randn(vocab, generator=gen)
+    labels = torch.randint(0, vocab, shape, generator=gen)
+    labels[torch.rand(shape, generator=gen) < ignored] = IGNORE_INDEX
+    if per_token_temperature:
+        temperature = 0.25 + 3.75 * torch.rand(shape, generator=gen)
+    else:
+        temperature = float(0.25 + 3.75 * torch.rand((), generator=gen))
+    return Case(
+        hidden.to(dtype),
+        weight.to(dtype),
+        bias_values.to(dtype) if bias else None,
+        labels,
+        temperature,
+        torch.randn(shape, generator=gen),
+        torch.randn(shape, generator=gen),
+    )
+
+
+class Run(NamedTuple):
+    """Outputs and the gradients of ``(a * logprobs).sum() + (b * entropy).sum()``; grad_bias is None
+    without a bias."""
+
+    out: LogprobsEntropy
+    grad_hidden: torch.Tensor
+    grad_weight: torch.Tensor
+    grad_bias: torch.Tensor | None
+
+
+def run(case: Case, backend: str, chunk_size: int = 1024) -> Run:
+    hidden = case.hidden.detach().requires_grad_()
+    weight = case.weight.detach().requires_grad_()
+    bias = None if case.bias is None else case.bias.detach().requires_grad_()
+    out = logprobs_entropy(
+        hidden, weight, case.labels, case.temperature, backend=backend, chunk_size=chunk_size, lm_head_bias=bias
+    )
+    loss = (case.grad_logprobs * out.logprobs).sum() + (case.grad_entropy * out.entropy).sum()
+    loss.backward()
+    return Run(LogprobsEntropy(out.logprobs.detach(), out.entropy.detach()), hidden.grad, weight.grad,
+               None if bias is None else bias.grad)
+
+
+def assert_runs_close(actual: Run, expected: Run, *, forward_tol: float, grad_tol: float) -> None:
+    """Forward values to ``forward_tol`` (absolute and relative); gradients to ``grad_tol`` of their largest
+    entry (at least 1)."""
+    for name in ("logprobs", "entropy"):
+        assert_close(getattr(actual.out, name), getattr(expected.out, name), atol=forward_tol, rtol=forward_tol,
+                     what=name)
+    for name in ("grad_hidden", "grad_weight", "grad_bias"):
+        got, want = getattr(actual, name), getattr(expected, name)
+        if want is None:
+            assert got is None, name
+            continue
+        scale = max(1.0, want.abs().max().item())
+        assert_close(got.float(), want.float(), atol=grad_tol * scale, what=name)
+
+
+@st.composite
+def chunked_cases(draw: st.DrawFn) -> tuple[Case, int]:
+    """Flat or batched tokens, vocabularies on both sides of T, chunk sizes of 1, not dividing T, and >= T."""
+    if draw(st.booleans()):
+        shape = (draw(st.integers(1, 3)), draw(st.integers(1, 24)))
+    else:
+        shape = (draw(st.integers(1, 64)),)
+    tokens = math.prod(shape)
+    case = make_case(
+        shape,
+        vocab=draw(st.integers(2, 300)),
+        hidden_size=draw(st.integers(1, 24)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+        bias=draw(st.booleans()),
+        per_token_temperature=draw(st.booleans()),
+        ignored=draw(st.sampled_from([0.0, 0.3, 1.0])),
+    )
+    chunk_size = draw(st.one_of(st.just(1), st.integers(2, tokens + 2), st.integers(tokens, 4 * tokens)))
+    return case, chunk_size
+
+
+class TestChunkedMatchesReference:
+    """Backend "torch" computes what backend "logits" computes, values and gradients, at any chunking."""
+
+    @SETTINGS
+    @given(chunked_cases())
+    def test_values_and_gradients(self, case_and_chunk: tuple[Case, int]) -> None:
+        case, chunk_size = case_and_chunk
+        assert_runs_close(run(case, "torch", chunk_size), run(case, "logits"), forward_tol=FP32_TOL,
+                          grad_tol=FP32_TOL)
+
+    @pytest.mark.parametrize(("tokens", "vocab"), [(40, 300), (300, 40)], ids=["walk-vocab", "walk-tokens"])
+    def test_both_backward_walks(self, tokens: int, vocab: int) -> None:
+        """Backward tiles along the vocabulary when T < V and along the tokens otherwise."""
+        case = make_case((tokens,), vocab, 16, seed=tokens)
+        assert_runs_close(run(case, "torch", chunk_size=7), run(case, "logits"), forward_tol=FP32_TOL,
+                          grad_tol=FP32_TOL)
+
+    def test_bf16_within_stated_tolerance(self) -> None:
+        case = make_case((4, 48), 256, 32, seed=5, dtype=torch.bfloat16)
+        chunked, reference = run(case, "torch", chunk_size=20), run(case, "logits")
+        assert chunked.grad_hidden.dtype == chunked.grad_weight.dtype == chunked.grad_bias.dtype == torch.bfloat16
+        assert_runs_close(chunked, reference, forward_tol=BF16_FORWARD_TOL, grad_tol=BF16_GRAD_TOL)
+
+    @pytest.mark.parametrize("backend", ["torch", "logits"])
+    def test_one_output_used(self, backend: str) -> None:
+        """Only entropy in the loss: logprobs' upstream gradient is None, the gradients match the reference."""
+        case = make_case((30,), 90, 8, seed=3)
+        results = []
+        for name in (backend, "logits"):
+            hidden = case.hidden.clone().requires_grad_()
+            logprobs_entropy(hidden, case.weight, case.labels, case.temperature, backend=name,
+                             chunk_size=4).entropy.sum().backward()
+            results.append(hidden.grad)
+        assert_close(results[0], results[1], atol=FP32_TOL, what="grad_hidden")
+
+
+class TestContract:
+    """Shapes, dtypes, ignored positions and the constant temperature, the same for both backends."""
+
+    @pytest.mark.parametrize("backend", ["torch", "logits"])
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+    def test_float32_outputs_shaped_like_labels(self, backend: str, dtype: torch.dtype) -> None:
+        case = make_case((2, 5), 40, 8, seed=0, dtype=dtype)
+        out = logprobs_entropy(case.hidden, case.weight, case.labels, case.temperature, backend=backend,
+                               lm_head_bias=case.bias)
+        assert out.logprobs.shape == out.entropy.shape == (2, 5)
+        assert out.logprobs.dtype == out.entropy.dtype == torch.float32
+
+    @pytest.mark.parametrize("backend", ["torch", "logits"])
+    def test_uniform_logits(self, backend: str) -> None:
+        """A zero lm head gives the uniform distribution: logprob -log V and entropy log V at any temperature."""
+        vocab = 37
+        labels = torch.tensor([0, 5, 36, 12])
+        out = logprobs_entropy(torch.randn(4, 8), torch.zeros(vocab, 8), labels, 0.3, backend=backend, chunk_size=3)
+        assert_close(out.logprobs, torch.full((4,), -math.log(vocab)), atol=1e-6)
+        assert_close(out.entropy, torch.full((4,), math.log(vocab)), atol=1e-6)
+
+    @pytest.mark.parametrize("backend", ["torch", "logits"])
+    def test_ignored_positions_are_zero_and_get_no_gradient(self, backend: str) -> None:
+        case = make_case((24,), 60, 8, seed=1, ignored=0.5)
+        ignored = case.labels == IGNORE_INDEX
+        assert ignored.any() and not ignored.all()
+        result = run(case, backend, chunk_size=5)
+        assert (result.out.logprobs[ignored] == 0).all() and (result.out.entropy[ignored] == 0).all()
+        assert (result.out.entropy[~ignored] > 0).all()
+        assert (result.grad_hidden[ignored] == 0).all()
+        assert (result.grad_hidden[~ignored] != 0).any(dim=-1).all()
+
+    @pytest.mark.parametrize("backend", ["torch", "logits"])
+    def test_temperature_gets_no_gradient(self, backend: str) -> None:
+        case = make_case((12,), 30, 8, seed=2)
+        temperature = case.temperature.clone().requires_grad_()
+        hidden = case.hidden.clone().requires_grad_()
+        out = logprobs_entropy(hidden, case.weight, case.labels, temperature, backend=backend)
+        (out.logprobs.sum() + out.entropy.sum()).backward()
+        assert hidden.grad is not None and temperature.grad is None
+
+    def test_frozen_weight(self) -> None:
+        """Only hidden requires grad: no weight gradient is made, hidden's matches the reference."""
+        case = make_case((20,), 50, 8, seed=4)
+        grads = []
+        for backend in ("torch", "logits"):
+            hidden = case.hidden.clone().requires_grad_()
+            weight = case.weight.clone()
+            out = logprobs_entropy(hidden, weight, case.labels, case.temperature, backend=backend, chunk_size=6)
+            (case.grad_logprobs * out.logprobs + case.grad_entropy * out.entropy).sum().backward()
+            assert weight.grad is None
+            grads.append(hidden.grad)
+        assert_close(grads[0], grads[1], atol=FP32_TOL, what="grad_hidden")
+
+
+class TestSavedForBackward:
+    """Backend "torch" keeps no (T, V)-sized tensor alive between forward and backward."""
+
+    TOKENS, VOCAB, HIDDEN, CHUNK = 64, 512, 16, 16
+
+    def saved_numels(self, backend: str) -> list[int]:
+        case = make_case((self.TOKENS,), self.VOCAB, self.HIDDEN, seed=0)
+        hidden = case.hidden.clone().requires_grad_()
+        weight = case.weight.clone().requires_grad_()
+        numels: list[int] = []
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            numels.append(tensor.numel())
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            out = logprobs_entropy(hidden, weight, case.labels, case.temperature, backend=backend,
+                                   chunk_size=self.CHUNK)
+        (out.logprobs.sum() + out.entropy.sum()).backward()
+        assert hidden.grad is not None and weight.grad is not None
+        return numels
+
+    def test_chunked_saves_no_logits(self) -> None:
+        numels = self.saved_numels("torch")
+        assert numels and max(numels) < self.TOKENS * self.VOCAB
+
+    def test_reference_saves_logits(self) -> None:
+        """The detector sees (T, V) tensors where they are saved."""
+        assert max(self.saved_numels("logits")) >= self.TOKENS * self.VOCAB
+
+
+def valid_inputs() -> dict:
+    return dict(hidden=torch.randn(4, 8), lm_head_weight=torch.randn(10, 8), labels=torch.tensor([1, 2, -100, 9]))
+
+
+class TestInvalidInput:
+    """Bad inputs raise InvalidInputError naming what was passed."""
+
+    @pytest.mark.parametrize(
+        ("change", "match"),
+        [
+            (dict(backend="triton"), r"unknown logprobs/entropy backend 'triton'"),
+            (dict(chunk_size=0), r"chunk_size must be a positive int(.|\n)*got 0"),
+            (dict(hidden=torch.randn(4, 6)), r"hidden \(4, 6\) vs lm_head_weight \(10, 8\)"),
+            (dict(hidden=torch.randn(8)), r"hidden must be a floating \(T, H\) or \(B, L, H\)"),
+            (dict(hidden=torch.randn(4, 8, dtype=torch.float64)), r"hidden torch.float64 .* vs lm_head_weight torch.float32"),
+            (dict(labels=torch.tensor([1, 2, 3])), r"hidden \(4, 8\) on cpu vs labels \(3,\) on cpu"),
+            (dict(labels=torch.tensor([1.0, 2.0, 3.0, 4.0])), r"labels must be integer token ids"),
+            (dict(labels=torch.tensor([1, 10, -100, -5])), r"token ids in \[0, 10\) or -100(.|\n)*got \[10, -5\]"),
+            (dict(lm_head_bias=torch.randn(9)), r"lm_head_bias \(9,\)"),
+            (dict(temperature=0.0), r"temperature must be finite and > 0(.|\n)*got 0.0"),
+            (dict(temperature=float("nan")), r"temperature must be finite and > 0"),
+            (dict(temperature="hot"), r"temperature must be a float or a per-token tensor(.|\n)*got str 'hot'"),
+            (dict(temperature=torch.ones(4, dtype=torch.long)), r"temperature tensor must be floating(.|\n)*torch.int64"),
+            (dict(temperature=torch.ones(3)), r"temperature \(3,\) on cpu vs labels \(4,\) on cpu"),
+            (dict(temperature=torch.tensor(1.0)), r"temperature \(\) on cpu vs labels \(4,\)"),
+            (dict(temperature=torch.tensor([1.0, 0.5, -0.1, 2.0])), r"every per-token temperature must be finite and > 0(.|\n)*min -0.1"),
+        ],
+    )
+    def test_rejected(self, change: dict, match: str) -> None:
+        with pytest.raises(InvalidInputError, match=match):
+            logprobs_entropy(**{**valid_inputs(), **change})
+
+    def test_batched_labels_must_match(self) -> None:
+        inputs = valid_inputs()
+        with pytest.raises(InvalidInputError, match=r"hidden \(2, 3, 8\) on cpu vs labels \(2, 2\)"):
+            logprobs_entropy(torch.randn(2, 3, 8), inputs["lm_head_weight"], torch.zeros(2, 2, dtype=torch.long))
+
+    def test_is_a_value_error(self) -> None:
+        with pytest.raises(ValueError):
+            logprobs_entropy(**valid_inputs(), backend="triton")

@@ -1,0 +1,85 @@
+"""The table shared by Qwen2-VL and Qwen2.5-VL: the same boundaries, other class names.
+
+Boundaries read from the wheels: 4.53 moves the vision tower and ``get_rope_index`` to the *Model and the
+decoder into *TextModel, whose forward cannot take a text row yet; 4.54 lets the text model split 4-row
+``[text; t; h; w]`` ids; 4.56 renames the attention cache kwarg to ``past_key_values``; 5.0 moves to
+``rope_parameters``; 5.3 makes ``get_rope_index`` require ``mm_token_type_ids``; 5.17 removes
+``apply_multimodal_rotary_pos_emb`` (sectioning folds into the rotary embedding's
+``recomposition_frequencies``); 5.24 renames the cache kwarg to ``cache``. Decoder layers forward
+``**kwargs`` to attention throughout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from ..registry import Entry
+from ..versions import VersionRange
+
+
+def qwen_vl_entries(family: str, prefix: str) -> tuple[Entry, ...]:
+    base = Entry(
+        family=family,
+        versions=VersionRange("4.53", "4.54"),
+        module=f"transformers.models.{family}.modeling_{family}",
+        classes={
+            "attention": f"{prefix}Attention",
+            "rotary": f"{prefix}RotaryEmbedding",
+            "text_model": f"{prefix}TextModel",
+            "decoder_layer": f"{prefix}DecoderLayer",
+            "model": f"{prefix}Model",
+            "for_causal_lm": f"{prefix}ForConditionalGeneration",
+        },
+        apply_rotary="apply_multimodal_rotary_pos_emb",
+        rotary_layout="sectioned",
+        rope_config_key="rope_scaling",
+        text_model_positions="mrope",
+        layer_forwards_kwargs=True,
+        rope_index_mm_token_types=False,
+        cache_kwarg="past_key_value",
+        why="vision tower and get_rope_index on the Model; the text model takes 3-row ids only",
+    )
+    text4 = dict(text_model_positions="text+mrope")
+    v5 = dict(text4, cache_kwarg="past_key_values", rope_config_key="rope_parameters")
+    folded = dict(v5, apply_rotary="apply_rotary_pos_emb", rotary_layout="folded",
+                  rotary_marker="recomposition_frequencies", rope_index_mm_token_types=True)
+    return (
+        base,
+        replace(base, versions=VersionRange("4.54", "4.56"), **text4,
+                why="the text model splits 4-row [text; t; h; w] ids"),
+        replace(base, versions=VersionRange("4.56", "5.0"), **text4, cache_kwarg="past_key_values",
+                why="cache kwarg renamed past_key_value -> past_key_values"),
+        replace(base, versions=VersionRange("5.0", "5.3"), **v5, why="rope_parameters"),
+        replace(base, versions=VersionRange("5.3", "5.17"), **v5, rope_index_mm_token_types=True,
+                why="get_rope_index requires mm_token_type_ids"),
+        replace(base, versions=VersionRange("5.17", "5.24"), **folded,
+                why="apply_multimodal_rotary_pos_emb removed: mrope folded into the rotary embedding"),
+        replace(base, versions=VersionRange("5.24", "5.25"), **{**folded, "cache_kwarg": "cache"},
+                why="cache kwarg renamed past_key_values -> cache"),
+    )
+
+
+def mm_token_types(config: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    """0 text, 1 image, 2 video: Qwen marks each modality with its own placeholder token."""
+    return (input_ids == config.image_token_id).int() + 2 * (input_ids == config.video_token_id).int()
+
+
+def qwen_vl_tiny_config(config_name: str, vision: dict[str, Any]):
+    """A ``tiny_config``: head_dim 16 (8 rotary frequencies, ``mrope_section`` [2, 3, 3])."""
+
+    def tiny_config(entry: Entry) -> tuple[str, dict[str, Any]]:
+        section = {"mrope_section": [2, 3, 3]}
+        if entry.rope_config_key == "rope_scaling":
+            rope = {"rope_theta": 10000.0, "rope_scaling": {"type": "mrope", **section}}
+        else:
+            rope = {"rope_theta": 10000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, **section}}
+        text = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                    **rope)
+        tokens = dict(image_token_id=250, video_token_id=251, vision_start_token_id=252, vision_end_token_id=253)
+        return config_name, dict(text_config=text, vision_config=dict(vision), **tokens)
+
+    return tiny_config

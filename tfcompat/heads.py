@@ -1,0 +1,347 @@
+"""PPO forward heads: per-token log-probabilities of the taken tokens and the entropy of the policy.
+
+The plain computation materializes the ``(T, V)`` logits in float32 and keeps several ``(T, V)`` tensors
+alive for backward; at ``T = 8192`` tokens and a 152k vocabulary that is tens of GiB. Backend ``"torch"``
+computes the same two values in tiles of about ``chunk_size * V`` logits and keeps only ``(T,)`` row
+statistics for backward, where it recomputes each tile's logits (reference: backend ``"logits"`` below,
+i.e. ``log_softmax`` + ``gather`` and ``-(p * log p).sum(-1)`` on the full logits, differentiated by
+autograd; the recompute scheme follows Liger-Kernel's fused linear cross-entropy and Apple's Cut Cross
+Entropy).
+
+Conventions shared by both backends:
+
+- the softmax is computed in float32 whatever the input dtype (the logits come out of the lm-head matmul
+  in the input dtype and are upcast before anything else), and both outputs are float32;
+- positions whose label is ``IGNORE_INDEX`` (-100) get logprob 0 and entropy 0 and contribute no gradient;
+- the temperature (a float or one value per token) divides the logits and is a constant: no gradient
+  flows to it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .errors import InvalidInputError
+
+__all__ = ["IGNORE_INDEX", "BACKENDS", "LogprobsEntropy", "logprobs_entropy"]
+
+IGNORE_INDEX = -100
+BACKENDS = ("torch", "logits")
+
+
+class LogprobsEntropy(NamedTuple):
+    """Per-token results, float32, shaped like ``labels``: ``(T,)`` or ``(B, L)``.
+
+    logprobs: ``log softmax(z)[label]`` with ``z = (hidden @ W.T + bias) / temperature``; 0 where ignored.
+    entropy: ``-sum_v p_v log p_v`` of ``p = softmax(z)``; 0 where ignored.
+    """
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+
+
+def logprobs_entropy(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float | torch.Tensor = 1.0,
+    *,
+    backend: str = "torch",
+    chunk_size: int = 1024,
+    lm_head_bias: torch.Tensor | None = None,
+) -> LogprobsEntropy:
+    """Log-probability of each label and entropy of each token's distribution under the lm head.
+
+    hidden: ``(T, H)`` or ``(B, L, H)`` floating, the last hidden states.
+    lm_head_weight: ``(V, H)``, same dtype and device as ``hidden``.
+    labels: ``(T,)`` or ``(B, L)`` integer token ids in ``[0, V)``, or ``IGNORE_INDEX``.
+    temperature: a float > 0, or a floating tensor shaped like ``labels`` with every entry > 0; constant.
+    backend: ``"torch"`` (chunked, never holds the ``(T, V)`` logits) or ``"logits"`` (the reference).
+    chunk_size: tokens per tile of backend ``"torch"``; its temporaries hold about ``chunk_size * V`` floats.
+    lm_head_bias: ``(V,)`` or None.
+    Returns `LogprobsEntropy`, each field float32 and shaped like ``labels``.
+
+    Validation reads the labels (and a tensor temperature) on the host once: one device sync per call.
+    Raises `InvalidInputError` on a bad shape, dtype, device, label, temperature, backend or chunk size.
+    """
+    temperature = _validate(hidden, lm_head_weight, labels, temperature, backend, chunk_size, lm_head_bias)
+    tokens = hidden.reshape(-1, hidden.shape[-1])  # (B, L, H) -> (T, H)
+    flat_labels = labels.reshape(-1).long()  # (B, L) -> (T,)
+    # (T, 1) float32 column: one temperature per token, constant for autograd
+    column = torch.as_tensor(temperature, dtype=torch.float32, device=hidden.device).detach()
+    column = column.reshape(-1, 1).expand(tokens.shape[0], 1)
+    if backend == "logits":
+        logprobs, entropy = _reference(tokens, lm_head_weight, lm_head_bias, flat_labels, column)
+    else:
+        logprobs, entropy = _ChunkedLogprobsEntropy.apply(
+            tokens, lm_head_weight, lm_head_bias, flat_labels, column.contiguous(), chunk_size
+        )
+    return LogprobsEntropy(logprobs.view(labels.shape), entropy.view(labels.shape))
+
+
+# ------------------------------------------------------------------------------------------- validation
+
+
+def _validate(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float | torch.Tensor,
+    backend: str,
+    chunk_size: int,
+    bias: torch.Tensor | None,
+) -> float | torch.Tensor:
+    """Check the contract of `logprobs_entropy`; returns the temperature (a float, or the tensor as given)."""
+    if backend not in BACKENDS:
+        raise InvalidInputError(
+            f"unknown logprobs/entropy backend {backend!r}", supported=", ".join(map(repr, BACKENDS)),
+            fix='pass backend="torch" (chunked) or backend="logits" (reference)',
+        )
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise InvalidInputError(
+            "chunk_size must be a positive int", why=f"got {chunk_size!r}", fix="pass e.g. chunk_size=1024"
+        )
+    if not (hidden.is_floating_point() and hidden.ndim in (2, 3)):
+        raise InvalidInputError(
+            "hidden must be a floating (T, H) or (B, L, H) tensor",
+            why=f"got dtype {hidden.dtype} and shape {tuple(hidden.shape)}",
+        )
+    if weight.ndim != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise InvalidInputError(
+            "lm_head_weight must be (V, H) with the hidden size of hidden",
+            why=f"hidden {tuple(hidden.shape)} vs lm_head_weight {tuple(weight.shape)}",
+            fix="pass lm_head.weight, shaped (vocab_size, hidden_size)",
+        )
+    if weight.dtype != hidden.dtype or weight.device != hidden.device:
+        raise InvalidInputError(
+            "lm_head_weight must have the dtype and device of hidden",
+            why=f"hidden {hidden.dtype} on {hidden.device} vs lm_head_weight {weight.dtype} on {weight.device}",
+        )
+    vocab = weight.shape[0]
+    if bias is not None and (bias.shape != (vocab,) or bias.dtype != weight.dtype or bias.device != weight.device):
+        raise InvalidInputError(
+            "lm_head_bias must be (V,) with the dtype and device of lm_head_weight",
+            why=f"lm_head_bias {tuple(bias.shape)} {bias.dtype} on {bias.device} vs "
+            f"lm_head_weight {tuple(weight.shape)} {weight.dtype} on {weight.device}",
+        )
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise InvalidInputError("labels must be integer token ids", why=f"got dtype {labels.dtype}")
+    if labels.shape != hidden.shape[:-1] or labels.device != hidden.device:
+        raise InvalidInputError(
+            "labels must have one entry per token of hidden, on its device",
+            why=f"hidden {tuple(hidden.shape)} on {hidden.device} vs labels {tuple(labels.shape)} on {labels.device}",
+            fix="pass labels shaped hidden.shape[:-1], IGNORE_INDEX (-100) where no logprob is wanted",
+        )
+    bad_label = ((labels < 0) | (labels >= vocab)) & (labels != IGNORE_INDEX)
+    if isinstance(temperature, torch.Tensor):
+        _check_temperature_tensor(temperature, labels)
+        flags = torch.stack([bad_label.any(), ~((temperature > 0) & temperature.isfinite()).all()])
+    else:
+        _check_temperature_float(temperature)
+        flags = bad_label.any().unsqueeze(0)
+    any_bad_label, *bad_temperature = flags.tolist()  # the one host sync
+    if any_bad_label:
+        raise InvalidInputError(
+            f"labels must be token ids in [0, {vocab}) or {IGNORE_INDEX}",
+            why=f"got {labels[bad_label][:8].tolist()!r} among labels {tuple(labels.shape)}",
+        )
+    if any(bad_temperature):
+        raise InvalidInputError(
+            "every per-token temperature must be finite and > 0",
+            why=f"min {temperature.min().item()!r}, max {temperature.max().item()!r}",
+        )
+    return temperature
+
+
+def _check_temperature_float(temperature: object) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise InvalidInputError(
+            "temperature must be a float or a per-token tensor",
+            why=f"got {type(temperature).__name__} {temperature!r}",
+        )
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise InvalidInputError("temperature must be finite and > 0", why=f"got {temperature!r}")
+
+
+def _check_temperature_tensor(temperature: torch.Tensor, labels: torch.Tensor) -> None:
+    if not temperature.is_floating_point():
+        raise InvalidInputError(
+            "a temperature tensor must be floating", why=f"got dtype {temperature.dtype}",
+            fix="pass temperature.float()",
+        )
+    if temperature.shape != labels.shape or temperature.device != labels.device:
+        raise InvalidInputError(
+            "a temperature tensor must hold one value per token, shaped like labels",
+            why=f"temperature {tuple(temperature.shape)} on {temperature.device} vs "
+            f"labels {tuple(labels.shape)} on {labels.device}",
+            fix="pass a float for one temperature, or a tensor shaped like labels",
+        )
+
+
+# -------------------------------------------------------------------------------------------- reference
+
+
+def _reference(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+    temperature: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backend ``"logits"``: the full ``(T, V)`` float32 logits, differentiated by autograd.
+
+    hidden ``(T, H)``, weight ``(V, H)``, bias ``(V,)`` or None, labels ``(T,)`` int64, temperature ``(T, 1)``.
+    Returns logprobs ``(T,)`` and entropy ``(T,)``, float32.
+    """
+    logits = F.linear(hidden, weight, bias).float() / temperature  # (T, V) float32
+    logp = torch.log_softmax(logits, dim=-1)  # (T, V)
+    valid = labels != IGNORE_INDEX
+    logprobs = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # (T,)
+    entropy = -(logp.exp() * logp).sum(-1)  # (T,)
+    return torch.where(valid, logprobs, 0.0), torch.where(valid, entropy, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------- chunked
+
+
+class _RowStats(NamedTuple):
+    """Per-token ``(R, 1)`` float32 columns that a tile's backward needs."""
+
+    temperature: torch.Tensor
+    lse: torch.Tensor  # logsumexp of the scaled logits
+    entropy: torch.Tensor  # unmasked
+    grad_logprobs: torch.Tensor  # upstream gradient, 0 at ignored tokens
+    grad_entropy: torch.Tensor  # upstream gradient, 0 at ignored tokens
+
+    def rows(self, rows: slice) -> _RowStats:
+        return _RowStats(*(column[rows] for column in self))
+
+
+def _tile_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: torch.Tensor
+) -> torch.Tensor:
+    """Scaled float32 logits of a tile: hidden ``(R, H)``, weight ``(C, H)``, bias ``(C,)`` or None,
+    temperature ``(R, 1)``; returns ``(R, C)`` float32, a fresh tensor that the caller may overwrite."""
+    return F.linear(hidden, weight, bias).float().div_(temperature)
+
+
+def _tile_grad_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stats: _RowStats,
+    labels: torch.Tensor, first_column: int,
+) -> torch.Tensor:
+    """Gradient of the loss with respect to the unscaled logits ``hidden @ weight.T + bias`` of one tile.
+
+    hidden ``(R, H)``, weight ``(C, H)`` = vocabulary rows ``first_column ..``, bias ``(C,)`` or None,
+    stats columns ``(R, 1)``, labels ``(R,)`` int64 (ignored tokens carry ``IGNORE_INDEX``).
+    Returns ``(R, C)`` float32.
+
+    With z the scaled logits, p = softmax(z), lp = log p and Hent = -sum_v p_v lp_v:
+      d logprob / dz = onehot(label) - p
+      d entropy / dz = -p * (z - sum_v p_v z_v) = -p * (lp + Hent)
+    and d/d(logits) = d/dz / temperature.
+    """
+    logp = _tile_logits(hidden, weight, bias, stats.temperature).sub_(stats.lse)  # (R, C)
+    p = logp.exp()  # (R, C)
+    grad = logp.add_(stats.entropy).mul_(p).mul_(-stats.grad_entropy)  # entropy term, in logp's storage
+    grad.sub_(p.mul_(stats.grad_logprobs))  # - p * g_logprob
+    del p
+    # + onehot(label) * g_logprob, for the labels that fall in this tile's columns
+    columns = labels - first_column  # (R,)
+    in_tile = (columns >= 0) & (columns < weight.shape[0])
+    grad.scatter_add_(1, columns.clamp(0, weight.shape[0] - 1).unsqueeze(1), stats.grad_logprobs * in_tile.unsqueeze(1))
+    return grad.div_(stats.temperature)
+
+
+def _accumulate_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``out += a @ b`` with a float32 ``out``; ``a @ b`` is rounded to the inputs' dtype first when lower."""
+    if a.dtype == out.dtype:
+        out.addmm_(a, b)
+    else:
+        out += a @ b
+
+
+def _spans(total: int, size: int) -> list[slice]:
+    return [slice(start, min(start + size, total)) for start in range(0, total, size)]
+
+
+class _ChunkedLogprobsEntropy(torch.autograd.Function):
+    """Backend ``"torch"``: forward in token chunks of ``(chunk_size, V)`` logits; backward recomputes tiles.
+
+    Saved for backward: hidden, weight, bias, labels, the ``(T, 1)`` temperature, and per token the
+    logsumexp and entropy. Backward walks tiles of about ``chunk_size * V`` logits along whichever axis
+    needs the smaller float32 accumulator: the vocabulary when ``T < V`` (tiles ``(T, C)``, grad_weight rows
+    written once, grad_hidden ``(T, H)`` accumulated in float32), else the tokens (tiles ``(R, V)``,
+    grad_hidden rows written once, grad_weight ``(V, H)`` accumulated in float32). Gradients come back in the
+    dtype of their inputs.
+    """
+
+    @staticmethod
+    def forward(
+        ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+        temperature: torch.Tensor, chunk_size: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden ``(T, H)``, weight ``(V, H)``, bias ``(V,)`` or None, labels ``(T,)`` int64, temperature
+        ``(T, 1)`` float32. Returns logprobs ``(T,)`` and entropy ``(T,)``, float32."""
+        tokens = hidden.shape[0]
+        lse = hidden.new_empty(tokens, 1, dtype=torch.float32)
+        entropy = hidden.new_empty(tokens, dtype=torch.float32)
+        logprobs = hidden.new_empty(tokens, dtype=torch.float32)
+        label_columns = labels.clamp(min=0).unsqueeze(1)  # (T, 1), ignored tokens read column 0
+        for rows in _spans(tokens, chunk_size):
+            z = _tile_logits(hidden[rows], weight, bias, temperature[rows])  # (R, V)
+            lse[rows] = torch.logsumexp(z, dim=-1, keepdim=True)
+            logp = z.sub_(lse[rows])  # (R, V), in z's storage
+            logprobs[rows] = logp.gather(1, label_columns[rows]).squeeze(1)
+            entropy[rows] = -logp.exp().mul_(logp).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, labels, temperature, lse, entropy.unsqueeze(1))
+        ctx.chunk_size = chunk_size
+        valid = labels != IGNORE_INDEX
+        return torch.where(valid, logprobs, 0.0), torch.where(valid, entropy, 0.0)
+
+    @staticmethod
+    def backward(ctx, grad_logprobs: torch.Tensor, grad_entropy: torch.Tensor):
+        """grad_logprobs, grad_entropy ``(T,)``. Returns grad_hidden ``(T, H)``, grad_weight ``(V, H)``,
+        grad_bias ``(V,)`` (None where not needed) and None for labels, temperature and chunk_size."""
+        hidden, weight, bias, labels, temperature, lse, entropy = ctx.saved_tensors
+        valid = (labels != IGNORE_INDEX).unsqueeze(1)  # (T, 1)
+        stats = _RowStats(
+            temperature, lse, entropy, grad_logprobs.unsqueeze(1) * valid, grad_entropy.unsqueeze(1) * valid
+        )
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        tokens, vocab = hidden.shape[0], weight.shape[0]
+        grad_bias = weight.new_zeros(vocab, dtype=torch.float32) if need_bias else None
+        if tokens < vocab:
+            grad_hidden = hidden.new_zeros(hidden.shape, dtype=torch.float32) if need_hidden else None
+            grad_weight = torch.empty_like(weight) if need_weight else None
+            tile_columns = -(-ctx.chunk_size * vocab // max(tokens, 1))  # tiles of about chunk_size * V logits
+            for columns in _spans(vocab, tile_columns):
+                tile_bias = None if bias is None else bias[columns]
+                grad = _tile_grad_logits(hidden, weight[columns], tile_bias, stats, labels, columns.start)  # (T, C)
+                if need_bias:
+                    grad_bias[columns] = grad.sum(0)
+                grad = grad.to(weight.dtype)
+                if need_weight:
+                    grad_weight[columns] = grad.T @ hidden
+                if need_hidden:
+                    _accumulate_mm(grad_hidden, grad, weight[columns])
+        else:
+            grad_hidden = torch.empty_like(hidden) if need_hidden else None
+            grad_weight = weight.new_zeros(weight.shape, dtype=torch.float32) if need_weight else None
+            for rows in _spans(tokens, ctx.chunk_size):
+                grad = _tile_grad_logits(hidden[rows], weight, bias, stats.rows(rows), labels[rows], 0)  # (R, V)
+                if need_bias:
+                    grad_bias += grad.sum(0)
+                grad = grad.to(weight.dtype)
+                if need_hidden:
+                    grad_hidden[rows] = grad @ weight
+                if need_weight:
+                    _accumulate_mm(grad_weight, grad.T, hidden[rows])
+        return (
+            None if grad_hidden is None else grad_hidden.to(hidden.dtype),
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            None if grad_bias is None else grad_bias.to(weight.dtype),
+            None,
+            None,
+            None,
+        )
