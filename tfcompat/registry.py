@@ -47,6 +47,8 @@ class Entry:
     layer_forwards_kwargs: the decoder layer passes ``**kwargs`` on to its attention.
     rope_index_mm_token_types: ``get_rope_index`` requires ``mm_token_type_ids``.
     rotary_marker: an attribute of the rotary class that only this range has (layout check), or None.
+    rope_index_deviations: where the installed ``get_rope_index`` departs from `tfcompat.mrope`'s reference
+        (known transformers bugs), by name; see `tfcompat.mrope.DEVIATIONS`.
     cache_kwarg: the attention forward's cache parameter name.
     why: what sets this range apart from its neighbours.
     """
@@ -64,6 +66,7 @@ class Entry:
     cache_kwarg: str
     why: str
     rotary_marker: str | None = None
+    rope_index_deviations: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,11 @@ decoder into *TextModel, whose forward cannot take a text row yet; 4.54 lets the
 ``[text; t; h; w]`` ids; 4.56 renames the attention cache kwarg to ``past_key_values``; 5.0 moves to
 ``rope_parameters``; 5.3 makes ``get_rope_index`` require ``mm_token_type_ids``; 5.17 removes
 ``apply_multimodal_rotary_pos_emb`` (sectioning folds into the rotary embedding's
-``recomposition_frequencies``); 5.24 renames the cache kwarg to ``cache``. Decoder layers forward
+``recomposition_frequencies``); 5.24 renames the cache kwarg to ``cache``.
+
+``get_rope_index`` against tfcompat's reference (`tfcompat.mrope`): before 5.18 Qwen2.5-VL truncates a
+fractional ``second_per_grid_ts`` to an int; from the 5.3 rewrite on, text after a video whose temporal
+extent exceeds its spatial one resumes at ``start + max(h, w)``, overlapping the video's positions. Decoder layers forward
 ``**kwargs`` to attention throughout.
 """
 
@@ -20,7 +24,14 @@ from ..registry import Entry
 from ..versions import VersionRange
 
 
-def qwen_vl_entries(family: str, prefix: str) -> tuple[Entry, ...]:
+TRUNCATED = "seconds_truncated"
+OVERLAP = "text_after_video_overlaps"
+
+
+def qwen_vl_entries(family: str, prefix: str, truncates_seconds: bool) -> tuple[Entry, ...]:
+    """``truncates_seconds``: the family's ``get_rope_index`` takes ``second_per_grid_ts`` and, before 5.18,
+    truncates it to an int."""
+    old = (TRUNCATED,) if truncates_seconds else ()
     base = Entry(
         family=family,
         versions=VersionRange("4.53", "4.54"),
@@ -41,6 +52,7 @@ def qwen_vl_entries(family: str, prefix: str) -> tuple[Entry, ...]:
         rope_index_mm_token_types=False,
         cache_kwarg="past_key_value",
         why="vision tower and get_rope_index on the Model; the text model takes 3-row ids only",
+        rope_index_deviations=old,
     )
     text4 = dict(text_model_positions="text+mrope")
     v5 = dict(text4, cache_kwarg="past_key_values", rope_config_key="rope_parameters")
@@ -54,11 +66,24 @@ def qwen_vl_entries(family: str, prefix: str) -> tuple[Entry, ...]:
                 why="cache kwarg renamed past_key_value -> past_key_values"),
         replace(base, versions=VersionRange("5.0", "5.3"), **v5, why="rope_parameters"),
         replace(base, versions=VersionRange("5.3", "5.17"), **v5, rope_index_mm_token_types=True,
-                why="get_rope_index requires mm_token_type_ids"),
-        replace(base, versions=VersionRange("5.17", "5.24"), **folded,
-                why="apply_multimodal_rotary_pos_emb removed: mrope folded into the rotary embedding"),
+                rope_index_deviations=(*old, OVERLAP),
+                why="get_rope_index rewritten, requires mm_token_type_ids"),
+        *_split_at_518(replace(base, versions=VersionRange("5.17", "5.24"), **folded, rope_index_deviations=(*old, OVERLAP),
+                               why="apply_multimodal_rotary_pos_emb removed: mrope folded into the rotary embedding"),
+                       truncates_seconds),
         replace(base, versions=VersionRange("5.24", "5.25"), **{**folded, "cache_kwarg": "cache"},
-                why="cache kwarg renamed past_key_values -> cache"),
+                rope_index_deviations=(OVERLAP,), why="cache kwarg renamed past_key_values -> cache"),
+    )
+
+
+def _split_at_518(entry: Entry, truncates_seconds: bool) -> tuple[Entry, ...]:
+    """5.18 stops truncating ``second_per_grid_ts`` (a separate range only where the family takes it)."""
+    if not truncates_seconds:
+        return (entry,)
+    return (
+        replace(entry, versions=VersionRange(entry.versions.low, "5.18")),
+        replace(entry, versions=VersionRange("5.18", entry.versions.high), rope_index_deviations=(OVERLAP,),
+                why="get_rope_index keeps fractional second_per_grid_ts"),
     )
 
 

@@ -1,0 +1,81 @@
+"""tfcompat's own M-RoPE index for the Qwen-VL families, the reference the installed one is tested against.
+
+Reference: Qwen2-VL (Wang et al. 2024, section 2.1) and transformers 4.57's ``Qwen2_5_VLModel.get_rope_index``.
+Text tokens advance all three rows together; a vision item of grid ``(t, h, w)`` (``h, w`` after the
+spatial merge) gets ``t``/``h``/``w`` coordinates offset by the position after the preceding text, and the
+text after it resumes at ``max + 1``. Qwen2.5-VL scales ``t`` by ``second_per_grid_t * tokens_per_second``
+(images: 0). Padding positions are left at 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .errors import InvalidInputError
+
+__all__ = ["DEVIATIONS", "reference_rope_index"]
+
+DEVIATIONS = {
+    "seconds_truncated": "a fractional second_per_grid_ts is truncated to an int before scaling the t row",
+    "text_after_video_overlaps": "text after a vision item resumes at start + max(h, w) rather than max + 1, "
+    "so after a video whose t extent exceeds its h/w extent text positions overlap the video's",
+}
+
+
+def reference_rope_index(
+    config: Any,
+    input_ids: torch.Tensor,
+    image_grid_thw: torch.Tensor | None = None,
+    video_grid_thw: torch.Tensor | None = None,
+    second_per_grid_ts: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    deviations: tuple[str, ...] = (),
+) -> torch.Tensor:
+    """``(3, B, L)`` rows ``[t; h; w]`` for ``input_ids (B, L)``; grids ``(n, 3)`` in order of appearance.
+
+    deviations: names from `DEVIATIONS` to reproduce (to tell a known transformers bug from a new one).
+    """
+    unknown = set(deviations) - DEVIATIONS.keys()
+    if unknown:
+        raise InvalidInputError("unknown rope-index deviations", why=f"{sorted(unknown)}", supported=f"{sorted(DEVIATIONS)}")
+    merge = config.vision_config.spatial_merge_size
+    tokens_per_second = getattr(config.vision_config, "tokens_per_second", None)
+    out = torch.ones(3, *input_ids.shape, dtype=torch.long)
+    grids = {config.image_token_id: _rows(image_grid_thw), config.video_token_id: _rows(video_grid_thw)}
+    seconds = iter(second_per_grid_ts.tolist() if second_per_grid_ts is not None else [])
+    for b, row in enumerate(input_ids.tolist()):
+        keep = [True] * len(row) if attention_mask is None else attention_mask[b].bool().tolist()
+        tokens = [tok for tok, k in zip(row, keep) if k]
+        pos: list[tuple[int, int, int]] = []
+        i, nxt = 0, 0  # token index, first position after what came before
+        while i < len(tokens):
+            tok = tokens[i]
+            if tok not in grids:
+                pos.append((nxt, nxt, nxt))
+                nxt, i = nxt + 1, i + 1
+                continue
+            try:
+                t, h, w = next(grids[tok])
+            except StopIteration:
+                raise InvalidInputError("more vision placeholder runs than grids", why=f"row {b}, token {i}") from None
+            h, w = h // merge, w // merge
+            scale = 1.0
+            if tokens_per_second is not None:  # Qwen2.5-VL: absolute time for videos, 0 for images
+                second = next(seconds, 1.0) if tok == config.video_token_id else 0.0
+                scale = (int(second) if "seconds_truncated" in deviations else second) * tokens_per_second
+            for ti in range(t):
+                tt = int(ti * scale) if tokens_per_second is not None else ti
+                for hi in range(h):
+                    for wi in range(w):
+                        pos.append((nxt + tt, nxt + hi, nxt + wi))
+            i += t * h * w
+            nxt = nxt + max(h, w) if "text_after_video_overlaps" in deviations else max(max(p) for p in pos) + 1
+        flat = torch.tensor(pos, dtype=torch.long).T if pos else torch.empty(3, 0, dtype=torch.long)
+        out[:, b, torch.tensor(keep, dtype=torch.bool)] = flat
+    return out
+
+
+def _rows(grid: torch.Tensor | None):
+    return iter(grid.tolist() if grid is not None else [])
