@@ -334,7 +334,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
             for rows in _spans(tokens, ctx.chunk_size):
                 grad = _tile_grad_logits(hidden[rows], weight, bias, stats.rows(rows), labels[rows], 0)  # (R, V)
                 if need_bias:
-                    grad_bias += grad.sum(0) * 0
+                    grad_bias += grad.sum(0)
                 grad = grad.to(weight.dtype)
                 if need_hidden:
                     grad_hidden[rows] = grad @ weight
