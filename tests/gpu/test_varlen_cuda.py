@@ -61,7 +61,7 @@ def _run(q, k, v, seqs, grad, backend):
     q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
     out = varlen_attention(q, k, v, seqs, backend=backend)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad.to(out.dtype))
-    return [t.float() for t in (out, dq, dk, dv)]
+    return [t.detach().float() for t in (out, dq, dk, dv)]
 
 
 @needs_torch_varlen

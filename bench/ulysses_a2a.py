@@ -1,0 +1,276 @@
+"""Ulysses all-to-all: achieved bandwidth of tfcompat's seq_to_heads / heads_to_seq vs a raw all_to_all_single,
+and the K/V bytes each rank sends per layer under GQA (tfcompat's kv_repeats rule vs repeating to full MHA).
+
+Spawns ``--world`` processes (default 2) with torch.multiprocessing, init_method tcp://127.0.0.1:PORT; NCCL with
+one GPU per rank (needs that many GPUs; otherwise prints SKIPPED and exits 0), gloo on CPU in --smoke.
+Bandwidth per rank = bytes of the rank's input tensor / time (the "algorithm bandwidth"; of it, (sp-1)/sp
+leaves the rank). The raw baseline moves a contiguous tensor of the same number of bytes. Target ratio >= 0.95.
+
+    python bench/ulysses_a2a.py --out ulysses_a2a.json          # 2 GPUs
+    python bench/ulysses_a2a.py --smoke                          # CPU, gloo, 2 processes
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+import _common as C  # noqa: E402
+
+TARGET = 0.95
+# (query heads, KV heads, sp) for the analytic K/V traffic table
+GQA_CONFIGS = [(32, 8, 2), (32, 8, 4), (32, 8, 8), (28, 4, 2), (28, 4, 4), (28, 4, 8), (32, 2, 4), (32, 2, 8),
+               (64, 8, 16), (32, 1, 8)]
+
+
+def kv_bytes(hq: int, hkv: int, sp: int, tokens: int, d: int, elem: int) -> dict:
+    """Per layer, per rank, forward: K+V bytes handed to seq_to_heads, and the part sent to other ranks."""
+    from tfcompat.errors import InvalidInputError
+    from tfcompat.ulysses import check_heads, kv_repeats
+
+    try:
+        check_heads(hq, hkv, sp)
+        valid, why = True, ""
+    except InvalidInputError as exc:
+        valid, why = False, str(exc).splitlines()[0]
+    rep = kv_repeats(hkv, sp)
+    short = "" if valid else (f"{hq} % {sp} != 0" if hq % sp else f"{sp} and {hkv} KV heads do not divide each other")
+    heads_tf = hkv * rep
+    per_head = (tokens // sp) * d * elem * 2  # K and V
+    out = {"hq": hq, "hkv": hkv, "sp": sp, "valid": valid, "why_invalid": why, "short_why": short, "kv_repeats": rep,
+           "kv_heads_sent_tfcompat": heads_tf, "kv_heads_sent_full_mha": hq,
+           "kv_input_bytes_tfcompat": per_head * heads_tf, "kv_input_bytes_full_mha": per_head * hq}
+    for k in ("tfcompat", "full_mha"):
+        out[f"kv_sent_bytes_{k}"] = out[f"kv_input_bytes_{k}"] * (sp - 1) // sp
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, cfg: dict, outdir: str) -> None:
+    code = 0
+    try:
+        smoke = cfg["smoke"]
+        if smoke:
+            torch.set_num_threads(1)
+            device = torch.device("cpu")
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=120))
+        else:
+            device = torch.device("cuda", rank)
+            torch.cuda.set_device(device)
+            kw = {"device_id": device} if "device_id" in _init_params() else {}
+            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=120), **kw)
+        result = _measure(rank, world, device, cfg)
+        dist.barrier()
+        Path(outdir, f"rank{rank}.json").write_text(json.dumps(result, default=str))
+    except BaseException:
+        Path(outdir, f"rank{rank}.err").write_text(traceback.format_exc())
+        code = 1
+    os._exit(code)  # skip interpreter teardown (gloo/NCCL threads can abort there after a clean run)
+
+
+def _init_params() -> set[str]:
+    import inspect
+
+    return set(inspect.signature(dist.init_process_group).parameters)
+
+
+def _timed(fns: dict, device: torch.device, warmup: int, reps: int) -> dict[str, list[float]]:
+    """Interleaved; every rep starts after a barrier so no rank's timer includes waiting for a late peer."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            dist.barrier()
+            C.sync(device)
+            out[name].append(C._one(fn, device))
+    return out
+
+
+def _measure(rank: int, world: int, device: torch.device, cfg: dict) -> dict:
+    from tfcompat import hf_attention, ulysses
+    from tfcompat.context import ForwardContext
+    from tfcompat.packing import from_lengths
+
+    group = dist.group.WORLD
+    dtype = getattr(torch, cfg["dtype"])
+    elem = torch.empty((), dtype=dtype).element_size()
+    gen = torch.Generator().manual_seed(rank)
+    bandwidth = []
+    with torch.no_grad():
+        for tokens, heads, d in cfg["sizes"]:
+            x = torch.randn(tokens // world, heads, d, generator=gen).to(device, dtype)  # sequence shard
+            y = torch.randn(tokens, heads // world, d, generator=gen).to(device, dtype)  # head shard
+            raw_in = torch.randn(x.numel(), generator=gen).to(device, dtype)
+            raw_out = torch.empty_like(raw_in)
+            fns = {
+                "raw": lambda: dist.all_to_all_single(raw_out, raw_in, group=group),
+                "seq_to_heads": lambda: ulysses.seq_to_heads(x, group),
+                "heads_to_seq": lambda: ulysses.heads_to_seq(y, group),
+            }
+            times = _timed(fns, device, cfg["warmup"], cfg["reps"])
+            nbytes = x.numel() * elem
+            ms = {k: C.median(v) for k, v in times.items()}
+            bandwidth.append({"tokens": tokens, "heads": heads, "head_dim": d, "bytes_per_rank": nbytes, "ms": ms,
+                              "gbps": {k: nbytes / (v * 1e-3) / 1e9 for k, v in ms.items()}})
+
+    # GQA: what packed_attention actually hands to seq_to_heads, per layer
+    sent: list[tuple[str, tuple, int]] = []
+    original = ulysses.seq_to_heads
+
+    def recording(t: torch.Tensor, g: object) -> torch.Tensor:
+        sent.append((str(t.dtype), tuple(t.shape), t.numel() * t.element_size()))
+        return original(t, g)
+
+    verify = []
+    tokens, d = cfg["verify_tokens"], cfg["verify_head_dim"]
+    lengths = C.random_lengths(tokens, 4, seed=3, min_len=2)
+    seqs = from_lengths(lengths, device=device)
+    ulysses.seq_to_heads = recording
+    try:
+        for hq, hkv in cfg["verify_heads"]:
+            sent.clear()
+            q, k, v = (torch.randn(1, h, tokens // world, d, generator=gen).to(device, dtype) for h in (hq, hkv, hkv))
+            ctx = ForwardContext(seqs, cfg["backend"], group)
+            out, _ = hf_attention.packed_attention(torch.nn.Module(), q, k, v, None, scaling=d ** -0.5,
+                                                   tfcompat_context=ctx)
+            assert out.shape == (1, tokens // world, hq, d), out.shape
+            expect = kv_bytes(hq, hkv, world, tokens, d, elem)
+            verify.append({"hq": hq, "hkv": hkv, "sp": world, "tokens": tokens, "head_dim": d,
+                           "passed_shapes": {"q": sent[0][1], "k": sent[1][1], "v": sent[2][1]},
+                           "kv_input_bytes_measured": sent[1][2] + sent[2][2],
+                           "kv_input_bytes_expected": expect["kv_input_bytes_tfcompat"],
+                           "kv_input_bytes_full_mha": expect["kv_input_bytes_full_mha"]})
+    finally:
+        ulysses.seq_to_heads = original
+    return {"rank": rank, "bandwidth": bandwidth, "verify": verify}
+
+
+def main() -> None:
+    p = C.base_parser(__doc__.splitlines()[0])
+    p.add_argument("--world", type=int, default=2, help="processes (one GPU each): the sequence-parallel size")
+    p.add_argument("--timeout", type=float, default=480.0, help="kill the workers after this many seconds")
+    args = p.parse_args()
+    smoke, world = args.smoke, args.world
+    device = torch.device("cpu") if smoke else torch.device("cuda", 0) if torch.cuda.is_available() else None
+    info = C.machine(device if device is not None else torch.device("cpu"))
+    print(C.machine_line(info))
+    dtype = "float32" if smoke else "bfloat16"
+    elem = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+
+    # analytic K/V traffic (always printed)
+    t_an, d_an = 32768, 128
+    analytic = [kv_bytes(hq, hkv, sp, t_an, d_an, 2) for hq, hkv, sp in GQA_CONFIGS]
+    mib = 2 ** 20
+    print(f"\nK+V bytes each rank sends to other ranks per layer, forward (the backward sends as much again), "
+          f"{t_an} tokens, head_dim {d_an}, bf16:")
+    print(C.table(["q heads", "kv heads", "sp", "kv_repeats", "tfcompat MiB", "full-MHA MiB", "full/tfcompat", "note"],
+                  [[a["hq"], a["hkv"], a["sp"], a["kv_repeats"], a["kv_sent_bytes_tfcompat"] / mib,
+                    a["kv_sent_bytes_full_mha"] / mib,
+                    f"{a['kv_sent_bytes_full_mha'] / a['kv_sent_bytes_tfcompat']:.1f}x",
+                    "ok" if a["valid"] else "rejected by check_heads: " + a["short_why"]] for a in analytic]))
+
+    payload = {"benchmark": "ulysses_a2a", "smoke": smoke, "machine": info, "world": world, "dtype": dtype,
+               "target": TARGET, "analytic_kv": analytic}
+    if not smoke and (not torch.cuda.is_available() or torch.cuda.device_count() < world):
+        reason = f"needs {world} CUDA GPUs, found {torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+        print(f"\nSKIPPED measurement: {reason}")
+        payload["skipped"] = reason
+        C.write_json(args.out, payload)
+        return
+
+    cfg = {
+        "smoke": smoke, "dtype": dtype, "backend": "sdpa" if smoke else "auto",
+        "warmup": args.warmup if args.warmup is not None else (2 if smoke else 10),
+        "reps": args.reps if args.reps is not None else (5 if smoke else 50),
+        "sizes": ([(64, 4, 8), (64, 2, 8)] if smoke else
+                  [(32768, 32, 128), (32768, 8, 128), (8192, 32, 128), (131072, 8, 128)]),
+        "verify_tokens": 64 if smoke else 4096, "verify_head_dim": 8 if smoke else 128,
+        # (q, kv): kv divisible by sp (no repeat), and kv < sp (repeated sp // kv times)
+        "verify_heads": [(4, 2), (4, 1)] if smoke else [(32, 8), (32, 1)],
+    }
+    cfg["verify_heads"] = [(hq, hkv) for hq, hkv in cfg["verify_heads"] if hq % world == 0
+                           and (hkv % world == 0 or world % hkv == 0)]
+    with tempfile.TemporaryDirectory() as outdir:
+        _spawn(world, cfg, outdir, args.timeout)
+        ranks = [json.loads(Path(outdir, f"rank{r}.json").read_text()) for r in range(world)]
+
+    rows = []
+    bw_out = []
+    for i, b0 in enumerate(ranks[0]["bandwidth"]):
+        per_rank = [r["bandwidth"][i] for r in ranks]
+        gbps = {k: min(r["gbps"][k] for r in per_rank) for k in b0["gbps"]}  # the slowest rank
+        ms = {k: max(r["ms"][k] for r in per_rank) for k in b0["ms"]}
+        entry = {**{k: b0[k] for k in ("tokens", "heads", "head_dim", "bytes_per_rank")}, "ms_slowest_rank": ms,
+                 "gbps_slowest_rank": gbps, "per_rank": per_rank,
+                 "ratio_seq_to_heads": gbps["seq_to_heads"] / gbps["raw"],
+                 "ratio_heads_to_seq": gbps["heads_to_seq"] / gbps["raw"]}
+        bw_out.append(entry)
+        rows.append([f"{b0['tokens']}x{b0['heads']}x{b0['head_dim']}", b0['bytes_per_rank'] / mib,
+                     gbps["raw"], gbps["seq_to_heads"], gbps["heads_to_seq"],
+                     f"{entry['ratio_seq_to_heads']:.3f}", f"{entry['ratio_heads_to_seq']:.3f}",
+                     "yes" if min(entry["ratio_seq_to_heads"], entry["ratio_heads_to_seq"]) >= TARGET else "NO"])
+    backend = "gloo (CPU)" if smoke else "NCCL"
+    print(f"\nall-to-all bandwidth per rank over {backend}, sp={world}, {dtype}, GB/s = rank input bytes / time "
+          f"(slowest rank; median of {cfg['reps']} reps after {cfg['warmup']} warm-up, interleaved, barrier before each):")
+    print(C.table(["tokens x heads x dim (global)", "MiB/rank", "raw GB/s", "seq_to_heads GB/s", "heads_to_seq GB/s",
+                   "s2h/raw", "h2s/raw", f">= {TARGET}"], rows))
+
+    print(f"\nmeasured: bytes packed_attention hands to seq_to_heads for K+V, per layer per rank (sp={world}):")
+    vrows = []
+    for v in ranks[0]["verify"]:
+        ok = v["kv_input_bytes_measured"] == v["kv_input_bytes_expected"]
+        v["matches_analytic"] = ok
+        vrows.append([v["hq"], v["hkv"], v["sp"], v["tokens"], str(v["passed_shapes"]["k"]),
+                      v["kv_input_bytes_measured"], v["kv_input_bytes_expected"], v["kv_input_bytes_full_mha"],
+                      "yes" if ok else "NO"])
+    print(C.table(["q heads", "kv heads", "sp", "tokens", "k shape passed", "measured B", "analytic B",
+                   "full-MHA B", "match"], vrows))
+    payload.update(bandwidth=bw_out, verify=ranks[0]["verify"], config=cfg)
+    C.write_json(args.out, payload)
+    if not all(v["matches_analytic"] for v in ranks[0]["verify"]):
+        raise SystemExit("measured K/V bytes differ from the analytic rule")
+
+
+def _spawn(world: int, cfg: dict, outdir: str, timeout: float) -> None:
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, cfg, outdir), daemon=True) for r in range(world)]
+    for pr in procs:
+        pr.start()
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=timeout)
+    for pr in procs:
+        pr.join(max(0.0, (deadline - datetime.datetime.now()).total_seconds()))
+    hung = [pr for pr in procs if pr.is_alive()]
+    for pr in hung:
+        pr.kill()
+        pr.join(5)
+    errors = [Path(outdir, f"rank{r}.err").read_text() for r in range(world) if Path(outdir, f"rank{r}.err").exists()]
+    if hung or errors or any(pr.exitcode for pr in procs):
+        raise SystemExit(f"{len(hung)} worker(s) hung past {timeout} s; exit codes {[pr.exitcode for pr in procs]}\n"
+                         + "\n".join(errors))
+
+
+if __name__ == "__main__":
+    main()
