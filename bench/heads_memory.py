@@ -149,7 +149,7 @@ def verdict(ok: bool) -> str:
 
 
 def mib(n: int | None) -> str:
-    return "n/a" if n is None else f"{n / 2**20:.2f} MiB"
+    return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
 
 
 def main() -> None:
