@@ -6,6 +6,8 @@ Importing tfcompat imports neither transformers' model modules nor transformers 
 
 from __future__ import annotations
 
+from . import heads, ulysses
+from .embedding import embed_inputs
 from .errors import (
     InvalidInputError,
     PatchError,
@@ -31,7 +33,10 @@ __all__ = [
     "UnknownFamilyError",
     "UnsupportedVersionError",
     "__version__",
+    "embed_inputs",
+    "heads",
     "patch",
     "resolve",
     "rope_index",
+    "ulysses",
 ]

@@ -13,7 +13,7 @@ import torch
 from .errors import InvalidInputError, PatchError
 from .registry import Resolved, family, resolve
 
-__all__ = ["embed_inputs", "visual_features"]
+__all__ = ["dummy_image", "embed_inputs", "visual_features"]
 
 
 def embed_inputs(
@@ -28,11 +28,17 @@ def embed_inputs(
 
     input_ids: ``(B, L)``; pixel_values: ``(patches, C * tp * p * p)`` with ``image_grid_thw (n_images, 3)``;
     likewise for videos. Raises `InvalidInputError` when placeholder tokens and features disagree in count.
+    A batch without pixels runs the vision tower on a dummy image (shape from the vision config) and adds
+    ``0 * its mean``: the tower gets zero gradients rather than none, and every rank of a sharded job runs
+    the same collectives.
     """
     r = resolve(model.config.model_type)
     owner = _owner(model, r)
     embeds = model.get_input_embeddings()(input_ids)
     types = family(r.family).mm_token_types(owner.config, input_ids)
+    if pixel_values is None and pixel_values_videos is None and not bool(types.any()):
+        pixels, grid = dummy_image(owner.config.vision_config, embeds.device)
+        return embeds + 0 * visual_features(owner, "image", pixels.to(_dtype(owner, embeds)), grid).mean().to(embeds.dtype)
     for kind, code, pixels, grid in (("image", 1, pixel_values, image_grid_thw), ("video", 2, pixel_values_videos, video_grid_thw)):
         slots = types == code
         if pixels is None:
@@ -65,6 +71,19 @@ def visual_features(owner: torch.nn.Module, kind: str, pixels: torch.Tensor, gri
     if isinstance(out, (tuple, list)):
         out = torch.cat(list(out), dim=0)
     return out
+
+
+def dummy_image(vision_config: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest valid image for ``vision_config``: one merged token, ``(merge**2, C * tp * p * p)`` zeros."""
+    merge = vision_config.spatial_merge_size
+    patch_dim = getattr(vision_config, "in_channels", 3) * vision_config.temporal_patch_size * vision_config.patch_size**2
+    grid = torch.tensor([[1, merge, merge]], device=device)
+    return torch.zeros(merge * merge, patch_dim, device=device), grid
+
+
+def _dtype(owner: torch.nn.Module, embeds: torch.Tensor) -> torch.dtype:
+    visual = getattr(owner, "visual", None)
+    return next(visual.parameters()).dtype if visual is not None else embeds.dtype
 
 
 def _owner(model: torch.nn.Module, r: Resolved) -> torch.nn.Module:

@@ -16,6 +16,7 @@ CASES = {
     "qwen2": ("qwen2", [7, 12, 6], [None, None, None], {}),
     "llama-kv1": ("llama", [9, 5, 8], [None, None, None], {"num_key_value_heads": 1}),
     "glm4v-image": ("glm4v", [7, 12, 6], [None, (1, 4, 6), None], {}),
+    "qwen2_vl-video": ("qwen2_vl", [7, 12, 6], [("video", (2, 4, 4)), (1, 4, 6), None], {}),
 }
 
 

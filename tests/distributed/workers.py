@@ -32,7 +32,7 @@ def sp_equals_single(rank: int, world: int, family: str, lengths: list[int], ima
     inputs = pack(model, seqs)
     vocab = model.config.get_text_config().vocab_size
     weight = torch.randn(vocab, generator=torch.Generator().manual_seed(9))
-    is_vlm = "pixel_values" in inputs
+    vision = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids")}
 
     with tfcompat.patch(model, remove_padding=True):  # SP = 1 reference, on every rank
         ref_logits = model(**inputs, use_cache=False).logits[0]
@@ -42,8 +42,8 @@ def sp_equals_single(rank: int, world: int, family: str, lengths: list[int], ima
 
     group = dist.group.WORLD
     with tfcompat.patch(model, remove_padding=True, ulysses_group=group):
-        if is_vlm:  # whole images through the vision tower, then slice the embeddings
-            embeds = embed_inputs(model, inputs["input_ids"], inputs["pixel_values"], inputs["image_grid_thw"])
+        if vision:  # whole images through the vision tower, then slice the embeddings
+            embeds = embed_inputs(model, inputs["input_ids"], **vision)
             shard = ulysses.shard_inputs(position_ids=inputs["position_ids"], inputs_embeds=embeds, group=group)
         else:
             shard = ulysses.shard_inputs(inputs["input_ids"], inputs["position_ids"], group=group)
