@@ -116,7 +116,7 @@ def measure(
     for _ in range(args.repeats):
         sync(device)
         start = time.perf_counter()
-        outputs = step(inputs, backend, args.chunk_size)
+        step(inputs, backend, args.chunk_size)
         sync(device)
         times.append((time.perf_counter() - start) * 1e3)
     result = dict(
@@ -149,7 +149,7 @@ def verdict(ok: bool) -> str:
 
 
 def mib(n: int | None) -> str:
-    return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
+    return "n/a" if n is None else f"{n / 2**20:.2f} MiB"
 
 
 def main() -> None:

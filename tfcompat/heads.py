@@ -10,8 +10,8 @@ Entropy).
 
 Conventions shared by both backends:
 
-- the softmax is computed in float32 whatever the input dtype (the logits come out of the lm-head matmul
-  in the input dtype and are upcast before anything else), and both outputs are float32;
+- the lm-head matmul runs in the input dtype; its output is upcast to float32 when divided by the
+  temperature, and everything after (softmax, logprobs, entropy) is float32, outputs included;
 - positions whose label is ``IGNORE_INDEX`` (-100) get logprob 0 and entropy 0 and contribute no gradient;
 - the temperature (a float or one value per token) divides the logits and is a constant: no gradient
   flows to it.
@@ -78,7 +78,7 @@ def logprobs_entropy(
         logprobs, entropy = _reference(tokens, lm_head_weight, lm_head_bias, flat_labels, column)
     else:
         logprobs, entropy = _ChunkedLogprobsEntropy.apply(
-            tokens, lm_head_weight, lm_head_bias, flat_labels, column.contiguous(), chunk_size
+            tokens, lm_head_weight, lm_head_bias, flat_labels, column, chunk_size
         )
     return LogprobsEntropy(logprobs.view(labels.shape), entropy.view(labels.shape))
 
@@ -139,20 +139,20 @@ def _validate(
     bad_label = ((labels < 0) | (labels >= vocab)) & (labels != IGNORE_INDEX)
     if isinstance(temperature, torch.Tensor):
         _check_temperature_tensor(temperature, labels)
-        flags = torch.stack([bad_label.any(), ~((temperature > 0) & temperature.isfinite()).all()])
+        bad_temperature = ~((temperature > 0) & temperature.isfinite())
     else:
         _check_temperature_float(temperature)
-        flags = bad_label.any().unsqueeze(0)
-    any_bad_label, *bad_temperature = flags.tolist()  # the one host sync
+        bad_temperature = torch.zeros((), dtype=torch.bool, device=labels.device)
+    any_bad_label, any_bad_temperature = torch.stack([bad_label.any(), bad_temperature.any()]).tolist()  # the sync
     if any_bad_label:
         raise InvalidInputError(
             f"labels must be token ids in [0, {vocab}) or {IGNORE_INDEX}",
             why=f"got {labels[bad_label][:8].tolist()!r} among labels {tuple(labels.shape)}",
         )
-    if any(bad_temperature):
+    if any_bad_temperature:
         raise InvalidInputError(
             "every per-token temperature must be finite and > 0",
-            why=f"min {temperature.min().item()!r}, max {temperature.max().item()!r}",
+            why=f"got {temperature[bad_temperature][:8].tolist()!r} among temperatures {tuple(temperature.shape)}",
         )
     return temperature
 
@@ -191,7 +191,8 @@ def _scaled_logits(
     """``(hidden @ weight.T + bias) / temperature`` in float32, for both backends.
 
     hidden ``(R, H)``, weight ``(C, H)``, bias ``(C,)`` or None, temperature ``(R, 1)`` float32.
-    Returns ``(R, C)`` float32: the matmul runs in the input dtype, the division promotes to float32.
+    Returns ``(R, C)`` float32: the matmul runs in the input dtype, dividing by the float32 temperature
+    promotes half-precision logits to float32.
     """
     return (F.linear(hidden, weight, bias) / temperature).float()
 
