@@ -1,6 +1,6 @@
 """Run a function on N ranks over NCCL (one GPU per rank) on 127.0.0.1: bounded in time, self-terminating.
 
-The NCCL twin of `tests.dist.harness.run_world` (which hardcodes gloo). Each rank uses ``cuda:rank``
+The NCCL twin of `tests.distributed.harness.run_world` (which hardcodes gloo). Each rank uses ``cuda:rank``
 (``torch.cuda.set_device(rank)``). ``backend="gloo"`` runs the same workers on CPU, to check the workers'
 logic on a machine without GPUs. Children leave through ``os._exit`` after a barrier: communicator threads can
 abort() during interpreter teardown after a clean run, which would turn a pass into a crash.

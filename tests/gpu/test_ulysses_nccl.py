@@ -1,6 +1,6 @@
 """Ulysses sequence parallelism over NCCL on 2 GPUs: SP=2 equals SP=1 per token, forward and backward.
 
-The GPU twin of tests/dist/test_ulysses.py (gloo on CPU). Each rank runs on ``cuda:rank``; the SP=1 reference is
+The GPU twin of tests/distributed/test_ulysses.py (gloo on CPU). Each rank runs on ``cuda:rank``; the SP=1 reference is
 computed on every rank with the same dtype and backend. Stated tolerances (max abs difference per tensor):
 
 - fp32 (backend "auto", which selects "sdpa" for fp32): ``1e-5 * max(1, |ref|.max())`` for the logits and for
