@@ -20,14 +20,14 @@ Conventions shared by both backends:
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from .errors import InvalidInputError
 
-__all__ = ["IGNORE_INDEX", "BACKENDS", "LogprobsEntropy", "logprobs_entropy"]
+__all__ = ["IGNORE_INDEX", "BACKENDS", "LogprobsEntropy", "logprobs_entropy", "model_logprobs"]
 
 IGNORE_INDEX = -100
 BACKENDS = ("torch", "logits")
@@ -81,6 +81,28 @@ def logprobs_entropy(
             tokens, lm_head_weight, lm_head_bias, flat_labels, column, chunk_size
         )
     return LogprobsEntropy(logprobs.view(labels.shape), entropy.view(labels.shape))
+
+
+def model_logprobs(
+    model: torch.nn.Module,
+    labels: torch.Tensor,
+    temperature: float | torch.Tensor = 1.0,
+    *,
+    backend: str = "torch",
+    chunk_size: int = 1024,
+    **inputs: Any,
+) -> LogprobsEntropy:
+    """`logprobs_entropy` of a causal LM instead of its logits: the backbone runs, the lm head never does.
+
+    model: a ``*ForCausalLM`` / ``*ForConditionalGeneration`` (patched or not); its backbone is ``model.model``
+    and its head ``model.get_output_embeddings()``. labels: ``(B, L)`` next-token ids aligned with the input
+    tokens (already shifted; under Ulysses, ``shard.labels``). inputs: what the model's forward takes.
+    """
+    head = model.get_output_embeddings()
+    out = model.model(**inputs)
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    return logprobs_entropy(hidden, head.weight, labels, temperature, backend=backend, chunk_size=chunk_size,
+                            lm_head_bias=head.bias)
 
 
 # ------------------------------------------------------------------------------------------- validation
