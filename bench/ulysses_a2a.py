@@ -128,6 +128,10 @@ def _measure(rank: int, world: int, device: torch.device, cfg: dict) -> dict:
                 "raw": lambda: dist.all_to_all_single(raw_out, raw_in, group=group),
                 "seq_to_heads": lambda: ulysses.seq_to_heads(x, group),
                 "heads_to_seq": lambda: ulysses.heads_to_seq(y, group),
+                # the layout copies alone (no communication), to attribute the difference to raw
+                "pack_copy": lambda: x.view(x.shape[0], world, heads // world, d).transpose(0, 1).contiguous(),
+                "unpack_copy": lambda: y.view(world, tokens // world, heads // world, d).transpose(0, 1)
+                .reshape(tokens // world, heads, d),
             }
             times = _timed(fns, device, cfg["warmup"], cfg["reps"])
             nbytes = x.numel() * elem
@@ -236,6 +240,14 @@ def main() -> None:
           f"(slowest rank; median of {cfg['reps']} reps after {cfg['warmup']} warm-up, interleaved, barrier before each):")
     print(C.table(["tokens x heads x dim (global)", "MiB/rank", "raw GB/s", "seq_to_heads GB/s", "heads_to_seq GB/s",
                    "s2h/raw", "h2s/raw", f">= {TARGET}"], rows))
+    print("time per call, ms (slowest rank); the layout copies run alone, without communication:")
+    print(C.table(["tokens x heads x dim (global)", "raw a2a", "seq_to_heads", "heads_to_seq",
+                   "pack copy (s2h)", "unpack copy (h2s)", "raw + pack", "raw + unpack"],
+                  [[f"{e['tokens']}x{e['heads']}x{e['head_dim']}", e["ms_slowest_rank"]["raw"],
+                    e["ms_slowest_rank"]["seq_to_heads"], e["ms_slowest_rank"]["heads_to_seq"],
+                    e["ms_slowest_rank"]["pack_copy"], e["ms_slowest_rank"]["unpack_copy"],
+                    e["ms_slowest_rank"]["raw"] + e["ms_slowest_rank"]["pack_copy"],
+                    e["ms_slowest_rank"]["raw"] + e["ms_slowest_rank"]["unpack_copy"]] for e in bw_out]))
 
     print(f"\nmeasured: bytes packed_attention hands to seq_to_heads for K+V, per layer per rank (sp={world}):")
     vrows = []

@@ -3,7 +3,7 @@
 The GPU twin of tests/distributed/test_ulysses.py (gloo on CPU). Each rank runs on ``cuda:rank``; the SP=1 reference is
 computed on every rank with the same dtype and backend. Stated tolerances (max abs difference per tensor):
 
-- fp32 (backend "auto", which selects "sdpa" for fp32): ``1e-5 * max(1, |ref|.max())`` for the logits and for
+- fp32 (backend "auto", which selects "sdpa" for fp32; TF32 off in the workers): ``1e-5 * max(1, |ref|.max())`` for the logits and for
   each all-reduced gradient of q_proj, o_proj, the embeddings (and the vision tower), as on CPU.
 - bf16 (backend "torch", varlen_attn): ``5e-2 * |ref|.max()`` per tensor. SP changes the GEMM shapes (T/2 rows per
   rank) and sums two bf16 partial gradients, so a few bf16 ulps (2**-8 relative each) of the tensor's largest
