@@ -13,7 +13,7 @@ from tfcompat.context import ForwardContext
 from tfcompat.hf_attention import ATTENTION_KEY
 from tfcompat.packing import from_lengths
 from tfcompat.selfcheck import pack, sample_sequences, stock_inputs, tiny_model
-from tests.helpers import max_token_diff
+from tests.helpers import max_token_diff, skip_if_stock_rejects_videos
 
 FAMILY = "glm4v"  # lifecycle and bad-input tests
 IMPLS = ["eager", "sdpa"]
@@ -49,6 +49,7 @@ class TestPackedEqualsStock:
 
     def test_forward(self, family, case, impl):
         resolved = tfcompat.resolve(family)
+        skip_if_stock_rejects_videos(family, CASES[family, case][1])
         model = tiny_model(family, impl)
         seqs = sample_sequences(model, *CASES[family, case], seed=1)
         with torch.no_grad():
@@ -62,6 +63,7 @@ class TestPackedEqualsStock:
         """Control: the same patched forward told the row is one sequence leaks across sequences and fails
         the comparison, so the oracle can tell right boundaries from wrong ones."""
         resolved = tfcompat.resolve(family)
+        skip_if_stock_rejects_videos(family, CASES[family, case][1])
         model = tiny_model(family, impl)
         seqs = sample_sequences(model, *CASES[family, case], seed=1)
         with torch.no_grad():
@@ -74,6 +76,7 @@ class TestPackedEqualsStock:
 
     def test_backward(self, family, case, impl):
         resolved = tfcompat.resolve(family)
+        skip_if_stock_rejects_videos(family, CASES[family, case][1])
         model = tiny_model(family, impl)
         seqs = sample_sequences(model, *CASES[family, case], seed=2)
         vocab = model.config.get_text_config().vocab_size
@@ -233,3 +236,16 @@ def test_rope_index_contract(resolved):
     assert not torch.equal(pos[2, 0, image], pos[3, 0, image])  # h and w differ inside the image
     text = ~image
     assert torch.equal(pos[1, 0, text], pos[2, 0, text]) and torch.equal(pos[2, 0, text], pos[3, 0, text])
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+def test_declared_stock_video_rejection_is_real(family):
+    """Rule: a release declared to reject videos does; one that is not declared accepts them."""
+    r = tfcompat.resolve(family)
+    model = tiny_model(family, "sdpa")
+    seq = sample_sequences(model, [6], [("video", (2, 4, 4))])[0]
+    if "videos_rejected" in r.entry.known_issues:
+        with pytest.raises(ValueError, match="[Vv]ideo features and video tokens do not match"):
+            model(**stock_inputs(r, model, seq), use_cache=False)
+    else:
+        model(**stock_inputs(r, model, seq), use_cache=False)

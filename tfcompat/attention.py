@@ -140,6 +140,8 @@ def _torch_varlen() -> tuple[Callable[..., torch.Tensor], Callable[..., dict]] |
     except (ImportError, AttributeError):
         return None
     params = inspect.signature(fn).parameters
+    if "scale" not in params or not ({"is_causal", "window_size"} & params.keys()):
+        return None  # a varlen_attn this code does not know how to make causal and scaled: not usable
     causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
     if "enable_gqa" in params:
         return fn, lambda q, k: {**causal, "enable_gqa": q.shape[1] != k.shape[1]}

@@ -21,6 +21,10 @@ DEVIATIONS = {
     "seconds_truncated": "a fractional second_per_grid_ts is truncated to an int before scaling the t row",
     "text_after_video_overlaps": "text after a vision item resumes at start + max(h, w) rather than max + 1, "
     "so after a video whose t extent exceeds its h/w extent text positions overlap the video's",
+    "vision_grid_flattened": "a vision item's positions ignore its frames: every token gets t = start * "
+    "time_interval, and h = k // (w * t) for token k, so a video's frames share one t and smear h",
+    "seconds_consumed_by_images": "images consume second_per_grid_ts entries too (and each item defaults to 1 "
+    "when none is given), so a video can get another item's seconds",
 }
 
 
@@ -61,15 +65,16 @@ def reference_rope_index(
             except StopIteration:
                 raise InvalidInputError("more vision placeholder runs than grids", why=f"row {b}, token {i}") from None
             h, w = h // merge, w // merge
-            scale = 1.0
-            if tokens_per_second is not None:  # Qwen2.5-VL: absolute time for videos, 0 for images
-                second = next(seconds, 1.0) if tok == config.video_token_id else 0.0
-                scale = (int(second) if "seconds_truncated" in deviations else second) * tokens_per_second
-            for ti in range(t):
-                tt = int(ti * scale) if tokens_per_second is not None else ti
-                for hi in range(h):
-                    for wi in range(w):
-                        pos.append((nxt + tt, nxt + hi, nxt + wi))
+            interval = 1.0  # t steps per frame; an image has one frame, so only videos' matters
+            consumed = tok == config.video_token_id or "seconds_consumed_by_images" in deviations
+            if tokens_per_second is not None and consumed:  # Qwen2.5-VL: absolute time
+                second = next(seconds, 1.0)
+                interval = (int(second) if "seconds_truncated" in deviations else second) * tokens_per_second
+            if "vision_grid_flattened" in deviations:  # token k: t fixed, h = k // (w * t), w = k % w
+                pos += [(int(nxt * interval), nxt + k // (w * t), nxt + k % w) for k in range(t * h * w)]
+            else:
+                pos += [(nxt + int(ti * interval), nxt + hi, nxt + wi)
+                        for ti in range(t) for hi in range(h) for wi in range(w)]
             i += t * h * w
             nxt = nxt + max(h, w) if "text_after_video_overlaps" in deviations else max(max(p) for p in pos) + 1
         flat = torch.tensor(pos, dtype=torch.long).T if pos else torch.empty(3, 0, dtype=torch.long)

@@ -49,6 +49,8 @@ class Entry:
     rotary_marker: an attribute of the rotary class that only this range has (layout check), or None.
     rope_index_deviations: where the installed ``get_rope_index`` departs from `tfcompat.mrope`'s reference
         (known transformers bugs), by name; see `tfcompat.mrope.DEVIATIONS`.
+    known_issues: bugs of the stock forward in this range, by name (``"videos_rejected"``: the forward
+        rejects every video; pass videos through `tfcompat.embed_inputs` instead).
     cache_kwarg: the attention forward's cache parameter name.
     why: what sets this range apart from its neighbours.
     """
@@ -67,6 +69,7 @@ class Entry:
     why: str
     rotary_marker: str | None = None
     rope_index_deviations: tuple[str, ...] = ()
+    known_issues: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -66,17 +66,33 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
         ctx.group = group
-        x = x.contiguous()
-        out = torch.empty_like(x)  # after contiguous(): a transposed view's strides would scramble the result
+        x = _packed_copy(x)
+        out = torch.empty_like(x)  # after the copy: a transposed view's strides would scramble the result
         dist.all_to_all_single(out, x, group=group)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        grad = grad.contiguous()
+        grad = _packed_copy(grad)
         out = torch.empty_like(grad)
         dist.all_to_all_single(out, grad, group=ctx.group)
         return out, None
+
+
+def _packed_copy(x: torch.Tensor) -> torch.Tensor:
+    """``x.contiguous()``, moving whole rows as 8-byte words where they allow it.
+
+    The Ulysses layouts transpose rows of ``head_dim`` elements; copying them as int64 words instead of bf16
+    elements takes about half the time on an H200 (bench/ulysses_a2a.py).
+    """
+    if x.is_contiguous():
+        return x
+    row = x.shape[-1] * x.element_size()
+    words = (x.stride(-1) == 1 and row % 8 == 0 and x.element_size() < 8
+             and all(s * x.element_size() % 8 == 0 for s in (*x.stride()[:-1], x.storage_offset())))
+    if words:
+        return x.view(torch.int64).contiguous().view(x.dtype)
+    return x.contiguous()
 
 
 def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

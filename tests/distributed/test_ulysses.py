@@ -20,12 +20,15 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("case", sorted(CASES))
+WORLDS = [(case, 2) for case in sorted(CASES)] + [("qwen2", 4), ("llama-kv1", 4)]
+
+
+@pytest.mark.parametrize("case,world", WORLDS, ids=[f"{c}-sp{w}" for c, w in WORLDS])
 def test_sp_equals_single_process(case, world):
     """Rule: logits and the gradients of q_proj, o_proj, embeddings (and the vision tower) match SP=1.
 
-    With world 4 every case has n_kv < sp (2 or 1 KV heads): K/V are repeated sp // n_kv times, no more.
+    "llama-kv1" has one KV head (n_kv < sp at every size); at sp=4 "qwen2" has 2 KV heads: K/V are repeated
+    sp // n_kv times, no more. Vision cases run at sp=2 (each spawn imports the whole model stack).
     """
     run_world(workers.sp_equals_single, world, *CASES[case])
 

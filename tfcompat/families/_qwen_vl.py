@@ -7,9 +7,11 @@ decoder into *TextModel, whose forward cannot take a text row yet; 4.54 lets the
 ``apply_multimodal_rotary_pos_emb`` (sectioning folds into the rotary embedding's
 ``recomposition_frequencies``); 5.24 renames the cache kwarg to ``cache``.
 
-``get_rope_index`` against tfcompat's reference (`tfcompat.mrope`): before 5.18 Qwen2.5-VL truncates a
-fractional ``second_per_grid_ts`` to an int; from the 5.3 rewrite on, text after a video whose temporal
-extent exceeds its spatial one resumes at ``start + max(h, w)``, overlapping the video's positions. Decoder layers forward
+``get_rope_index`` against tfcompat's reference (`tfcompat.mrope.DEVIATIONS`, found by the tests): before
+5.18 Qwen2.5-VL truncates a fractional ``second_per_grid_ts``; from the 5.3 rewrite on, text after a video
+whose temporal extent exceeds its spatial one overlaps the video's positions, and (to 5.4) Qwen2.5-VL's
+seconds are consumed by images too; 5.3-5.5 flatten a video's frames (one t for all, h smeared). Stock forward: 4.54's Qwen2-VL
+counts video placeholders with the image token and rejects every video. Decoder layers forward
 ``**kwargs`` to attention throughout.
 """
 
@@ -22,16 +24,15 @@ import torch
 
 from ..registry import Entry
 from ..versions import VersionRange
+from ._table import overlay
 
 
-TRUNCATED = "seconds_truncated"
-OVERLAP = "text_after_video_overlaps"
+def qwen_vl_entries(family: str, prefix: str, *, takes_seconds: bool, videos_rejected_454: bool) -> tuple[Entry, ...]:
+    """API boundaries, then the known ``get_rope_index`` deviations and stock bugs over their own ranges.
 
-
-def qwen_vl_entries(family: str, prefix: str, truncates_seconds: bool) -> tuple[Entry, ...]:
-    """``truncates_seconds``: the family's ``get_rope_index`` takes ``second_per_grid_ts`` and, before 5.18,
-    truncates it to an int."""
-    old = (TRUNCATED,) if truncates_seconds else ()
+    takes_seconds: ``get_rope_index`` takes ``second_per_grid_ts`` (Qwen2.5-VL).
+    videos_rejected_454: 4.54's forward counts video placeholders with the image token (Qwen2-VL).
+    """
     base = Entry(
         family=family,
         versions=VersionRange("4.53", "4.54"),
@@ -52,13 +53,12 @@ def qwen_vl_entries(family: str, prefix: str, truncates_seconds: bool) -> tuple[
         rope_index_mm_token_types=False,
         cache_kwarg="past_key_value",
         why="vision tower and get_rope_index on the Model; the text model takes 3-row ids only",
-        rope_index_deviations=old,
     )
     text4 = dict(text_model_positions="text+mrope")
     v5 = dict(text4, cache_kwarg="past_key_values", rope_config_key="rope_parameters")
     folded = dict(v5, apply_rotary="apply_rotary_pos_emb", rotary_layout="folded",
                   rotary_marker="recomposition_frequencies", rope_index_mm_token_types=True)
-    return (
+    entries = (
         base,
         replace(base, versions=VersionRange("4.54", "4.56"), **text4,
                 why="the text model splits 4-row [text; t; h; w] ids"),
@@ -66,25 +66,32 @@ def qwen_vl_entries(family: str, prefix: str, truncates_seconds: bool) -> tuple[
                 why="cache kwarg renamed past_key_value -> past_key_values"),
         replace(base, versions=VersionRange("5.0", "5.3"), **v5, why="rope_parameters"),
         replace(base, versions=VersionRange("5.3", "5.17"), **v5, rope_index_mm_token_types=True,
-                rope_index_deviations=(*old, OVERLAP),
                 why="get_rope_index rewritten, requires mm_token_type_ids"),
-        *_split_at_518(replace(base, versions=VersionRange("5.17", "5.24"), **folded, rope_index_deviations=(*old, OVERLAP),
-                               why="apply_multimodal_rotary_pos_emb removed: mrope folded into the rotary embedding"),
-                       truncates_seconds),
+        replace(base, versions=VersionRange("5.17", "5.24"), **folded,
+                why="apply_multimodal_rotary_pos_emb removed: mrope folded into the rotary embedding"),
         replace(base, versions=VersionRange("5.24", "5.25"), **{**folded, "cache_kwarg": "cache"},
-                rope_index_deviations=(OVERLAP,), why="cache kwarg renamed past_key_values -> cache"),
+                why="cache kwarg renamed past_key_values -> cache"),
     )
-
-
-def _split_at_518(entry: Entry, truncates_seconds: bool) -> tuple[Entry, ...]:
-    """5.18 stops truncating ``second_per_grid_ts`` (a separate range only where the family takes it)."""
-    if not truncates_seconds:
-        return (entry,)
-    return (
-        replace(entry, versions=VersionRange(entry.versions.low, "5.18")),
-        replace(entry, versions=VersionRange("5.18", entry.versions.high), rope_index_deviations=(OVERLAP,),
-                why="get_rope_index keeps fractional second_per_grid_ts"),
-    )
+    entries = overlay(entries, VersionRange("5.3"), "get_rope_index rewritten, requires mm_token_type_ids",
+                      rope_index_deviations=("text_after_video_overlaps",))
+    entries = overlay(entries, VersionRange("5.3", "5.6"), "get_rope_index rewritten, requires mm_token_type_ids",
+                      rope_index_deviations=("vision_grid_flattened",))
+    entries = overlay(entries, VersionRange("5.6"), "vision positions follow the frames again",
+                      rope_index_deviations=())
+    if takes_seconds:
+        entries = overlay(entries, VersionRange("4.53", "5.18"), base.why, rope_index_deviations=("seconds_truncated",))
+        entries = overlay(entries, VersionRange("5.18"), "get_rope_index keeps fractional second_per_grid_ts",
+                          rope_index_deviations=())
+        entries = overlay(entries, VersionRange("5.3", "5.5"), "get_rope_index rewritten, requires mm_token_type_ids",
+                          rope_index_deviations=("seconds_consumed_by_images",))
+        entries = overlay(entries, VersionRange("5.5"), "images no longer consume second_per_grid_ts",
+                          rope_index_deviations=())
+    if videos_rejected_454:
+        entries = overlay(entries, VersionRange("4.54", "4.55"), "the text model splits 4-row [text; t; h; w] ids",
+                          known_issues=("videos_rejected",))
+        entries = overlay(entries, VersionRange("4.55"), "the forward counts video placeholders right again",
+                          known_issues=())
+    return entries
 
 
 def mm_token_types(config: Any, input_ids: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..registry import Family
 from ._qwen_vl import mm_token_types, qwen_vl_entries, qwen_vl_tiny_config
 
-ENTRIES = qwen_vl_entries("qwen2_5_vl", "Qwen2_5_VL", truncates_seconds=True)
+ENTRIES = qwen_vl_entries("qwen2_5_vl", "Qwen2_5_VL", takes_seconds=True, videos_rejected_454=False)
 FAMILY = Family(
     key="qwen2_5_vl",
     entries=ENTRIES,

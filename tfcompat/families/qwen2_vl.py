@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..registry import Family
 from ._qwen_vl import mm_token_types, qwen_vl_entries, qwen_vl_tiny_config
 
-ENTRIES = qwen_vl_entries("qwen2_vl", "Qwen2VL", truncates_seconds=False)
+ENTRIES = qwen_vl_entries("qwen2_vl", "Qwen2VL", takes_seconds=False, videos_rejected_454=True)
 FAMILY = Family(
     key="qwen2_vl",
     entries=ENTRIES,
