@@ -83,7 +83,8 @@ def _packed_copy(x: torch.Tensor) -> torch.Tensor:
     """``x.contiguous()``, moving whole rows as 8-byte words where they allow it.
 
     The Ulysses layouts transpose rows of ``head_dim`` elements; copying them as int64 words instead of bf16
-    elements takes about half the time on an H200 (bench/ulysses_a2a.py).
+    elements takes about half the time on an H200 (bench/ulysses_a2a.py). Integer views carry no autograd
+    history: call it only inside an autograd Function.
     """
     if x.is_contiguous():
         return x
