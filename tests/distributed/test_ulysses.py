@@ -17,10 +17,11 @@ CASES = {
     "llama-kv1": ("llama", [9, 5, 8], [None, None, None], {"num_key_value_heads": 1}),
     "glm4v-image": ("glm4v", [7, 12, 6], [None, (1, 4, 6), None], {}),
     "qwen2_vl-video": ("qwen2_vl", [7, 12, 6], [("video", (2, 4, 4)), (1, 4, 6), None], {}),
+    "qwen2_5_vl-image": ("qwen2_5_vl", [9, 5, 8], [(1, 4, 6), None, (1, 2, 4)], {}),
 }
 
 
-WORLDS = [(case, 2) for case in sorted(CASES)] + [("qwen2", 4), ("llama-kv1", 4)]
+WORLDS = [(case, 2) for case in sorted(CASES)] + [("qwen2", 4), ("llama-kv1", 4), ("glm4v-image", 4)]
 
 
 @pytest.mark.parametrize("case,world", WORLDS, ids=[f"{c}-sp{w}" for c, w in WORLDS])
@@ -28,7 +29,8 @@ def test_sp_equals_single_process(case, world):
     """Rule: logits and the gradients of q_proj, o_proj, embeddings (and the vision tower) match SP=1.
 
     "llama-kv1" has one KV head (n_kv < sp at every size); at sp=4 "qwen2" has 2 KV heads: K/V are repeated
-    sp // n_kv times, no more. Vision cases run at sp=2 (each spawn imports the whole model stack).
+    sp // n_kv times, no more. GLM-4V runs at sp=4 too; the Qwen-VL cases at sp=2 (each spawn imports the
+    whole model stack).
     """
     run_world(workers.sp_equals_single, world, *CASES[case])
 
@@ -48,6 +50,15 @@ def test_head_divisibility_checked_at_patch(world):
 
 def test_forward_without_shard_raises():
     run_world(workers.forward_without_shard_raises, 2)
+
+
+class TestShardGather:
+    """Rule: shard_inputs then gather_outputs gives back the packed row, for any lengths and group size."""
+
+    @settings(max_examples=3, deadline=None)
+    @given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=4), world=st.sampled_from([2, 3]))
+    def test_round_trip(self, lengths, world):
+        run_world(workers.shard_gather_round_trip, world, lengths)
 
 
 class TestAllToAll:

@@ -125,3 +125,20 @@ def all_to_all_round_trip(rank: int, world: int, t_local: int, heads: int, dim: 
     assert torch.equal(back, mine)
     back.sum().backward()
     assert torch.equal(mine.grad, torch.ones_like(mine))
+
+
+def shard_gather_round_trip(rank: int, world: int, lengths: list[int]) -> None:
+    """Every rank holds padded // world tokens of the padded row; gathering restores the row without the pad."""
+    ids = torch.randint(3, 100, (1, sum(lengths)), generator=torch.Generator().manual_seed(sum(lengths)))
+    text = torch.cat([torch.arange(n) for n in lengths])[None]
+    pos = torch.cat([text[None], text[None].expand(3, 1, -1) + 1])  # (4, 1, T): rows differ, to catch mix-ups
+    shard = ulysses.shard_inputs(ids, pos, labels=ids, group=dist.group.WORLD)
+    n = shard.padded // world
+    assert shard.padded % world == 0 and shard.padded - shard.total < world
+    assert shard.model_inputs["input_ids"].shape == (1, n) and shard.model_inputs["position_ids"].shape == (4, 1, n)
+    assert shard.seqs.lengths[: len(lengths)] == tuple(lengths)  # then the pad, as its own sequence
+    assert sum(shard.seqs.lengths) == shard.padded
+    embedded = shard.model_inputs["input_ids"].float()[..., None]  # (1, n, 1): any per-token output
+    assert torch.equal(ulysses.gather_outputs(embedded, shard)[0, :, 0].long(), ids[0])
+    gathered_pos = ulysses.gather_outputs(shard.model_inputs["position_ids"].float(), shard, dim=-1)
+    assert torch.equal(gathered_pos.long(), pos)
