@@ -223,6 +223,10 @@ class TestSplitPositions:
         assert torch.equal(pos.mrope, ids[1:])
         assert torch.equal(to_text_model_layout(pos, "text+mrope"), ids)
         assert torch.equal(to_text_model_layout(pos, "mrope"), ids[1:])
+        assert torch.equal(to_text_model_layout(pos, "text"), ids[0])
+        # every layout that keeps the text row gives back the contract ids
+        back = split_positions(to_text_model_layout(pos, "text+mrope"), seq_len=length)
+        assert torch.equal(back.text, pos.text) and torch.equal(back.mrope, pos.mrope)
 
     @settings(max_examples=30, deadline=None)
     @given(st.integers(1, 3), st.integers(1, 20), st.integers(0, 2**31 - 1))
