@@ -1,4 +1,4 @@
-"""Functions run on every rank by `tests.gpu.nccl_harness.run_world` (module level so spawn can import them).
+"""Functions run on every rank by `tests.distributed.harness.run_world` (backend nccl) (module level so spawn can import them).
 
 Same logic as `tests.distributed.workers.sp_equals_single`, on ``cuda:rank`` under NCCL (or CPU under gloo), with a
 dtype and a backend: the SP=1 reference is computed on every rank with the same dtype and backend, then the

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.gpu import nccl_workers
-from tests.gpu.nccl_harness import run_world
+from tests.distributed.harness import run_world
 
 pytestmark = [
     pytest.mark.gpu,
@@ -44,10 +44,10 @@ BF16_CASES = {
 @pytest.mark.parametrize("case", sorted(FP32_CASES))
 def test_sp2_equals_single_process_fp32(case):
     """Rule: fp32 on CUDA, SP=2 logits and all-reduced gradients match SP=1 within 1e-5 (sdpa auto-selected)."""
-    run_world(nccl_workers.sp_equals_single, 2, *FP32_CASES[case], "float32", "auto", 1e-5, False)
+    run_world(nccl_workers.sp_equals_single, 2, *FP32_CASES[case], "float32", "auto", 1e-5, False, backend="nccl")
 
 
 @pytest.mark.parametrize("case", sorted(BF16_CASES))
 def test_sp2_equals_single_process_bf16_torch_varlen(case):
     """Rule: bf16 with backend "torch", SP=2 matches SP=1 bf16 within 5e-2 of each tensor's largest entry."""
-    run_world(nccl_workers.sp_equals_single, 2, *BF16_CASES[case], "bfloat16", "torch", BF16_TOL, True)
+    run_world(nccl_workers.sp_equals_single, 2, *BF16_CASES[case], "bfloat16", "torch", BF16_TOL, True, backend="nccl")
