@@ -79,12 +79,14 @@ class Family:
     mm_token_types: ``(config, input_ids (B, L)) -> (B, L)`` int tensor, 0 text / 1 image / 2 video
         (None for text-only families).
     tiny_config: ``(entry) -> (config_class_name, kwargs)`` for a tiny random model (self-check, tests).
+    reference_rope_index: `tfcompat.mrope.reference_rope_index` implements this family's M-RoPE index.
     """
 
     key: str
     entries: tuple[Entry, ...]
     mm_token_types: Callable[[Any, torch.Tensor], torch.Tensor] | None
     tiny_config: Callable[[Entry], tuple[str, dict[str, Any]]]
+    reference_rope_index: bool = False
 
     @property
     def supported(self) -> str:

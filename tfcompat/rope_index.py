@@ -9,13 +9,13 @@ import torch
 
 from .errors import InvalidInputError, PatchError
 from .mrope import reference_rope_index
+from .registry import families
 from .registry import family as _family
 from .registry import resolve
 from .rope import text_row_from_mask
 
 __all__ = ["rope_index"]
 
-_REFERENCE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl"})
 
 
 @torch.no_grad()
@@ -49,10 +49,10 @@ def rope_index(
         )
     text = text_row_from_mask(attention_mask, *input_ids.shape, device=input_ids.device)
     if impl == "reference":
-        if key not in _REFERENCE_FAMILIES:
+        if not _family(key).reference_rope_index:
             raise InvalidInputError(
                 f"no reference M-RoPE index for {key}", family=r.family, transformers_version=r.transformers_version,
-                supported=", ".join(sorted(_REFERENCE_FAMILIES)), fix="use impl='installed'",
+                supported=", ".join(k for k, f in families().items() if f.reference_rope_index), fix="use impl='installed'",
             )
         mrope = reference_rope_index(owner.config, input_ids.cpu(), image_grid_thw, video_grid_thw,
                                      second_per_grid_ts, attention_mask)

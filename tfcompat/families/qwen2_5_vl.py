@@ -10,6 +10,7 @@ FAMILY = Family(
     key="qwen2_5_vl",
     entries=ENTRIES,
     mm_token_types=mm_token_types,
+    reference_rope_index=True,
     tiny_config=qwen_vl_tiny_config("Qwen2_5_VLConfig", dict(
         depth=2, hidden_size=32, intermediate_size=64, out_hidden_size=64, num_heads=2, patch_size=14,
         temporal_patch_size=2, spatial_merge_size=2, window_size=56, fullatt_block_indexes=[1],

@@ -10,6 +10,7 @@ FAMILY = Family(
     key="qwen2_vl",
     entries=ENTRIES,
     mm_token_types=mm_token_types,
+    reference_rope_index=True,
     tiny_config=qwen_vl_tiny_config("Qwen2VLConfig", dict(
         depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14, temporal_patch_size=2,
         spatial_merge_size=2)),
