@@ -117,6 +117,8 @@ class TestPatchLifecycle:
             stock = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
 
         handle = tfcompat.patch(model, remove_padding=True)
+        with torch.no_grad():
+            model(input_ids=ids, position_ids=tfcompat.rope_index(model, ids), use_cache=False)
         assert "forward" in vars(text_model)
         assert all(c._attn_implementation == ATTENTION_KEY for c in configs.values())
         assert interface._global_mapping[ATTENTION_KEY] is resolved.attention_function
@@ -129,6 +131,7 @@ class TestPatchLifecycle:
         assert all(interface._global_mapping[k] is v for k, v in before_mapping.items())
         assert "_tfcompat_handle" not in vars(model)
         assert not any(layer._forward_pre_hooks for layer in model.modules() if isinstance(layer, resolved.decoder_layer_cls))
+        assert not any("_tfcompat_context" in vars(m) for m in model.modules())
         with torch.no_grad():
             again = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
         assert torch.equal(again, stock)
@@ -156,6 +159,11 @@ class TestPatchLifecycle:
         assert ATTENTION_KEY in interface._global_mapping
         hb.undo()
         assert ATTENTION_KEY not in interface._global_mapping
+
+    def test_unknown_backend_fails_at_patch_time(self):
+        model = tiny_model(FAMILY, "sdpa")
+        with pytest.raises(tfcompat.PatchError, match="unknown attention backend 'cudnn'"):
+            tfcompat.patch(model, backend="cudnn")
 
     def test_nothing_to_patch_is_an_error(self):
         model = tiny_model(FAMILY, "sdpa")

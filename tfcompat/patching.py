@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, get_args
 
 import torch
 
@@ -124,6 +124,9 @@ def patch(
             "nothing to patch: remove_padding=False",
             fix="pass remove_padding=True (the packed path is what tfcompat.patch provides)",
         )
+    if backend not in get_args(Backend):
+        raise PatchError(f"unknown attention backend {backend!r}", supported=", ".join(get_args(Backend)),
+                         fix="pass one of the supported backends")
     options = {"remove_padding": remove_padding, "ulysses_group": ulysses_group, "backend": backend}
     existing = vars(model).get(_HANDLE_ATTR)
     if existing is not None and existing.active:
@@ -159,8 +162,13 @@ def patch(
         handle._set("instance", text_model, "forward", forward, "packed position ids -> boundaries once per forward")
     for layer, attn in plan.bridges:
         hook = layer.register_forward_pre_hook(_bridge(attn), with_kwargs=True)
+
+        def remove(hook=hook, attn=attn) -> None:
+            hook.remove()
+            attn.__dict__.pop(BRIDGE_ATTR, None)
+
         handle._add(Record("hook", layer, "forward_pre_hook", None, hook, True,
-                           "hands packed boundaries to self-attention (layer drops **kwargs)"), hook.remove)
+                           "hands packed boundaries to self-attention (layer drops **kwargs)"), remove)
     handle._set("instance", model, _HANDLE_ATTR, handle, "the active handle (idempotence)")
     return handle
 
