@@ -42,36 +42,37 @@ def _stock_logits(r, model, seqs):
     return [model(**stock_inputs(r, model, s), use_cache=False).logits[0] for s in seqs]
 
 
+@torch.no_grad()
+def _packed_and_stock(family, case, impl, one_sequence=False):
+    """Patched packed logits ``(T, V)`` and the stock per-sequence logits of the same sequences.
+
+    one_sequence: tell the patched forward the whole row is one sequence (the boundary control).
+    """
+    resolved = tfcompat.resolve(family)
+    skip_if_stock_rejects_videos(family, CASES[family, case][1])
+    model = tiny_model(family, impl)
+    seqs = sample_sequences(model, *CASES[family, case], seed=1)
+    expected = _stock_logits(resolved, model, seqs)
+    inputs = pack(model, seqs)
+    if one_sequence:
+        inputs["tfcompat_context"] = ForwardContext(from_lengths([inputs["input_ids"].shape[1]]))
+    with tfcompat.patch(model, remove_padding=True):
+        return model(**inputs, use_cache=False).logits[0], expected
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("family,case", list(CASES), ids=CASE_IDS)
 class TestPackedEqualsStock:
     """Rule: per token, the patched packed forward returns what the stock model returns per sequence."""
 
     def test_forward(self, family, case, impl):
-        resolved = tfcompat.resolve(family)
-        skip_if_stock_rejects_videos(family, CASES[family, case][1])
-        model = tiny_model(family, impl)
-        seqs = sample_sequences(model, *CASES[family, case], seed=1)
-        with torch.no_grad():
-            expected = _stock_logits(resolved, model, seqs)
-            inputs = pack(model, seqs)
-            with tfcompat.patch(model, remove_padding=True):
-                got = model(**inputs, use_cache=False).logits[0]
+        got, expected = _packed_and_stock(family, case, impl)
         assert max_token_diff(got, expected) <= 1e-5
 
     def test_boundaries_matter(self, family, case, impl):
         """Control: the same patched forward told the row is one sequence leaks across sequences and fails
         the comparison, so the oracle can tell right boundaries from wrong ones."""
-        resolved = tfcompat.resolve(family)
-        skip_if_stock_rejects_videos(family, CASES[family, case][1])
-        model = tiny_model(family, impl)
-        seqs = sample_sequences(model, *CASES[family, case], seed=1)
-        with torch.no_grad():
-            expected = _stock_logits(resolved, model, seqs)
-            inputs = pack(model, seqs)
-            one_sequence = ForwardContext(from_lengths([inputs["input_ids"].shape[1]]))
-            with tfcompat.patch(model, remove_padding=True):
-                got = model(**inputs, tfcompat_context=one_sequence, use_cache=False).logits[0]
+        got, expected = _packed_and_stock(family, case, impl, one_sequence=True)
         assert max_token_diff(got, expected) > 1e-3
 
     def test_backward(self, family, case, impl):

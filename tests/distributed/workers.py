@@ -24,6 +24,24 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             if p.grad is not None and any(w in n for w in WATCHED + ("visual",))}
 
 
+def sharded_logits(model: torch.nn.Module, inputs: dict, group: dist.ProcessGroup) -> torch.Tensor:
+    """The patched model's logits ``(T, V)`` of a packed row run under Ulysses: shard, forward, gather.
+
+    VLMs: whole images go through the vision tower first (embed_inputs), then the embeddings are sliced.
+    """
+    vision = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids")}
+    if vision:
+        embeds = embed_inputs(model, inputs["input_ids"], **vision)
+        shard = ulysses.shard_inputs(position_ids=inputs["position_ids"], inputs_embeds=embeds, group=group)
+    else:
+        shard = ulysses.shard_inputs(inputs["input_ids"], inputs["position_ids"], group=group)
+    sp = dist.get_world_size(group)
+    assert shard.padded % sp == 0 and shard.total == inputs["input_ids"].shape[1]
+    local = model(**shard.model_inputs, use_cache=False).logits
+    assert local.shape[1] == shard.padded // sp and local.device == inputs["input_ids"].device
+    return ulysses.gather_outputs(local, shard)[0]
+
+
 def sp_equals_single(rank: int, world: int, family: str, lengths: list[int], images: list, text: dict) -> None:
     """SP forward and backward on ``world`` ranks equal the single-process packed run, per token."""
     warnings.simplefilter("ignore")
@@ -32,7 +50,6 @@ def sp_equals_single(rank: int, world: int, family: str, lengths: list[int], ima
     inputs = pack(model, seqs)
     vocab = model.config.get_text_config().vocab_size
     weight = torch.randn(vocab, generator=torch.Generator().manual_seed(9))
-    vision = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids")}
 
     with tfcompat.patch(model, remove_padding=True):  # SP = 1 reference, on every rank
         ref_logits = model(**inputs, use_cache=False).logits[0]
@@ -40,17 +57,8 @@ def sp_equals_single(rank: int, world: int, family: str, lengths: list[int], ima
     ref_grads = _grads(model)
     model.zero_grad(set_to_none=True)
 
-    group = dist.group.WORLD
-    with tfcompat.patch(model, remove_padding=True, ulysses_group=group):
-        if vision:  # whole images through the vision tower, then slice the embeddings
-            embeds = embed_inputs(model, inputs["input_ids"], **vision)
-            shard = ulysses.shard_inputs(position_ids=inputs["position_ids"], inputs_embeds=embeds, group=group)
-        else:
-            shard = ulysses.shard_inputs(inputs["input_ids"], inputs["position_ids"], group=group)
-        assert shard.padded % world == 0 and shard.total == inputs["input_ids"].shape[1]
-        local = model(**shard.model_inputs, use_cache=False).logits
-        assert local.shape[1] == shard.padded // world
-        logits = ulysses.gather_outputs(local, shard)[0]
+    with tfcompat.patch(model, remove_padding=True, ulysses_group=dist.group.WORLD):
+        logits = sharded_logits(model, inputs, dist.group.WORLD)
         _loss(logits, weight).backward()
 
     diff = float((logits - ref_logits).abs().max())
@@ -58,7 +66,7 @@ def sp_equals_single(rank: int, world: int, family: str, lengths: list[int], ima
     grads = _grads(model)
     assert grads.keys() == ref_grads.keys(), sorted(set(grads) ^ set(ref_grads))
     for name, g in grads.items():
-        dist.all_reduce(g, group=group)  # each rank holds its tokens' share of the gradient
+        dist.all_reduce(g)  # each rank holds its tokens' share of the gradient
         scale = max(1.0, float(ref_grads[name].abs().max()))
         gdiff = float((g - ref_grads[name]).abs().max())
         assert gdiff <= 1e-5 * scale, f"rank {rank}: grad {name} differs by {gdiff:.3e} (scale {scale:.2e})"

@@ -13,9 +13,8 @@ import torch
 import torch.distributed as dist
 
 import tfcompat
-from tfcompat import ulysses
-from tfcompat.embedding import embed_inputs
 from tfcompat.selfcheck import pack, sample_sequences, tiny_model
+from tests.distributed.workers import sharded_logits
 
 WATCHED = ("q_proj", "o_proj", "embed_tokens")
 
@@ -53,7 +52,6 @@ def sp_equals_single(rank: int, world: int, family: str, lengths: list[int], ima
     model = model.to(device=device, dtype=dtype)
     vocab = model.config.get_text_config().vocab_size
     weight = torch.randn(vocab, generator=torch.Generator().manual_seed(9)).to(device)
-    is_vlm = "pixel_values" in inputs
 
     def scale(ref: torch.Tensor) -> float:
         m = float(ref.abs().max())
@@ -65,18 +63,8 @@ def sp_equals_single(rank: int, world: int, family: str, lengths: list[int], ima
     ref_grads = _grads(model)
     model.zero_grad(set_to_none=True)
 
-    group = dist.group.WORLD
-    with tfcompat.patch(model, remove_padding=True, ulysses_group=group, backend=backend):
-        if is_vlm:  # whole images through the vision tower, then slice the embeddings
-            embeds = embed_inputs(model, inputs["input_ids"], inputs["pixel_values"], inputs["image_grid_thw"])
-            shard = ulysses.shard_inputs(position_ids=inputs["position_ids"], inputs_embeds=embeds, group=group)
-        else:
-            shard = ulysses.shard_inputs(inputs["input_ids"], inputs["position_ids"], group=group)
-        assert shard.padded % world == 0 and shard.total == inputs["input_ids"].shape[1]
-        local = model(**shard.model_inputs, use_cache=False).logits
-        assert local.shape[1] == shard.padded // world
-        assert local.device == device, local.device
-        logits = ulysses.gather_outputs(local, shard)[0]
+    with tfcompat.patch(model, remove_padding=True, ulysses_group=dist.group.WORLD, backend=backend):
+        logits = sharded_logits(model, inputs, dist.group.WORLD)
         _loss(logits, weight).backward()
 
     diff = float((logits.float() - ref_logits.float()).abs().max())
@@ -86,7 +74,7 @@ def sp_equals_single(rank: int, world: int, family: str, lengths: list[int], ima
     assert grads.keys() == ref_grads.keys(), sorted(set(grads) ^ set(ref_grads))
     assert grads, "no watched gradients"
     for name, g in grads.items():
-        dist.all_reduce(g, group=group)  # each rank holds its tokens' share of the gradient
+        dist.all_reduce(g)  # each rank holds its tokens' share of the gradient
         gdiff = float((g - ref_grads[name]).abs().max())
         bound = tol * scale(ref_grads[name])
         assert gdiff <= bound, f"rank {rank}: {dtype_name} grad {name} differs by {gdiff:.3e} (bound {bound:.3e})"
