@@ -117,6 +117,7 @@ def _measure(rank: int, world: int, device: torch.device, cfg: dict) -> dict:
     dtype = getattr(torch, cfg["dtype"])
     elem = torch.empty((), dtype=dtype).element_size()
     gen = torch.Generator().manual_seed(rank)
+    transports = cfg["transports"]
     bandwidth = []
     with torch.no_grad():
         for tokens, heads, d in cfg["sizes"]:
@@ -124,15 +125,20 @@ def _measure(rank: int, world: int, device: torch.device, cfg: dict) -> dict:
             y = torch.randn(tokens, heads // world, d, generator=gen).to(device, dtype)  # head shard
             raw_in = torch.randn(x.numel(), generator=gen).to(device, dtype)
             raw_out = torch.empty_like(raw_in)
-            fns = {
-                "raw": lambda: dist.all_to_all_single(raw_out, raw_in, group=group),
-                "seq_to_heads": lambda: ulysses.seq_to_heads(x, group),
-                "heads_to_seq": lambda: ulysses.heads_to_seq(y, group),
-                # the layout copies alone (no communication), to attribute the difference to raw
-                "pack_copy": lambda: x.view(x.shape[0], world, heads // world, d).transpose(0, 1).contiguous(),
-                "unpack_copy": lambda: y.view(world, tokens // world, heads // world, d).transpose(0, 1)
-                .reshape(tokens // world, heads, d),
-            }
+            chunks = x.view(x.shape[0], world, heads // world, d).transpose(0, 1)
+            packed = torch.empty_like(chunks, memory_format=torch.contiguous_format)
+            fns = {"raw": lambda: dist.all_to_all_single(raw_out, raw_in, group=group)}
+            for t in transports:
+                fns[f"seq_to_heads {t}"] = lambda t=t: ulysses.seq_to_heads(x, group, t)
+                fns[f"heads_to_seq {t}"] = lambda t=t: ulysses.heads_to_seq(y, group, t)
+            # the pack copy of the all_to_all transport alone, moving 2-, 8- and 16-byte words
+            for word in cfg["copy_words"]:
+                w = getattr(torch, word)
+                fns[f"pack copy {word}"] = lambda w=w: packed.view(w).copy_(chunks.view(w))
+            for t in transports:  # the exchange must be exact, not just fast
+                ref = torch.cat([c[rank] for c in _all_gather(chunks, group)], 0)
+                assert torch.equal(ulysses.seq_to_heads(x, group, t), ref), t
+                assert torch.equal(ulysses.heads_to_seq(ulysses.seq_to_heads(x, group, t), group, t), x), t
             times = _timed(fns, device, cfg["warmup"], cfg["reps"])
             nbytes = x.numel() * elem
             ms = {k: C.median(v) for k, v in times.items()}
@@ -143,9 +149,9 @@ def _measure(rank: int, world: int, device: torch.device, cfg: dict) -> dict:
     sent: list[tuple[str, tuple, int]] = []
     original = ulysses.seq_to_heads
 
-    def recording(t: torch.Tensor, g: object) -> torch.Tensor:
+    def recording(t: torch.Tensor, *args: object) -> torch.Tensor:
         sent.append((str(t.dtype), tuple(t.shape), t.numel() * t.element_size()))
-        return original(t, g)
+        return original(t, *args)
 
     verify = []
     tokens, d = cfg["verify_tokens"], cfg["verify_head_dim"]
@@ -169,6 +175,12 @@ def _measure(rank: int, world: int, device: torch.device, cfg: dict) -> dict:
     finally:
         ulysses.seq_to_heads = original
     return {"rank": rank, "bandwidth": bandwidth, "verify": verify}
+
+
+def _all_gather(t: torch.Tensor, group: dist.ProcessGroup) -> list[torch.Tensor]:
+    parts = [torch.empty_like(t, memory_format=torch.contiguous_format) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return parts
 
 
 def main() -> None:
@@ -213,6 +225,8 @@ def main() -> None:
         "verify_tokens": 64 if smoke else 4096, "verify_head_dim": 8 if smoke else 128,
         # (q, kv): kv divisible by sp (no repeat), and kv < sp (repeated sp // kv times)
         "verify_heads": [(4, 2), (4, 1)] if smoke else [(32, 8), (32, 1)],
+        "transports": ["all_to_all"] if smoke else ["all_to_all", "symm_mem"],
+        "copy_words": ["float32", "int64", "complex128"] if smoke else ["bfloat16", "int64", "complex128"],
     }
     cfg["verify_heads"] = [(hq, hkv) for hq, hkv in cfg["verify_heads"] if hq % world == 0
                            and (hkv % world == 0 or world % hkv == 0)]
@@ -220,34 +234,35 @@ def main() -> None:
         _spawn(world, cfg, outdir, args.timeout)
         ranks = [json.loads(Path(outdir, f"rank{r}.json").read_text()) for r in range(world)]
 
-    rows = []
     bw_out = []
     for i, b0 in enumerate(ranks[0]["bandwidth"]):
         per_rank = [r["bandwidth"][i] for r in ranks]
         gbps = {k: min(r["gbps"][k] for r in per_rank) for k in b0["gbps"]}  # the slowest rank
         ms = {k: max(r["ms"][k] for r in per_rank) for k in b0["ms"]}
-        entry = {**{k: b0[k] for k in ("tokens", "heads", "head_dim", "bytes_per_rank")}, "ms_slowest_rank": ms,
-                 "gbps_slowest_rank": gbps, "per_rank": per_rank,
-                 "ratio_seq_to_heads": gbps["seq_to_heads"] / gbps["raw"],
-                 "ratio_heads_to_seq": gbps["heads_to_seq"] / gbps["raw"]}
-        bw_out.append(entry)
-        rows.append([f"{b0['tokens']}x{b0['heads']}x{b0['head_dim']}", b0['bytes_per_rank'] / mib,
-                     gbps["raw"], gbps["seq_to_heads"], gbps["heads_to_seq"],
-                     f"{entry['ratio_seq_to_heads']:.3f}", f"{entry['ratio_heads_to_seq']:.3f}",
-                     "yes" if min(entry["ratio_seq_to_heads"], entry["ratio_heads_to_seq"]) >= TARGET else "NO"])
+        ratios = {f"{way} {t}": gbps[f"{way} {t}"] / gbps["raw"] for t in cfg["transports"]
+                  for way in ("seq_to_heads", "heads_to_seq")}
+        bw_out.append({**{k: b0[k] for k in ("tokens", "heads", "head_dim", "bytes_per_rank")}, "ms_slowest_rank": ms,
+                       "gbps_slowest_rank": gbps, "per_rank": per_rank, "ratio_to_raw": ratios})
     backend = "gloo (CPU)" if smoke else "NCCL"
-    print(f"\nall-to-all bandwidth per rank over {backend}, sp={world}, {dtype}, GB/s = rank input bytes / time "
-          f"(slowest rank; median of {cfg['reps']} reps after {cfg['warmup']} warm-up, interleaved, barrier before each):")
-    print(C.table(["tokens x heads x dim (global)", "MiB/rank", "raw GB/s", "seq_to_heads GB/s", "heads_to_seq GB/s",
-                   "s2h/raw", "h2s/raw", f">= {TARGET}"], rows))
-    print("time per call, ms (slowest rank); the layout copies run alone, without communication:")
-    print(C.table(["tokens x heads x dim (global)", "raw a2a", "seq_to_heads", "heads_to_seq",
-                   "pack copy (s2h)", "unpack copy (h2s)", "raw + pack", "raw + unpack"],
+    print(f"\nall-to-all bandwidth per rank, sp={world}, {dtype}, GB/s = rank input bytes / time (slowest rank; median "
+          f"of {cfg['reps']} reps after {cfg['warmup']} warm-up, interleaved, barrier before each); raw = "
+          f"all_to_all_single over {backend} of a contiguous tensor of the same bytes:")
+    for t in cfg["transports"]:
+        print(f"transport {t!r}:")
+        print(C.table(["tokens x heads x dim (global)", "MiB/rank", "raw GB/s", "seq_to_heads GB/s", "heads_to_seq GB/s",
+                       "s2h/raw", "h2s/raw", f">= {TARGET}"],
+                      [[f"{e['tokens']}x{e['heads']}x{e['head_dim']}", e["bytes_per_rank"] / mib,
+                        e["gbps_slowest_rank"]["raw"], e["gbps_slowest_rank"][f"seq_to_heads {t}"],
+                        e["gbps_slowest_rank"][f"heads_to_seq {t}"], e["ratio_to_raw"][f"seq_to_heads {t}"],
+                        e["ratio_to_raw"][f"heads_to_seq {t}"],
+                        "yes" if min(e["ratio_to_raw"][f"{w} {t}"] for w in ("seq_to_heads", "heads_to_seq")) >= TARGET
+                        else "NO"] for e in bw_out]))
+    names = [k for k in bw_out[0]["ms_slowest_rank"] if k != "raw"]
+    print("time per call, ms (slowest rank); 'pack copy W' is the all_to_all transport's layout copy alone, "
+          "moving words of type W:")
+    print(C.table(["tokens x heads x dim (global)", "raw a2a", *names],
                   [[f"{e['tokens']}x{e['heads']}x{e['head_dim']}", e["ms_slowest_rank"]["raw"],
-                    e["ms_slowest_rank"]["seq_to_heads"], e["ms_slowest_rank"]["heads_to_seq"],
-                    e["ms_slowest_rank"]["pack_copy"], e["ms_slowest_rank"]["unpack_copy"],
-                    e["ms_slowest_rank"]["raw"] + e["ms_slowest_rank"]["pack_copy"],
-                    e["ms_slowest_rank"]["raw"] + e["ms_slowest_rank"]["unpack_copy"]] for e in bw_out]))
+                    *(e["ms_slowest_rank"][k] for k in names)] for e in bw_out]))
 
     print(f"\nmeasured: bytes packed_attention hands to seq_to_heads for K+V, per layer per rank (sp={world}):")
     vrows = []

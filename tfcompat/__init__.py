@@ -13,6 +13,7 @@ from .errors import (
     PatchError,
     SymbolProbeError,
     TfcompatError,
+    TransportError,
     UnknownFamilyError,
     UnsupportedVersionError,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "Resolved",
     "SymbolProbeError",
     "TfcompatError",
+    "TransportError",
     "UnknownFamilyError",
     "UnsupportedVersionError",
     "__version__",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from .a2a import Transport
 from .attention import Backend
 from .packing import PackedSeqs
 
@@ -22,8 +23,10 @@ class ForwardContext(NamedTuple):
 
     seqs: boundaries of the whole packed row (global under sequence parallelism).
     backend: the varlen backend. group: the Ulysses process group, or None for a single process.
+    transport: how the Ulysses all-to-alls move data, agreed by every rank in `tfcompat.ulysses.shard_inputs`.
     """
 
     seqs: PackedSeqs
     backend: Backend = "auto"
     group: Any = None
+    transport: Transport = "all_to_all"

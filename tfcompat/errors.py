@@ -13,6 +13,7 @@ __all__ = [
     "SymbolProbeError",
     "PatchError",
     "InvalidInputError",
+    "TransportError",
 ]
 
 
@@ -83,3 +84,7 @@ class PatchError(TfcompatError):
 
 class InvalidInputError(TfcompatError, ValueError):
     """Inputs violate the contract: shapes, dtypes, position-id layout, sequence-parallel sizes."""
+
+
+class TransportError(TfcompatError, RuntimeError):
+    """The Ulysses transport the ranks agreed on could not start (raised at the first exchange that needs it)."""

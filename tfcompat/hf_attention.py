@@ -61,9 +61,9 @@ def packed_attention(
     repeats = ulysses.kv_repeats(k.shape[1], sp)
     if repeats > 1:  # (T/sp, Hkv, D) -> (T/sp, sp, D): one KV head per rank, not full multi-head
         k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
-    q, k, v = (ulysses.seq_to_heads(x, ctx.group) for x in (q, k, v))
+    q, k, v = (ulysses.seq_to_heads(x, ctx.group, ctx.transport) for x in (q, k, v))
     out = varlen_attention(q, k, v, ctx.seqs, scale=scaling, backend=ctx.backend)
-    return ulysses.heads_to_seq(out, ctx.group).view(b, length, hq, d), None
+    return ulysses.heads_to_seq(out, ctx.group, ctx.transport).view(b, length, hq, d), None
 
 
 def _interface() -> Any:

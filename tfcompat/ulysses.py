@@ -13,12 +13,16 @@ head is repeated ``sp // Hkv`` times, just enough for one KV head per rank, neve
 
 from __future__ import annotations
 
+import hashlib
+import socket
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
 
+from . import a2a
+from .a2a import Transport
 from .context import CONTEXT_KWARG, ForwardContext
 from .errors import InvalidInputError
 from .packing import PackedSeqs, from_text_positions
@@ -26,6 +30,7 @@ from .rope import split_positions
 
 __all__ = [
     "Shard",
+    "Transport",
     "check_heads",
     "gather_outputs",
     "group_size",
@@ -60,60 +65,14 @@ def kv_repeats(num_kv_heads: int, sp: int) -> int:
     return sp // num_kv_heads if num_kv_heads < sp else 1
 
 
-class _AllToAll(torch.autograd.Function):
-    """``all_to_all_single`` on ``(sp, ...)`` chunks; equal chunks make it its own adjoint."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        x = _packed_copy(x)
-        out = torch.empty_like(x)  # after the copy: a transposed view's strides would scramble the result
-        dist.all_to_all_single(out, x, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        grad = _packed_copy(grad)
-        out = torch.empty_like(grad)
-        dist.all_to_all_single(out, grad, group=ctx.group)
-        return out, None
-
-
-def _packed_copy(x: torch.Tensor) -> torch.Tensor:
-    """``x.contiguous()``, moving whole rows as 8-byte words where they allow it.
-
-    The Ulysses layouts transpose rows of ``head_dim`` elements; copying them as int64 words instead of bf16
-    elements takes about half the time on an H200 (bench/ulysses_a2a.py). Integer views carry no autograd
-    history: call it only inside an autograd Function.
-    """
-    if x.is_contiguous():
-        return x
-    row = x.shape[-1] * x.element_size()
-    words = (x.stride(-1) == 1 and row % 8 == 0 and x.element_size() < 8
-             and all(s * x.element_size() % 8 == 0 for s in (*x.stride()[:-1], x.storage_offset())))
-    if words:
-        return x.view(torch.int64).contiguous().view(x.dtype)
-    return x.contiguous()
-
-
-def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup, transport: Transport = "all_to_all") -> torch.Tensor:
     """``(T/sp, H, D)`` sequence shard -> ``(T, H/sp, D)`` head shard (this rank's heads, every token)."""
-    sp = dist.get_world_size(group)
-    t_local, h, d = x.shape
-    # (T/sp, H, D) -> (sp, T/sp, H/sp, D): chunk j goes to rank j (its heads)
-    chunks = x.view(t_local, sp, h // sp, d).transpose(0, 1)
-    # received chunk i is rank i's tokens: (sp, T/sp, H/sp, D) -> (T, H/sp, D)
-    return _AllToAll.apply(chunks, group).reshape(sp * t_local, h // sp, d)
+    return a2a.exchange(x, a2a.SEQ_TO_HEADS, group, transport)
 
 
-def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup, transport: Transport = "all_to_all") -> torch.Tensor:
     """``(T, H/sp, D)`` head shard -> ``(T/sp, H, D)`` sequence shard; the inverse of `seq_to_heads`."""
-    sp = dist.get_world_size(group)
-    t, h_local, d = x.shape
-    # (T, H/sp, D) -> (sp, T/sp, H/sp, D): chunk j (rank j's tokens) goes to rank j
-    received = _AllToAll.apply(x.view(sp, t // sp, h_local, d), group)
-    # received chunk i is head group i of this rank's tokens: -> (T/sp, sp, H/sp, D) -> (T/sp, H, D)
-    return received.transpose(0, 1).reshape(t // sp, sp * h_local, d)
+    return a2a.exchange(x, a2a.HEADS_TO_SEQ, group, transport)
 
 
 @dataclass
@@ -124,6 +83,9 @@ class Shard:
         the local ``position_ids`` (last dim sliced) and the forward context (global boundaries, group).
     labels: the local labels ``(1, T/sp)``, shifted on the global sequence (``labels[t] = ids[t + 1]``) before
         slicing, with ``ignore_index`` at each sequence's last token and on the pad; None if none given.
+    transport: how the attention layers' all-to-alls move data (`tfcompat.a2a`): ``"symm_mem"`` (CUDA, every rank
+    on one host with peer access), ``"all_to_all"`` (any backend), or ``"auto"``, which takes ``"symm_mem"``
+    where every rank can.
     total: tokens before padding; padded: after padding to a multiple of ``sp``.
     """
 
@@ -151,6 +113,7 @@ def shard_inputs(
     group: dist.ProcessGroup | None = None,
     pad_token_id: int = 0,
     ignore_index: int = -100,
+    transport: Literal["auto"] | Transport = "auto",
 ) -> Shard:
     """Pad a packed row to a multiple of the group size and take this rank's slice.
 
@@ -158,7 +121,8 @@ def shard_inputs(
     images go through it); position_ids: ``(4, 1, T)`` or ``(1, T)``, each sequence's text row from 0;
     labels: ``(1, T)`` next-token targets are taken from it after a global shift (pass ``input_ids`` with
     ignored positions set to ``ignore_index``). The pad forms its own sequence. Computes the global
-    boundaries here (the forward's one host sync) and checks that every rank holds the same ``T``.
+    boundaries here (the forward's one host sync), checks that every rank holds the same ``T`` and agrees on
+    the transport (one small all-gather).
     """
     if (input_ids is None) == (inputs_embeds is None):
         raise InvalidInputError("shard_inputs takes exactly one of input_ids and inputs_embeds")
@@ -174,7 +138,7 @@ def shard_inputs(
     sp, rank = dist.get_world_size(group), dist.get_rank(group)
     total = tokens.shape[1]
     positions = split_positions(position_ids, seq_len=total, family=None)
-    _check_same_length(total, tokens.device, group)
+    transport = _agree(total, transport, tokens.device, group)
 
     pad = -total % sp
     padded = total + pad
@@ -194,7 +158,7 @@ def shard_inputs(
     else:
         embeds = torch.cat([inputs_embeds, inputs_embeds.new_zeros(1, pad, inputs_embeds.shape[-1])], dim=1)
         inputs["inputs_embeds"] = embeds[:, local]
-    inputs[CONTEXT_KWARG] = ForwardContext(seqs, group=group)
+    inputs[CONTEXT_KWARG] = ForwardContext(seqs, group=group, transport=transport)
 
     local_labels = None
     if labels is not None:
@@ -240,15 +204,47 @@ class _AllGather(torch.autograd.Function):
         return grad.contiguous().narrow(ctx.dim, ctx.rank * ctx.n, ctx.n), None, None
 
 
-def _check_same_length(total: int, device: torch.device, group: dist.ProcessGroup) -> None:
-    device = device if dist.get_backend(group) != "gloo" else torch.device("cpu")
-    mine = torch.tensor([total], device=device)
+def _agree(total: int, transport: str, device: torch.device, group: dist.ProcessGroup) -> Transport:
+    """Check that every rank holds ``total`` tokens and return the transport all of them can use."""
+    if transport not in ("auto", *get_args(Transport)):
+        raise InvalidInputError(f"unknown Ulysses transport {transport!r}", supported=", ".join(("auto", *get_args(Transport))),
+                                fix="pass one of the supported transports")
+    reason = a2a.symm_mem_reason(group, device) if transport != "all_to_all" else "not asked for"
+    host = int.from_bytes(hashlib.blake2b(socket.gethostname().encode(), digest_size=6).digest(), "little")
+    index = device.index if device.type == "cuda" else -1
+    gather_on = device if dist.get_backend(group) != "gloo" else torch.device("cpu")
+    mine = torch.tensor([total, host, reason is None, -1 if index is None else index], device=gather_on)
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(everyone, mine, group=group)
-    lengths = [int(t) for t in everyone]
+    table = [[int(v) for v in t] for t in everyone]
+    lengths = [row[0] for row in table]
     if len(set(lengths)) != 1:
         raise InvalidInputError(
             "ranks disagree on the packed sequence length",
             why=f"lengths by rank: {lengths}",
             fix="give every rank of the sequence-parallel group the same packed row",
         )
+    if transport == "all_to_all":
+        return "all_to_all"
+    reason = reason or _symm_mem_peers(table, dist.get_rank(group))
+    if reason is None:
+        return "symm_mem"
+    if transport == "symm_mem":
+        raise InvalidInputError("the symm_mem transport cannot run on this group", why=reason,
+                                supported="symm_mem: CUDA tensors, nccl, every rank on one host with peer access",
+                                fix='shard_inputs(..., transport="all_to_all") (or "auto", which picks it here)')
+    return "all_to_all"
+
+
+def _symm_mem_peers(table: list[list[int]], rank: int) -> str | None:
+    """Why the gathered ``[T, host, symm_mem ok, device index]`` rows rule symmetric memory out, or None."""
+    if len({row[1] for row in table}) != 1:
+        return "the group spans more than one host"
+    if not all(row[2] for row in table):
+        return f"ranks {[r for r, row in enumerate(table) if not row[2]]} cannot use symmetric memory"
+    devices = [row[3] for row in table]
+    if len(set(devices)) != len(devices):
+        return f"ranks see their GPUs under clashing indices {devices} (a CUDA_VISIBLE_DEVICES per rank?)"
+    mine = devices[rank]
+    blocked = [d for d in devices if d != mine and not torch.cuda.can_device_access_peer(mine, d)]
+    return f"GPU {mine} has no peer access to GPUs {blocked}" if blocked else None

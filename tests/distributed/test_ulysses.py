@@ -48,6 +48,10 @@ def test_head_divisibility_checked_at_patch(world):
     run_world(workers.bad_heads_raise_at_patch, world)
 
 
+def test_transport_choice_on_gloo():
+    run_world(workers.transports_on_gloo, 2)
+
+
 def test_forward_without_shard_raises():
     run_world(workers.forward_without_shard_raises, 2)
 

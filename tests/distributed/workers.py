@@ -24,17 +24,24 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             if p.grad is not None and any(w in n for w in WATCHED + ("visual",))}
 
 
-def sharded_logits(model: torch.nn.Module, inputs: dict, group: dist.ProcessGroup) -> torch.Tensor:
+def sharded_logits(model: torch.nn.Module, inputs: dict, group: dist.ProcessGroup, transport: str = "auto",
+                   expect_transport: str | None = None) -> torch.Tensor:
     """The patched model's logits ``(T, V)`` of a packed row run under Ulysses: shard, forward, gather.
+
+    transport: passed to shard_inputs; expect_transport: the transport it must have chosen (checked).
 
     VLMs: whole images go through the vision tower first (embed_inputs), then the embeddings are sliced.
     """
     vision = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids")}
     if vision:
         embeds = embed_inputs(model, inputs["input_ids"], **vision)
-        shard = ulysses.shard_inputs(position_ids=inputs["position_ids"], inputs_embeds=embeds, group=group)
+        shard = ulysses.shard_inputs(position_ids=inputs["position_ids"], inputs_embeds=embeds, group=group,
+                                     transport=transport)
     else:
-        shard = ulysses.shard_inputs(inputs["input_ids"], inputs["position_ids"], group=group)
+        shard = ulysses.shard_inputs(inputs["input_ids"], inputs["position_ids"], group=group, transport=transport)
+    chosen = shard.model_inputs["tfcompat_context"].transport
+    expected = expect_transport or (None if transport == "auto" else transport)
+    assert expected is None or chosen == expected, f"transport={transport!r} chose {chosen!r}, expected {expected!r}"
     sp = dist.get_world_size(group)
     assert shard.padded % sp == 0 and shard.total == inputs["input_ids"].shape[1]
     local = model(**shard.model_inputs, use_cache=False).logits
@@ -93,6 +100,20 @@ def disagreeing_lengths_raise(rank: int, world: int) -> None:
         assert "disagree" in str(exc), str(exc)
     else:
         raise AssertionError("ranks with different lengths were not rejected")
+
+
+def transports_on_gloo(rank: int, world: int) -> None:
+    """auto picks all_to_all on gloo; asking for symm_mem there, or for an unknown transport, raises at shard time."""
+    ids, pos = torch.zeros(1, 8, dtype=torch.long), torch.arange(8)[None]
+    shard = ulysses.shard_inputs(ids, pos, group=dist.group.WORLD)
+    assert shard.model_inputs["tfcompat_context"].transport == "all_to_all"
+    for transport, words in (("symm_mem", ("symm_mem", "CUDA", "all_to_all")), ("nvlink", ("unknown", "auto"))):
+        try:
+            ulysses.shard_inputs(ids, pos, group=dist.group.WORLD, transport=transport)
+        except tfcompat.InvalidInputError as exc:
+            assert all(w in str(exc) for w in words), str(exc)
+        else:
+            raise AssertionError(f"transport={transport!r} on gloo was not rejected")
 
 
 def bad_heads_raise_at_patch(rank: int, world: int) -> None:

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 import tfcompat
+from tfcompat import ulysses
 from tfcompat.selfcheck import pack, sample_sequences, tiny_model
 from tests.distributed.workers import sharded_logits
 
@@ -33,7 +34,8 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def sp_equals_single(rank: int, world: int, family: str, lengths: list[int], images: list, text: dict,
-                     dtype_name: str, backend: str, tol: float, relative_to_max: bool) -> None:
+                     dtype_name: str, backend: str, tol: float, relative_to_max: bool, transport: str = "auto",
+                     expect_transport: str | None = None) -> None:
     """SP forward and backward on ``world`` ranks equal the single-process packed run, per token.
 
     Tolerance: ``|got - ref|.max() <= tol * scale`` with scale ``max(1, |ref|.max())`` (``relative_to_max=False``)
@@ -64,7 +66,7 @@ def sp_equals_single(rank: int, world: int, family: str, lengths: list[int], ima
     model.zero_grad(set_to_none=True)
 
     with tfcompat.patch(model, remove_padding=True, ulysses_group=dist.group.WORLD, backend=backend):
-        logits = sharded_logits(model, inputs, dist.group.WORLD)
+        logits = sharded_logits(model, inputs, dist.group.WORLD, transport, expect_transport)
         _loss(logits, weight).backward()
 
     diff = float((logits.float() - ref_logits.float()).abs().max())
@@ -78,3 +80,39 @@ def sp_equals_single(rank: int, world: int, family: str, lengths: list[int], ima
         gdiff = float((g - ref_grads[name]).abs().max())
         bound = tol * scale(ref_grads[name])
         assert gdiff <= bound, f"rank {rank}: {dtype_name} grad {name} differs by {gdiff:.3e} (bound {bound:.3e})"
+
+
+def exchanges_agree(rank: int, world: int) -> None:
+    """symm_mem gives bit-identical results to all_to_all, forward and backward, on bursts of exchanges.
+
+    The shapes grow, shrink and grow again (workspace growth), the burst is issued without syncs, and rank 0
+    stalls its stream before every third exchange, so a rank that rewrote a workspace half too early would
+    corrupt a peer's read.
+    """
+    group, device = dist.group.WORLD, _device()
+    shapes = [(16, 2, 8), (1024, 4, 128), (8, 2, 64), (4096, 8, 128), (3, 1, 16)]  # (T/sp, H/sp, D)
+    for dtype in (torch.bfloat16, torch.float32):
+        gen = torch.Generator().manual_seed(rank)
+        xs = [torch.randn(t, h * world, d, generator=gen).to(device, dtype) for t, h, d in shapes for _ in range(3)]
+        weights = [torch.randn(t * world, h, d, generator=gen).to(device, dtype) for t, h, d in shapes for _ in range(3)]
+        results = {}
+        for transport in ("all_to_all", "symm_mem"):
+            outs, grads = [], []
+            for i, (x, w) in enumerate(zip(xs, weights)):
+                if rank == 0 and i % 3 == 0:
+                    torch.cuda._sleep(2_000_000)  # about a millisecond
+                x = x.clone().requires_grad_()
+                heads = ulysses.seq_to_heads(x, group, transport)
+                back = ulysses.heads_to_seq(heads * w, group, transport)
+                back.sum().backward()
+                outs += [heads.detach(), back.detach()]
+                grads.append(x.grad)
+            results[transport] = outs + grads
+        torch.cuda.synchronize()
+        for i, (a, b) in enumerate(zip(results["all_to_all"], results["symm_mem"])):
+            assert torch.equal(a, b), f"rank {rank} {dtype}: tensor {i} differs between the transports"
+        t, h, d = shapes[1]
+        full = [torch.empty_like(xs[3]) for _ in range(world)]  # the definition, for one case
+        dist.all_gather(full, xs[3], group=group)
+        expect = torch.cat(full)[:, rank * h:(rank + 1) * h]
+        assert torch.equal(results["symm_mem"][6], expect), f"rank {rank}: symm_mem seq_to_heads is not the definition"

@@ -41,13 +41,27 @@ BF16_CASES = {
 }
 
 
+# "auto" must pick symm_mem on two GPUs of one host that reach each other
+AUTO = "symm_mem" if torch.cuda.device_count() >= 2 and torch.cuda.can_device_access_peer(0, 1) else "all_to_all"
+TRANSPORTS = ["all_to_all", "auto"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("case", sorted(FP32_CASES))
-def test_sp2_equals_single_process_fp32(case):
+def test_sp2_equals_single_process_fp32(case, transport):
     """Rule: fp32 on CUDA, SP=2 logits and all-reduced gradients match SP=1 within 1e-5 (sdpa auto-selected)."""
-    run_world(nccl_workers.sp_equals_single, 2, *FP32_CASES[case], "float32", "auto", 1e-5, False, backend="nccl")
+    run_world(nccl_workers.sp_equals_single, 2, *FP32_CASES[case], "float32", "auto", 1e-5, False, transport,
+              AUTO if transport == "auto" else None, backend="nccl")
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("case", sorted(BF16_CASES))
-def test_sp2_equals_single_process_bf16_torch_varlen(case):
+def test_sp2_equals_single_process_bf16_torch_varlen(case, transport):
     """Rule: bf16 with backend "torch", SP=2 matches SP=1 bf16 within 5e-2 of each tensor's largest entry."""
-    run_world(nccl_workers.sp_equals_single, 2, *BF16_CASES[case], "bfloat16", "torch", BF16_TOL, True, backend="nccl")
+    run_world(nccl_workers.sp_equals_single, 2, *BF16_CASES[case], "bfloat16", "torch", BF16_TOL, True, transport,
+              AUTO if transport == "auto" else None, backend="nccl")
+
+
+def test_symm_mem_exchanges_equal_all_to_all():
+    """Rule: the symm_mem transport is bit-identical to all_to_all_single through growth, bursts and rank skew."""
+    run_world(nccl_workers.exchanges_agree, 2, backend="nccl")
