@@ -31,6 +31,7 @@ import torch.multiprocessing as mp  # noqa: E402
 import _common as C  # noqa: E402
 
 TARGET = 0.95
+QUEUE_CYCLES = 10_000_000  # about 5 ms of GPU sleep: time for the host to queue 8 calls of any transport
 # (query heads, KV heads, sp) for the analytic K/V traffic table
 GQA_CONFIGS = [(32, 8, 2), (32, 8, 4), (32, 8, 8), (28, 4, 2), (28, 4, 4), (28, 4, 8), (32, 2, 4), (32, 2, 8),
                (64, 8, 16), (32, 1, 8)]
@@ -94,8 +95,14 @@ def _init_params() -> set[str]:
     return set(inspect.signature(dist.init_process_group).parameters)
 
 
-def _timed(fns: dict, device: torch.device, warmup: int, reps: int) -> dict[str, list[float]]:
-    """Interleaved; every rep starts after a barrier so no rank's timer includes waiting for a late peer."""
+def _timed(fns: dict, device: torch.device, warmup: int, reps: int, queued: int = 0) -> dict[str, list[float]]:
+    """Interleaved; every rep starts after a barrier so no rank's timer includes waiting for a late peer.
+
+    ``queued=0``: a rep times one call, the host's launch work included (nothing is queued ahead of it).
+    ``queued=N``: the GPU first sleeps long enough for the host to queue N back-to-back calls, and the rep times
+    the GPU from the first to the last (per call): the transfer's own bandwidth, as in a forward where the
+    host runs ahead of the GPU.
+    """
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -104,7 +111,17 @@ def _timed(fns: dict, device: torch.device, warmup: int, reps: int) -> dict[str,
         for name, fn in fns.items():
             dist.barrier()
             C.sync(device)
-            out[name].append(C._one(fn, device))
+            if not queued:
+                out[name].append(C._one(fn, device))
+                continue
+            torch.cuda._sleep(QUEUE_CYCLES)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(queued):
+                fn()
+            end.record()
+            end.synchronize()
+            out[name].append(start.elapsed_time(end) / queued)
     return out
 
 
@@ -139,11 +156,12 @@ def _measure(rank: int, world: int, device: torch.device, cfg: dict) -> dict:
                 ref = torch.cat([c[rank] for c in _all_gather(chunks, group)], 0)
                 assert torch.equal(ulysses.seq_to_heads(x, group, t), ref), t
                 assert torch.equal(ulysses.heads_to_seq(ulysses.seq_to_heads(x, group, t), group, t), x), t
-            times = _timed(fns, device, cfg["warmup"], cfg["reps"])
             nbytes = x.numel() * elem
-            ms = {k: C.median(v) for k, v in times.items()}
-            bandwidth.append({"tokens": tokens, "heads": heads, "head_dim": d, "bytes_per_rank": nbytes, "ms": ms,
-                              "gbps": {k: nbytes / (v * 1e-3) / 1e9 for k, v in ms.items()}})
+            for queued in cfg["queued"]:
+                timed = fns if not queued else {k: f for k, f in fns.items() if not k.startswith("pack copy")}
+                ms = {k: C.median(v) for k, v in _timed(timed, device, cfg["warmup"], cfg["reps"], queued).items()}
+                bandwidth.append({"tokens": tokens, "heads": heads, "head_dim": d, "bytes_per_rank": nbytes,
+                                  "queued": queued, "ms": ms, "gbps": {k: nbytes / (v * 1e-3) / 1e9 for k, v in ms.items()}})
 
     # GQA: what packed_attention actually hands to seq_to_heads, per layer
     sent: list[tuple[str, tuple, int]] = []
@@ -221,11 +239,12 @@ def main() -> None:
         "warmup": args.warmup if args.warmup is not None else (2 if smoke else 10),
         "reps": args.reps if args.reps is not None else (5 if smoke else 50),
         "sizes": ([(64, 4, 8), (64, 2, 8)] if smoke else
-                  [(32768, 32, 128), (32768, 8, 128), (8192, 32, 128), (131072, 8, 128)]),
+                  [(32768, 32, 128), (32768, 8, 128), (8192, 32, 128), (131072, 8, 128), (131072, 32, 128)]),
         "verify_tokens": 64 if smoke else 4096, "verify_head_dim": 8 if smoke else 128,
         # (q, kv): kv divisible by sp (no repeat), and kv < sp (repeated sp // kv times)
         "verify_heads": [(4, 2), (4, 1)] if smoke else [(32, 8), (32, 1)],
         "transports": ["all_to_all"] if smoke else ["all_to_all", "symm_mem"],
+        "queued": [0] if smoke else [0, 8],
         "copy_words": ["float32", "int64", "complex128"] if smoke else ["bfloat16", "int64", "complex128"],
     }
     cfg["verify_heads"] = [(hq, hkv) for hq, hkv in cfg["verify_heads"] if hq % world == 0
@@ -241,28 +260,33 @@ def main() -> None:
         ms = {k: max(r["ms"][k] for r in per_rank) for k in b0["ms"]}
         ratios = {f"{way} {t}": gbps[f"{way} {t}"] / gbps["raw"] for t in cfg["transports"]
                   for way in ("seq_to_heads", "heads_to_seq")}
-        bw_out.append({**{k: b0[k] for k in ("tokens", "heads", "head_dim", "bytes_per_rank")}, "ms_slowest_rank": ms,
+        bw_out.append({**{k: b0[k] for k in ("tokens", "heads", "head_dim", "bytes_per_rank", "queued")},
+                       "ms_slowest_rank": ms,
                        "gbps_slowest_rank": gbps, "per_rank": per_rank, "ratio_to_raw": ratios})
     backend = "gloo (CPU)" if smoke else "NCCL"
     print(f"\nall-to-all bandwidth per rank, sp={world}, {dtype}, GB/s = rank input bytes / time (slowest rank; median "
           f"of {cfg['reps']} reps after {cfg['warmup']} warm-up, interleaved, barrier before each); raw = "
           f"all_to_all_single over {backend} of a contiguous tensor of the same bytes:")
-    for t in cfg["transports"]:
-        print(f"transport {t!r}:")
-        print(C.table(["tokens x heads x dim (global)", "MiB/rank", "raw GB/s", "seq_to_heads GB/s", "heads_to_seq GB/s",
-                       "s2h/raw", "h2s/raw", f">= {TARGET}"],
-                      [[f"{e['tokens']}x{e['heads']}x{e['head_dim']}", e["bytes_per_rank"] / mib,
-                        e["gbps_slowest_rank"]["raw"], e["gbps_slowest_rank"][f"seq_to_heads {t}"],
-                        e["gbps_slowest_rank"][f"heads_to_seq {t}"], e["ratio_to_raw"][f"seq_to_heads {t}"],
-                        e["ratio_to_raw"][f"heads_to_seq {t}"],
-                        "yes" if min(e["ratio_to_raw"][f"{w} {t}"] for w in ("seq_to_heads", "heads_to_seq")) >= TARGET
-                        else "NO"] for e in bw_out]))
-    names = [k for k in bw_out[0]["ms_slowest_rank"] if k != "raw"]
-    print("time per call, ms (slowest rank); 'pack copy W' is the all_to_all transport's layout copy alone, "
+    for queued in cfg["queued"]:
+        rows = [e for e in bw_out if e["queued"] == queued]
+        for t in cfg["transports"]:
+            print(f"transport {t!r}, " + ("one call per timing, the host's launch work included" if not queued else
+                                          f"GPU time of {queued} calls queued ahead (the transfer's own bandwidth)"))
+            print(C.table(["tokens x heads x dim (global)", "MiB/rank", "raw GB/s", "seq_to_heads GB/s",
+                           "heads_to_seq GB/s", "s2h/raw", "h2s/raw", f">= {TARGET}"],
+                          [[f"{e['tokens']}x{e['heads']}x{e['head_dim']}", e["bytes_per_rank"] / mib,
+                            e["gbps_slowest_rank"]["raw"], e["gbps_slowest_rank"][f"seq_to_heads {t}"],
+                            e["gbps_slowest_rank"][f"heads_to_seq {t}"], e["ratio_to_raw"][f"seq_to_heads {t}"],
+                            e["ratio_to_raw"][f"heads_to_seq {t}"],
+                            "yes" if min(e["ratio_to_raw"][f"{w} {t}"] for w in ("seq_to_heads", "heads_to_seq"))
+                            >= TARGET else "NO"] for e in rows]))
+    bw_out1 = [e for e in bw_out if not e["queued"]]
+    names = [k for k in bw_out1[0]["ms_slowest_rank"] if k != "raw"]
+    print("time per call, ms (slowest rank, one call per timing); 'pack copy W' is the all_to_all transport's layout copy alone, "
           "moving words of type W:")
     print(C.table(["tokens x heads x dim (global)", "raw a2a", *names],
                   [[f"{e['tokens']}x{e['heads']}x{e['head_dim']}", e["ms_slowest_rank"]["raw"],
-                    *(e["ms_slowest_rank"][k] for k in names)] for e in bw_out]))
+                    *(e["ms_slowest_rank"][k] for k in names)] for e in bw_out1]))
 
     print(f"\nmeasured: bytes packed_attention hands to seq_to_heads for K+V, per layer per rank (sp={world}):")
     vrows = []

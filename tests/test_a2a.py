@@ -18,22 +18,24 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 def _exchange_all(xs: list[torch.Tensor], layout: a2a.Layout) -> list[torch.Tensor]:
+    """What `a2a._symm_mem` does on each of ``len(xs)`` ranks, on either side of the barrier."""
     sp = len(xs)
     shape = layout.out_shape(xs[0].shape, sp)
     workspaces = [torch.full(shape, float("nan"), dtype=x.dtype) for x in xs]  # an unwritten chunk shows as NaN
     outs = [torch.full(shape, float("nan"), dtype=x.dtype) for x in xs]
     for rank, x in enumerate(xs):
-        a2a.keep(x, outs[rank], layout, rank, sp)
-        a2a.push(x, workspaces.__getitem__, layout, rank, sp)
+        send = layout.send(x, sp)
+        a2a.keep(send, layout.recv(outs[rank], sp), rank)
+        a2a.push(send, [layout.recv(w, sp)[rank] for w in workspaces], rank)
     for rank in range(sp):  # after the barrier
-        a2a.collect(outs[rank], workspaces[rank], layout, rank, sp)
+        a2a.collect(layout.recv(outs[rank], sp), layout.recv(workspaces[rank], sp), rank)
     return outs
 
 
 @settings(max_examples=40, deadline=None)
 @given(sp=st.integers(1, 4), t_local=st.integers(1, 5), per_rank=st.integers(1, 3), dim=st.sampled_from([1, 3, 4, 8]),
        dtype=st.sampled_from(DTYPES), seed=st.integers(0, 99))
-def test_pull_matches_the_definition(sp, t_local, per_rank, dim, dtype, seed):
+def test_exchange_matches_the_definition(sp, t_local, per_rank, dim, dtype, seed):
     """Rule: seq_to_heads gives rank r heads r of every token; heads_to_seq undoes it exactly."""
     heads = sp * per_rank
     gen = torch.Generator().manual_seed(seed)
@@ -47,7 +49,7 @@ def test_pull_matches_the_definition(sp, t_local, per_rank, dim, dtype, seed):
         assert torch.equal(got, shards[r])
 
 
-def test_pull_reads_strided_inputs():
+def test_exchange_reads_strided_inputs():
     """Rule: q/k/v arrive as (T, H, D) views of (H, T, D) or padded memory; the exchange reads them as they are."""
     sp, t_local, heads, dim = 2, 3, 4, 8
     full = torch.randn(heads, sp * t_local, dim).transpose(0, 1)  # (T, H, D), not contiguous
@@ -67,8 +69,8 @@ def test_word_copy_equals_elementwise_copy(dtype, view):
     outer = src.ndim - 1  # dst: the outer dims in reverse memory order, rows still contiguous
     dst = torch.zeros(*reversed(src.shape[:-1]), src.shape[-1], dtype=dtype).permute(*reversed(range(outer)), outer)
     expected = torch.zeros_like(dst).copy_(src)
-    word = a2a._word(dst, src)
-    assert (word is None) == (view in ("odd_dim", "offset")), word
+    wide = a2a._wide(dst, src)
+    assert (wide is None) == (view in ("odd_dim", "offset")), wide[0].dtype
     a2a._copy(dst, src)
     assert torch.equal(dst, expected)
 

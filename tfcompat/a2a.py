@@ -13,16 +13,17 @@ has to change the layout:
 - ``"symm_mem"`` (CUDA ranks that reach each other over NVLink; torch symmetric memory): each rank *pushes* the
   chunk it owes each peer straight into that peer's symmetric workspace, already in the output layout (the
   strided side of the layout change rides on the NVLink write), while a side stream copies the chunk it keeps;
-  one device-side barrier; then each rank copies what arrived into its output (contiguous blocks). The
-  workspace is double-buffered, so one barrier per exchange is enough: a rank writes into a half of a peer's
-  workspace again only after the next exchange's barrier, which that peer reaches after its last read of it.
+  one device-side barrier; then each rank copies what arrived into its output. The workspace is
+  double-buffered, so no second barrier is needed: a rank writes into a half of a peer's workspace again only
+  after the next exchange's barrier, which that peer reaches after its last read of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
-from typing import Any, Callable, Literal, NamedTuple
+from typing import Any, Callable, Iterator, Literal, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
@@ -81,20 +82,19 @@ class _Exchange(torch.autograd.Function):
 
 
 def _run(x: torch.Tensor, layout: Layout, group: dist.ProcessGroup, transport: Transport) -> torch.Tensor:
-    sp = dist.get_world_size(group)
+    sp = group.size()
     out = x.new_empty(layout.out_shape(x.shape, sp))
+    send, recv = layout.send(x, sp), layout.recv(out, sp)
     if transport == "symm_mem":
-        _symm_mem(x, out, layout, group, sp)
+        _symm_mem(send, recv, _workspace(group, x.device), out.shape, layout)
     else:
-        _all_to_all(x, out, layout, group, sp)
+        _all_to_all(send, recv, group)
     return out
 
 
-def _all_to_all(x: torch.Tensor, out: torch.Tensor, layout: Layout, group: dist.ProcessGroup, sp: int) -> None:
-    send = layout.send(x, sp)
+def _all_to_all(send: torch.Tensor, recv: torch.Tensor, group: dist.ProcessGroup) -> None:
     if not send.is_contiguous():
         send = _copy(torch.empty_like(send, memory_format=torch.contiguous_format), send)
-    recv = layout.recv(out, sp)
     if recv.is_contiguous():
         dist.all_to_all_single(recv, send, group=group)
     else:
@@ -103,73 +103,101 @@ def _all_to_all(x: torch.Tensor, out: torch.Tensor, layout: Layout, group: dist.
         _copy(recv, received)
 
 
-def push(x: torch.Tensor, peers: Callable[[int], torch.Tensor], layout: Layout, rank: int, sp: int) -> None:
-    """Write the chunk owed to each peer straight into its place in that peer's workspace (shaped like the output).
+def push(send: torch.Tensor, targets: Sequence[torch.Tensor], rank: int) -> None:
+    """Write chunk ``send[j]`` straight into ``targets[j]``, its place in peer j's workspace (not j = rank).
 
     Peers are written in a rotated order, so at any moment each workspace has about one writer.
     """
-    send = layout.send(x, sp)
+    sp = len(targets)
     for step in range(1, sp):
         j = (rank + step) % sp
-        _copy(layout.recv(peers(j), sp)[rank], send[j])
+        _copy(targets[j], send[j])
 
 
-def keep(x: torch.Tensor, out: torch.Tensor, layout: Layout, rank: int, sp: int) -> None:
-    """Copy the chunk this rank keeps from ``x`` to its place in ``out``."""
-    _copy(layout.recv(out, sp)[rank], layout.send(x, sp)[rank])
+def keep(send: torch.Tensor, recv: torch.Tensor, rank: int) -> None:
+    """Copy the chunk this rank keeps to its place in the output."""
+    _copy(recv[rank], send[rank])
 
 
-def collect(out: torch.Tensor, local: torch.Tensor, layout: Layout, rank: int, sp: int) -> None:
-    """Copy the peers' chunks from this rank's workspace ``local`` into ``out`` (after the barrier)."""
-    recv, arrived = layout.recv(out, sp), layout.recv(local, sp)
-    for i in range(sp):
+def collect(recv: torch.Tensor, arrived: torch.Tensor, rank: int) -> None:
+    """After the barrier, copy the peers' chunks from this rank's workspace (``arrived``) into the output."""
+    for i in range(len(recv)):
         if i != rank:
             _copy(recv[i], arrived[i])
 
 
-def _symm_mem(x: torch.Tensor, out: torch.Tensor, layout: Layout, group: dist.ProcessGroup, sp: int) -> None:
-    rank = dist.get_rank(group)
-    workspace = _workspace(group, x.device)
-    peers = workspace.half(out.shape, out.dtype)
-    current, side = torch.cuda.current_stream(x.device), workspace.side
-    side.wait_stream(current)
-    with torch.cuda.stream(side):  # the local copy overlaps the NVLink writes
-        keep(x, out, layout, rank, sp)
-    push(x, peers, layout, rank, sp)
-    workspace.handle.barrier(channel=0)
-    collect(out, peers(rank), layout, rank, sp)
-    current.wait_stream(side)  # x and out are used on side: freeing them on current waits for it
+def _symm_mem(send: torch.Tensor, recv: torch.Tensor, ws: _Workspace, out_shape: torch.Size, layout: Layout) -> None:
+    """keep (side stream) | push, barrier, collect (current stream)."""
+    targets, arrived = ws.next(out_shape, recv.dtype, layout)
+    current, side = torch.cuda.current_stream(ws.device_index), ws.side
+    ws.follow(side, current)
+    with _on(side, current):  # the local copy runs beside the NVLink writes
+        keep(send, recv, ws.rank)
+    push(send, targets, ws.rank)
+    ws.handle.barrier(channel=0)
+    collect(recv, arrived, ws.rank)
+    ws.follow(current, side)  # send and recv were used on side: freeing them on current waits for it
+
+
+@contextlib.contextmanager
+def _on(stream: torch.cuda.Stream, current: torch.cuda.Stream) -> Iterator[None]:
+    """``torch.cuda.stream(stream)`` without its checks (this runs several times per exchange)."""
+    torch.cuda.set_stream(stream)
+    try:
+        yield
+    finally:
+        torch.cuda.set_stream(current)
 
 
 class _Workspace:
-    """Two equal halves of symmetric memory for one group on one device, grown to the largest exchange."""
+    """Two equal halves of symmetric memory for one group on one device, grown to the largest exchange.
+
+    Each rank's half ``p`` holds, once the exchange's barrier has passed, the chunks its peers pushed, in the
+    output's layout. Views into the halves are built once per (shape, dtype, layout, half) and reused.
+    """
 
     ALIGN = 256
 
     def __init__(self, group: dist.ProcessGroup, device: torch.device) -> None:
         self.group, self.device = group, device
+        self.rank, self.sp = group.rank(), group.size()
+        self.device_index = device.index
+        self.side = torch.cuda.Stream(device)
+        self.event = torch.cuda.Event()
         self.handle: Any = None
         self.tensor: torch.Tensor | None = None
         self.half_bytes = 0
         self.parity = 0
-        self.side = torch.cuda.Stream(device)
+        self.views: dict[tuple, tuple[list[torch.Tensor], torch.Tensor]] = {}
 
-    def half(self, shape: torch.Size, dtype: torch.dtype) -> Callable[[int], torch.Tensor]:
-        """Rank -> that rank's next half, viewed as ``shape``; alternates halves on every call."""
-        elem = dtype.itemsize
-        need = -(-math.prod(shape) * elem // self.ALIGN) * self.ALIGN
-        if need > self.half_bytes:
-            self._grow(need)
-        offset = self.parity * self.half_bytes // elem
+    def next(self, shape: torch.Size, dtype: torch.dtype, layout: Layout) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The next half's ``(push targets by rank, this rank's arrived chunks)``, both ``(sp, ...)`` chunked."""
+        key = (shape, dtype, layout.name, self.parity)
         self.parity ^= 1
-        return lambda rank: self.handle.get_buffer(rank, tuple(shape), dtype, offset)
+        if key not in self.views:
+            need = -(-math.prod(shape) * dtype.itemsize // self.ALIGN) * self.ALIGN
+            if need > self.half_bytes:
+                self._grow(need)
+                key = (shape, dtype, layout.name, 0)
+                self.parity = 1
+            offset = key[3] * self.half_bytes // dtype.itemsize
+            halves = [layout.recv(self.handle.get_buffer(i, tuple(shape), dtype, offset), self.sp)
+                      for i in range(self.sp)]
+            self.views[key] = ([h[self.rank] for h in halves], halves[self.rank])
+        return self.views[key]
+
+    def follow(self, waiting: torch.cuda.Stream, done: torch.cuda.Stream) -> None:
+        """``waiting.wait_stream(done)`` reusing one event (no event creation per call)."""
+        self.event.record(done)
+        waiting.wait_event(self.event)
 
     def _grow(self, half_bytes: int) -> None:
         symm = _symm_mem_module()
         if self.handle is not None:
-            # every peer must be done reading the old workspace before anyone unmaps it (a host sync, once per growth)
+            # every peer must be done with the old workspace before anyone frees it (a host sync, once per growth)
             self.handle.barrier(channel=0)
             torch.cuda.synchronize(self.device)
+            self.views.clear()
         try:
             self.tensor = symm.empty(2 * half_bytes, dtype=torch.uint8, device=self.device)
             self.handle = symm.rendezvous(self.tensor, self.group.group_name)
@@ -179,7 +207,7 @@ class _Workspace:
                 supported="symm_mem: CUDA tensors, nccl, every rank on one host with peer access (NVLink)",
                 fix='shard_inputs(..., transport="all_to_all")',
             ) from exc
-        self.half_bytes, self.parity = half_bytes, 0
+        self.half_bytes = half_bytes
 
 
 _workspaces: dict[tuple[str, torch.device], _Workspace] = {}
@@ -212,29 +240,26 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """``dst.copy_(src)`` moving whole rows in the widest words their alignment allows.
 
     The layouts here move rows of ``H/sp * D`` elements between strided places; an element-wise copy of bf16
-    moves 2 bytes a thread, 8- or 16-byte words take a fraction of the time (bench/ulysses_a2a.py). Integer
-    views carry no autograd history: call it only inside autograd Functions.
+    moves 2 bytes a thread, 16-byte words take under half the time (bench/ulysses_a2a.py). ``view(dtype)``
+    checks sizes, strides and offsets; the pointers are checked here. Integer and complex views carry no
+    autograd history: call it only inside autograd Functions.
     """
-    word = _word(dst, src)
-    if word is not None:
-        dst.view(word).copy_(src.view(word))
-    else:
-        dst.copy_(src)
+    wide = _wide(dst, src)
+    if wide is None:
+        return dst.copy_(src)
+    wide[0].copy_(wide[1])
     return dst
 
 
-_WORDS = (torch.complex128, torch.int64, torch.int32, torch.int16)  # 16-byte words: measured in bench/ulysses_a2a.py
-
-
-def _word(*tensors: torch.Tensor) -> torch.dtype | None:
-    elem = tensors[0].element_size()
+def _wide(dst: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``dst`` and ``src`` viewed as the widest word both allow, or None."""
     for word in _WORDS:
-        size = word.itemsize
-        if size > elem and all(
-            t.stride(-1) == 1 and t.shape[-1] * elem % size == 0
-            and all(s * elem % size == 0 for s in (*t.stride()[:-1], t.storage_offset()))
-            and t.data_ptr() % size == 0
-            for t in tensors
-        ):
-            return word
+        if word.itemsize > src.element_size() and not (dst.data_ptr() | src.data_ptr()) % word.itemsize:
+            try:
+                return dst.view(word), src.view(word)
+            except RuntimeError:
+                continue
     return None
+
+
+_WORDS = (torch.complex128, torch.int64, torch.int32)  # 16-byte words: measured in bench/ulysses_a2a.py
