@@ -31,7 +31,8 @@ from packaging.version import Version
 
 from .errors import TransportError
 
-__all__ = ["HEADS_TO_SEQ", "SEQ_TO_HEADS", "Layout", "Transport", "collect", "exchange", "keep", "push", "symm_mem_reason"]
+__all__ = ["HEADS_TO_SEQ", "SEQ_TO_HEADS", "Layout", "Transport", "collect", "exchange", "keep", "push",
+           "symm_mem_reason"]
 
 Transport = Literal["all_to_all", "symm_mem"]
 SYMM_MEM_TORCH = (2, 11)  # run on the GPU machine with 2.11 and checked in 2.13's source
