@@ -1,7 +1,9 @@
 """Ulysses sequence parallelism over NCCL on 2 GPUs: SP=2 equals SP=1 per token, forward and backward.
 
 The GPU twin of tests/distributed/test_ulysses.py (gloo on CPU). Each rank runs on ``cuda:rank``; the SP=1 reference is
-computed on every rank with the same dtype and backend. Stated tolerances (max abs difference per tensor):
+computed on every rank with the same dtype and backend. Each case runs over both transports: ``"all_to_all"``
+and ``"auto"``, which must pick ``"symm_mem"`` on two GPUs of one host with peer access.
+Stated tolerances (max abs difference per tensor):
 
 - fp32 (backend "auto", which selects "sdpa" for fp32; TF32 off in the workers): ``1e-5 * max(1, |ref|.max())`` for the logits and for
   each all-reduced gradient of q_proj, o_proj, the embeddings (and the vision tower), as on CPU.
