@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import math
 from typing import Any, Callable, Iterator, Literal, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
-from packaging.version import Version
 
 from .errors import TransportError
 
@@ -35,7 +35,6 @@ __all__ = ["HEADS_TO_SEQ", "SEQ_TO_HEADS", "Layout", "Transport", "collect", "ex
            "symm_mem_reason"]
 
 Transport = Literal["all_to_all", "symm_mem"]
-SYMM_MEM_TORCH = (2, 11)  # run on the GPU machine with 2.11 and checked in 2.13's source
 
 
 class Layout(NamedTuple):
@@ -231,9 +230,12 @@ def symm_mem_reason(group: dist.ProcessGroup, device: torch.device) -> str | Non
         return f"the tensors are on {device.type}, symmetric memory needs CUDA"
     if dist.get_backend(group) != "nccl":
         return f"the group's backend is {dist.get_backend(group)}, symmetric memory needs nccl"
-    if Version(torch.__version__).release < SYMM_MEM_TORCH:
-        return (f"torch {torch.__version__} predates {'.'.join(map(str, SYMM_MEM_TORCH))}, the first release whose "
-                "symmetric memory tfcompat has run (earlier ones need each group enabled by hand)")
+    try:
+        params = inspect.signature(_symm_mem_module().rendezvous).parameters
+    except (ImportError, AttributeError) as exc:
+        return f"torch {torch.__version__} has no symmetric memory ({exc})"
+    if "group" not in params:  # earlier releases take a group name and need each group enabled by hand
+        return f"torch {torch.__version__}'s symmetric memory predates rendezvous(tensor, group) (torch 2.11 has it)"
     return None
 
 
