@@ -14,7 +14,7 @@ import torch
 
 from .errors import InvalidInputError
 
-__all__ = ["PackedSeqs", "from_text_positions", "from_lengths"]
+__all__ = ["PackedSeqs", "check_text_positions", "from_host_positions", "from_lengths", "from_text_positions"]
 
 
 class PackedSeqs(NamedTuple):
@@ -58,16 +58,7 @@ def from_text_positions(
     same host copy).
     Returns the `PackedSeqs` of the ``B * L`` tokens.
     """
-    if text_positions.ndim != 2 or text_positions.is_floating_point() or text_positions.dtype == torch.bool:
-        raise InvalidInputError(
-            "the text position row must be an integer (batch, seq_len) tensor",
-            family=family,
-            why=f"got dtype {text_positions.dtype} and shape {tuple(text_positions.shape)}",
-            fix="pass position_ids as a LongTensor: (B, L), or (4, B, L) = [text; t; h; w]",
-        )
-    if text_positions.numel() == 0:
-        raise InvalidInputError("empty packed batch", family=family, why=f"shape {tuple(text_positions.shape)}",
-                                fix="pass at least one token")
+    check_text_positions(text_positions, family=family)
     rows = [text_positions.detach().long()]
     if attention_mask is not None:
         if attention_mask.shape != text_positions.shape:
@@ -86,7 +77,25 @@ def from_text_positions(
             why="attention_mask has zeros; packing removes padding, so every token must be attended",
             fix="drop the padding when packing, or pass attention_mask=None",
         )
-    host = host[0]
+    return from_host_positions(host[0], device=text_positions.device, family=family)
+
+
+def check_text_positions(text_positions: torch.Tensor, *, family: str | None = None) -> None:
+    """Raise `InvalidInputError` unless ``text_positions`` is a non-empty integer ``(B, L)`` tensor."""
+    if text_positions.ndim != 2 or text_positions.is_floating_point() or text_positions.dtype == torch.bool:
+        raise InvalidInputError(
+            "the text position row must be an integer (batch, seq_len) tensor",
+            family=family,
+            why=f"got dtype {text_positions.dtype} and shape {tuple(text_positions.shape)}",
+            fix="pass position_ids as a LongTensor: (B, L), or (4, B, L) = [text; t; h; w]",
+        )
+    if text_positions.numel() == 0:
+        raise InvalidInputError("empty packed batch", family=family, why=f"shape {tuple(text_positions.shape)}",
+                                fix="pass at least one token")
+
+
+def from_host_positions(host: torch.Tensor, *, device: torch.device, family: str | None = None) -> PackedSeqs:
+    """`from_text_positions` of a ``(B, L)`` text row already copied to the host (no sync); boundaries to ``device``."""
     batch, length = host.shape
     flat = host.reshape(-1)
     starts = flat == 0
@@ -104,7 +113,7 @@ def from_text_positions(
         )
     begin = starts.nonzero().flatten()
     lengths = torch.diff(torch.cat([begin, torch.tensor([flat.numel()])])).tolist()
-    return from_lengths(lengths, device=text_positions.device)
+    return from_lengths(lengths, device=device)
 
 
 def _cumsum(values: tuple[int, ...]) -> list[int]:

@@ -25,7 +25,7 @@ from . import a2a
 from .a2a import Transport
 from .context import CONTEXT_KWARG, ForwardContext
 from .errors import InvalidInputError
-from .packing import PackedSeqs, from_text_positions
+from .packing import PackedSeqs, check_text_positions, from_host_positions
 from .rope import split_positions
 
 __all__ = [
@@ -83,9 +83,6 @@ class Shard:
         the local ``position_ids`` (last dim sliced) and the forward context (global boundaries, group).
     labels: the local labels ``(1, T/sp)``, shifted on the global sequence (``labels[t] = ids[t + 1]``) before
         slicing, with ``ignore_index`` at each sequence's last token and on the pad; None if none given.
-    transport: how the attention layers' all-to-alls move data (`tfcompat.a2a`): ``"symm_mem"`` (CUDA, every rank
-    on one host with peer access), ``"all_to_all"`` (any backend), or ``"auto"``, which takes ``"symm_mem"``
-    where every rank can.
     total: tokens before padding; padded: after padding to a multiple of ``sp``.
     """
 
@@ -121,11 +118,17 @@ def shard_inputs(
     images go through it); position_ids: ``(4, 1, T)`` or ``(1, T)``, each sequence's text row from 0;
     labels: ``(1, T)`` next-token targets are taken from it after a global shift (pass ``input_ids`` with
     ignored positions set to ``ignore_index``). The pad forms its own sequence. Computes the global
-    boundaries here (the forward's one host sync), checks that every rank holds the same ``T`` and agrees on
-    the transport (one small all-gather).
+    boundaries here, checks that every rank holds the same ``T`` and agrees on the transport (one small
+    all-gather), all from one host copy: the forward's one host sync.
+    transport: how the attention layers' all-to-alls move data (`tfcompat.a2a`): ``"symm_mem"`` (CUDA, every
+    rank on one host with peer access), ``"all_to_all"`` (any backend), or ``"auto"``, which takes ``"symm_mem"``
+    where every rank can. The choice travels in the forward context.
     """
     if (input_ids is None) == (inputs_embeds is None):
         raise InvalidInputError("shard_inputs takes exactly one of input_ids and inputs_embeds")
+    if transport not in ("auto", *get_args(Transport)):
+        raise InvalidInputError(f"unknown Ulysses transport {transport!r}", supported=", ".join(("auto", *get_args(Transport))),
+                                fix="pass one of the supported transports")
     tokens = input_ids if input_ids is not None else inputs_embeds
     if tokens.shape[0] != 1:
         raise InvalidInputError(
@@ -138,13 +141,17 @@ def shard_inputs(
     sp, rank = dist.get_world_size(group), dist.get_rank(group)
     total = tokens.shape[1]
     positions = split_positions(position_ids, seq_len=total, family=None)
-    transport = _agree(total, transport, tokens.device, group)
 
     pad = -total % sp
     padded = total + pad
     pad_pos = torch.arange(pad, device=tokens.device, dtype=positions.text.dtype)
     text = torch.cat([positions.text, pad_pos[None]], dim=-1)
-    seqs = from_text_positions(text)
+    check_text_positions(text)
+    reason = a2a.symm_mem_reason(group, tokens.device) if transport != "all_to_all" else "not asked for"
+    table = _gather_rank_rows(total, reason is None, tokens.device, group)
+    host = torch.cat([table.flatten().to(text.device), text.flatten().long()]).cpu()  # the forward's one host sync
+    transport = _agree(host[: table.numel()].view(sp, -1).tolist(), transport, reason, rank)
+    seqs = from_host_positions(host[table.numel():].view(1, -1), device=text.device)
     local = slice(rank * padded // sp, (rank + 1) * padded // sp)
 
     if position_ids.ndim == 3:  # (4, 1, T): the pad's rows all count from 0 too
@@ -204,19 +211,22 @@ class _AllGather(torch.autograd.Function):
         return grad.contiguous().narrow(ctx.dim, ctx.rank * ctx.n, ctx.n), None, None
 
 
-def _agree(total: int, transport: str, device: torch.device, group: dist.ProcessGroup) -> Transport:
-    """Check that every rank holds ``total`` tokens and return the transport all of them can use."""
-    if transport not in ("auto", *get_args(Transport)):
-        raise InvalidInputError(f"unknown Ulysses transport {transport!r}", supported=", ".join(("auto", *get_args(Transport))),
-                                fix="pass one of the supported transports")
-    reason = a2a.symm_mem_reason(group, device) if transport != "all_to_all" else "not asked for"
+def _gather_rank_rows(total: int, usable: bool, device: torch.device, group: dist.ProcessGroup) -> torch.Tensor:
+    """``(sp, 4)`` rows ``[T, host id, symm_mem usable, GPU index]`` of every rank, left on the device (no sync)."""
     host = int.from_bytes(hashlib.blake2b(socket.gethostname().encode(), digest_size=6).digest(), "little")
-    index = device.index if device.type == "cuda" else -1
+    index = device.index if device.type == "cuda" and device.index is not None else -1
     gather_on = device if dist.get_backend(group) != "gloo" else torch.device("cpu")
-    mine = torch.tensor([total, host, reason is None, -1 if index is None else index], device=gather_on)
-    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(everyone, mine, group=group)
-    table = [[int(v) for v in t] for t in everyone]
+    mine = torch.tensor([total, host, usable, index]).to(gather_on, non_blocking=True)  # as from_lengths: no sync
+    everyone = mine.new_empty(dist.get_world_size(group), mine.numel())
+    dist.all_gather(list(everyone.unbind()), mine, group=group)
+    return everyone
+
+
+def _agree(table: list[list[int]], transport: str, reason: str | None, rank: int) -> Transport:
+    """Check that every rank holds the same ``T`` and return the transport all of them can use.
+
+    reason: why this rank cannot use symm_mem (None if it can).
+    """
     lengths = [row[0] for row in table]
     if len(set(lengths)) != 1:
         raise InvalidInputError(
@@ -226,7 +236,7 @@ def _agree(total: int, transport: str, device: torch.device, group: dist.Process
         )
     if transport == "all_to_all":
         return "all_to_all"
-    reason = reason or _symm_mem_peers(table, dist.get_rank(group))
+    reason = reason or _symm_mem_peers(table, rank)
     if reason is None:
         return "symm_mem"
     if transport == "symm_mem":

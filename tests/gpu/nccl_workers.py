@@ -116,3 +116,22 @@ def exchanges_agree(rank: int, world: int) -> None:
         dist.all_gather(full, xs[3], group=group)
         expect = torch.cat(full)[:, rank * h:(rank + 1) * h]
         assert torch.equal(results["symm_mem"][6], expect), f"rank {rank}: symm_mem seq_to_heads is not the definition"
+
+
+def shard_inputs_syncs_once(rank: int, world: int) -> None:
+    """shard_inputs synchronizes the host with the GPU once (one copy carries the positions and the rank rows)."""
+    device = _device()
+    lengths = [7, 12, 6]
+    ids = torch.randint(3, 100, (1, sum(lengths)), device=device)
+    pos = torch.cat([torch.arange(n) for n in lengths])[None].to(device)
+    ulysses.shard_inputs(ids, pos, group=dist.group.WORLD)  # warm: workspace-free, but lazy CUDA init
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ulysses.shard_inputs(ids, pos, labels=ids, group=dist.group.WORLD)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, f"rank {rank}: {len(syncs)} host syncs in shard_inputs: {syncs}"

@@ -67,3 +67,8 @@ def test_sp2_equals_single_process_bf16_torch_varlen(case, transport):
 def test_symm_mem_exchanges_equal_all_to_all():
     """Rule: the symm_mem transport is bit-identical to all_to_all_single through growth, bursts and rank skew."""
     run_world(nccl_workers.exchanges_agree, 2, backend="nccl")
+
+
+def test_shard_inputs_syncs_the_host_once():
+    """Rule: the forward's one host sync is shard_inputs' (boundaries, lengths and transport from one copy)."""
+    run_world(nccl_workers.shard_inputs_syncs_once, 2, backend="nccl")
