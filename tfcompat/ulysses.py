@@ -172,7 +172,7 @@ def shard_inputs(
         shifted = labels.new_full((1, padded), ignore_index)
         shifted[:, : total - 1] = labels[:, 1:total]
         ends = seqs.cu_seqlens[1:].to(labels.device, torch.long) - 1  # each sequence's last token predicts nothing
-        shifted[0, ends] = ignore_index
+        shifted[0].index_fill_(0, ends, ignore_index)  # not shifted[0, ends] = ...: that syncs on CUDA
         local_labels = shifted[:, local]
     return Shard(inputs, local_labels, group, rank, sp, total, padded, seqs)
 
