@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfcompat import a2a
+from tfcompat import TransportError, a2a
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -77,3 +77,20 @@ def test_word_copy_equals_elementwise_copy(dtype, view):
 
 def test_inverse_layouts():
     assert a2a.SEQ_TO_HEADS.inverse == a2a.HEADS_TO_SEQ.name and a2a.HEADS_TO_SEQ.inverse == a2a.SEQ_TO_HEADS.name
+
+
+def test_workspace_failure_is_a_transport_error(monkeypatch):
+    """Rule: a symmetric workspace that cannot be set up raises TransportError naming the fallback transport."""
+
+    class NoSymmetricMemory:
+        @staticmethod
+        def empty(*args, **kwargs):
+            raise RuntimeError("CUDA driver error: peer access is not supported between these two devices")
+
+    monkeypatch.setattr(a2a, "_symm_mem_module", lambda: NoSymmetricMemory)
+    workspace = a2a._Workspace.__new__(a2a._Workspace)  # no CUDA here: skip the stream set-up of __init__
+    workspace.handle, workspace.device, workspace.views = None, torch.device("cpu"), {}
+    with pytest.raises(TransportError) as info:
+        workspace._grow(256)
+    message = str(info.value)
+    assert "peer access is not supported" in message and 'transport="all_to_all"' in message
