@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import assert_close
 from tfcompat.errors import InvalidInputError
+from tfcompat import heads
 from tfcompat.heads import IGNORE_INDEX, LogprobsEntropy, logprobs_entropy
 
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -121,6 +122,14 @@ def chunked_cases(draw: st.DrawFn) -> tuple[Case, int]:
     return case, chunk_size
 
 
+@pytest.fixture
+def unaligned_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles of any row and column count (the default rounds them up to multiples of 128), so that small
+    cases are cut into many tiles."""
+    monkeypatch.setattr(heads, "_ALIGN", 1)
+
+
+@pytest.mark.usefixtures("unaligned_tiles")
 class TestChunkedMatchesReference:
     """Backend "torch" computes what backend "logits" computes, values and gradients, at any chunking."""
 
@@ -155,6 +164,49 @@ class TestChunkedMatchesReference:
                              chunk_size=4).entropy.sum().backward()
             results.append(hidden.grad)
         assert_close(results[0], results[1], atol=FP32_TOL, what="grad_hidden")
+
+
+class RecordingTiles(heads._TorchTiles):
+    """`_TorchTiles` that records the shape of every logits tile it is handed."""
+
+    shapes: list[tuple[int, int, int]] = []  # (rows, first column, columns)
+
+    @classmethod
+    def row_stats(cls, logits, labels, temperature):
+        cls.shapes.append((logits.shape[0], 0, logits.shape[1]))
+        return heads._TorchTiles.row_stats(logits, labels, temperature)
+
+    @classmethod
+    def grad_logits(cls, logits, stats, labels, first_column):
+        cls.shapes.append((logits.shape[0], first_column, logits.shape[1]))
+        return heads._TorchTiles.grad_logits(logits, stats, labels, first_column)
+
+
+class TestAlignedTiles:
+    """Every tile's rows and columns are multiples of 128 (but the last along an axis), whatever T is: a tile's
+    column count is the leading dimension of its matmuls, and unaligned ones run cuBLAS's slow align-1
+    kernels. The results do not depend on the tiling."""
+
+    VOCAB, HIDDEN = 1024, 8
+
+    @pytest.mark.parametrize("tokens", [129, 300, 383, 1023, 1100])
+    def test_tiles_aligned_and_results_unchanged(self, tokens: int) -> None:
+        case = make_case((tokens,), self.VOCAB, self.HIDDEN, seed=tokens, bias=False, ignored=0.1)
+        RecordingTiles.shapes = []
+        hidden, weight = case.hidden.clone().requires_grad_(), case.weight.clone().requires_grad_()
+        column = case.temperature.reshape(-1, 1)
+        out = heads._ChunkedLogprobsEntropy.apply(hidden, weight, None, case.labels, column, 50, RecordingTiles)
+        ((case.grad_logprobs * out[0]).sum() + (case.grad_entropy * out[1]).sum()).backward()
+        chunked = Run(LogprobsEntropy(*(o.detach() for o in out)), hidden.grad, weight.grad, None)
+        walk_vocab = tokens < self.VOCAB
+        assert len(RecordingTiles.shapes) > 2
+        for rows, first_column, columns in RecordingTiles.shapes:
+            assert first_column % 128 == 0
+            if walk_vocab and rows == tokens:  # a backward tile (T, C)
+                assert columns % 128 == 0 or first_column + columns == self.VOCAB
+            else:  # a forward chunk, or a backward tile along the tokens (R, V)
+                assert columns == self.VOCAB and (rows % 128 == 0 or rows == tokens % 128)
+        assert_runs_close(chunked, run(case, "logits"), forward_tol=FP32_TOL, grad_tol=FP32_TOL)
 
 
 class TestContract:

@@ -78,7 +78,7 @@ def logprobs_entropy(
         logprobs, entropy = _reference(tokens, lm_head_weight, lm_head_bias, flat_labels, column)
     else:
         logprobs, entropy = _ChunkedLogprobsEntropy.apply(
-            tokens, lm_head_weight, lm_head_bias, flat_labels, column, chunk_size
+            tokens, lm_head_weight, lm_head_bias, flat_labels, column, chunk_size, _TorchTiles
         )
     return LogprobsEntropy(logprobs.view(labels.shape), entropy.view(labels.shape))
 
@@ -238,6 +238,21 @@ def _reference(
 # ---------------------------------------------------------------------------------------------- chunked
 
 
+# Rows and columns of every tile are multiples of this. A tile of C vocabulary columns is the leading dimension
+# of its logits and of its gradient; when C is not a multiple of 8 (16 bytes of bf16) cuBLAS falls back to
+# align-1 kernels, 2-3x slower. Row offsets ``r * H`` of the hidden slices are aligned for any H too.
+_ALIGN = 128
+
+
+def _aligned(count: int, limit: int) -> int:
+    """``count`` rounded up to a multiple of `_ALIGN`, at most ``limit`` (a whole axis needs no alignment)."""
+    return min(-(-count // _ALIGN) * _ALIGN, limit)
+
+
+def _spans(total: int, size: int) -> list[slice]:
+    return [slice(start, min(start + size, total)) for start in range(0, total, size)]
+
+
 class _RowStats(NamedTuple):
     """Per-token ``(R, 1)`` float32 columns that a tile's backward needs.
 
@@ -255,81 +270,106 @@ class _RowStats(NamedTuple):
         return _RowStats(*(column[rows] for column in self))
 
 
-def _tile_grad_logits(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stats: _RowStats,
-    labels: torch.Tensor, first_column: int,
-) -> torch.Tensor:
-    """Gradient of the loss with respect to the unscaled logits ``hidden @ weight.T + bias`` of one tile.
+class _TorchTiles:
+    """Backend ``"torch"``: the per-tile arithmetic after the lm-head matmul, in float32 torch ops.
 
-    hidden ``(R, H)``, weight ``(C, H)`` = vocabulary rows ``first_column ..``, bias ``(C,)`` or None,
-    stats columns ``(R, 1)``, labels ``(R,)`` int64 (ignored tokens carry ``IGNORE_INDEX``).
-    Returns ``(R, C)`` float32.
-
-    With z the scaled logits, p = softmax(z), lp = log p and Hent = -sum_v p_v lp_v:
-      d logprob / dz = onehot(label) - p
-      d entropy / dz = -p * (z - sum_v p_v z_v) = -p * (lp + Hent)
-    so, with d/d(logits) = d/dz / tau, the gradient is p * (-entropy_coef * lp - shift) + label_coef * onehot.
+    Each method takes ``logits``, the ``(R, C)`` output of ``F.linear`` in the input dtype (the same rounding
+    as the reference), and walks it a few times in float32: about 7 float32 values per logit are alive at once.
     """
-    logp = _scaled_logits(hidden, weight, bias, stats.temperature).sub_(stats.lse)  # (R, C)
-    grad = logp.exp().mul_(logp.mul_(-stats.entropy_coef).sub_(stats.shift))  # (R, C), logp is overwritten
-    del logp
-    columns = labels - first_column  # (R,) the labels that fall in this tile's columns get the onehot term
-    in_tile = ((columns >= 0) & (columns < weight.shape[0])).unsqueeze(1)  # (R, 1)
-    grad.scatter_add_(1, columns.clamp(0, weight.shape[0] - 1).unsqueeze(1), stats.label_coef * in_tile)
-    return grad
+
+    @staticmethod
+    def row_stats(
+        logits: torch.Tensor, labels: torch.Tensor, temperature: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """logits ``(R, V)``, labels ``(R,)`` int64 (ignored tokens clamped to any column), temperature
+        ``(R, 1)``. Returns logsumexp, logprob of the label and entropy, each ``(R,)`` float32."""
+        z = logits / temperature  # (R, V) float32
+        logp = torch.log_softmax(z, dim=-1)  # (R, V), as the reference computes it
+        top_logp, top = logp.max(dim=-1, keepdim=True)  # (R, 1): where z - logp is exact to ~1 ulp of lse
+        lse = z.gather(1, top).sub_(top_logp).squeeze(1)
+        logprobs = logp.gather(1, labels.unsqueeze(1)).squeeze(1)
+        p = torch.exp(logp, out=z)  # (R, V), in z's storage
+        entropy = -p.mul_(logp).sum(-1)
+        return lse, logprobs, entropy
+
+    @staticmethod
+    def grad_logits(
+        logits: torch.Tensor, stats: _RowStats, labels: torch.Tensor, first_column: int
+    ) -> torch.Tensor:
+        """Gradient of the loss with respect to ``logits`` ``(R, C)`` (vocabulary columns ``first_column ..``),
+        written over ``logits`` and returned. stats columns ``(R, 1)``, labels ``(R,)`` int64 (ignored tokens
+        carry ``IGNORE_INDEX``).
+
+        With z the scaled logits, p = softmax(z), lp = log p and Hent = -sum_v p_v lp_v:
+          d logprob / dz = onehot(label) - p
+          d entropy / dz = -p * (z - sum_v p_v z_v) = -p * (lp + Hent)
+        so, with d/d(logits) = d/dz / tau, the gradient is p * (-entropy_coef * lp - shift) + label_coef * onehot,
+        rounded to the dtype of ``logits`` as autograd rounds the reference's.
+        """
+        logp = (logits / stats.temperature).sub_(stats.lse)  # (R, C) float32
+        p = torch.exp(logp)  # (R, C)
+        factor = torch.addcmul(stats.shift.neg(), logp, stats.entropy_coef.neg(), out=logp)  # (R, C), logp's storage
+        grad = torch.mul(p, factor, out=logits)  # (R, C), rounded into logits' storage
+        del p, factor, logp
+        columns = labels - first_column  # (R,) the labels that fall in this tile's columns get the onehot term
+        in_tile = ((columns >= 0) & (columns < grad.shape[1])).unsqueeze(1)  # (R, 1)
+        onehot = (stats.label_coef * in_tile).to(grad.dtype)  # (R, 1)
+        return grad.scatter_add_(1, columns.clamp(0, grad.shape[1] - 1).unsqueeze(1), onehot)
+
+
+_HAS_ADDMM_OUT_DTYPE = hasattr(torch.ops.aten.addmm, "dtype_out")
 
 
 def _accumulate_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """``out += a @ b`` with a float32 ``out``; ``a @ b`` is rounded to the inputs' dtype first when lower."""
+    """``out += a @ b`` with a float32 ``out``: on CUDA cuBLAS adds the float32 product into ``out`` directly
+    (``addmm(out_dtype=float32)``); elsewhere ``a @ b`` is rounded to the inputs' dtype first when lower."""
     if a.dtype == out.dtype:
         out.addmm_(a, b)
+    elif out.is_cuda and _HAS_ADDMM_OUT_DTYPE:
+        torch.addmm(out, a, b, out_dtype=out.dtype, out=out)
     else:
         out += a @ b
 
 
-def _spans(total: int, size: int) -> list[slice]:
-    return [slice(start, min(start + size, total)) for start in range(0, total, size)]
-
-
 class _ChunkedLogprobsEntropy(torch.autograd.Function):
-    """Backend ``"torch"``: forward in token chunks of ``(chunk_size, V)`` logits; backward recomputes tiles.
+    """Backends ``"torch"`` and ``"triton"``: forward in token chunks of ``(chunk_size, V)`` logits; backward
+    recomputes tiles. ``tiles`` (`_TorchTiles` or the Triton kernels) does the arithmetic after each matmul.
 
     Saved for backward: hidden, weight, bias, labels, the ``(T, 1)`` temperature, and per token the
     logsumexp and entropy. Backward walks tiles of about ``chunk_size * V`` logits along whichever axis
     needs the smaller float32 accumulator: the vocabulary when ``T < V`` (tiles ``(T, C)``, grad_weight rows
     written once, grad_hidden ``(T, H)`` accumulated in float32), else the tokens (tiles ``(R, V)``,
-    grad_hidden rows written once, grad_weight ``(V, H)`` accumulated in float32). Gradients come back in the
-    dtype of their inputs.
+    grad_hidden rows written once, grad_weight ``(V, H)`` accumulated in float32). Every tile's row and column
+    counts are multiples of `_ALIGN` (or the whole axis). Gradients come back in the dtype of their inputs.
     """
 
     @staticmethod
     def forward(
         ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-        temperature: torch.Tensor, chunk_size: int,
+        temperature: torch.Tensor, chunk_size: int, tiles: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden ``(T, H)``, weight ``(V, H)``, bias ``(V,)`` or None, labels ``(T,)`` int64, temperature
         ``(T, 1)`` float32. Returns logprobs ``(T,)`` and entropy ``(T,)``, float32."""
         tokens = hidden.shape[0]
-        lse = hidden.new_empty(tokens, 1, dtype=torch.float32)
+        lse = hidden.new_empty(tokens, dtype=torch.float32)
         entropy = hidden.new_empty(tokens, dtype=torch.float32)
         logprobs = hidden.new_empty(tokens, dtype=torch.float32)
-        label_columns = labels.clamp(min=0).unsqueeze(1)  # (T, 1), ignored tokens read column 0
-        for rows in _spans(tokens, chunk_size):
-            z = _scaled_logits(hidden[rows], weight, bias, temperature[rows])  # (R, V)
-            lse[rows] = torch.logsumexp(z, dim=-1, keepdim=True)
-            logp = z.sub_(lse[rows])  # (R, V), in z's storage
-            logprobs[rows] = logp.gather(1, label_columns[rows]).squeeze(1)
-            entropy[rows] = -logp.exp().mul_(logp).sum(-1)
-        ctx.save_for_backward(hidden, weight, bias, labels, temperature, lse, entropy.unsqueeze(1))
-        ctx.chunk_size = chunk_size
+        label_columns = labels.clamp(min=0)  # (T,), ignored tokens read column 0
+        for rows in _spans(tokens, _aligned(chunk_size, tokens)):
+            logits = F.linear(hidden[rows], weight, bias)  # (R, V) in the input dtype
+            lse[rows], logprobs[rows], entropy[rows] = tiles.row_stats(logits, label_columns[rows], temperature[rows])
+            del logits
+        ctx.save_for_backward(hidden, weight, bias, labels, temperature, lse.unsqueeze(1), entropy.unsqueeze(1))
+        ctx.chunk_size, ctx.tiles = chunk_size, tiles
         valid = labels != IGNORE_INDEX
         return torch.where(valid, logprobs, 0.0), torch.where(valid, entropy, 0.0)
 
     @staticmethod
     def backward(ctx, grad_logprobs: torch.Tensor, grad_entropy: torch.Tensor):
         """grad_logprobs, grad_entropy ``(T,)``. Returns grad_hidden ``(T, H)``, grad_weight ``(V, H)``,
-        grad_bias ``(V,)`` (None where not needed) and None for labels, temperature and chunk_size."""
+        grad_bias ``(V,)`` (None where not needed) and None for labels, temperature, chunk_size and tiles."""
         hidden, weight, bias, labels, temperature, lse, entropy = ctx.saved_tensors
+        tiles = ctx.tiles
         valid = (labels != IGNORE_INDEX).unsqueeze(1)  # (T, 1)
         label_coef = grad_logprobs.unsqueeze(1) * valid / temperature  # (T, 1)
         entropy_coef = grad_entropy.unsqueeze(1) * valid / temperature  # (T, 1)
@@ -340,33 +380,35 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
         if tokens < vocab:
             grad_hidden = hidden.new_zeros(hidden.shape, dtype=torch.float32) if need_hidden else None
             grad_weight = torch.empty_like(weight) if need_weight else None
-            tile_columns = -(-ctx.chunk_size * vocab // max(tokens, 1))  # tiles of about chunk_size * V logits
-            for columns in _spans(vocab, tile_columns):
-                tile_bias = None if bias is None else bias[columns]
-                grad = _tile_grad_logits(hidden, weight[columns], tile_bias, stats, labels, columns.start)  # (T, C)
+            # tiles of about chunk_size * V logits, an aligned number of columns
+            for columns in _spans(vocab, _aligned(-(-ctx.chunk_size * vocab // max(tokens, 1)), vocab)):
+                logits = F.linear(hidden, weight[columns], None if bias is None else bias[columns])  # (T, C)
+                grad = tiles.grad_logits(logits, stats, labels, columns.start)  # (T, C) in the input dtype
                 if need_bias:
-                    grad_bias[columns] = grad.sum(0)
-                grad = grad.to(weight.dtype)
+                    grad_bias[columns] = grad.sum(0, dtype=torch.float32)
                 if need_weight:
-                    grad_weight[columns] = grad.T @ hidden
+                    torch.mm(grad.T, hidden, out=grad_weight[columns])
                 if need_hidden:
                     _accumulate_mm(grad_hidden, grad, weight[columns])
+                del logits, grad
         else:
             grad_hidden = torch.empty_like(hidden) if need_hidden else None
             grad_weight = weight.new_zeros(weight.shape, dtype=torch.float32) if need_weight else None
-            for rows in _spans(tokens, ctx.chunk_size):
-                grad = _tile_grad_logits(hidden[rows], weight, bias, stats.rows(rows), labels[rows], 0)  # (R, V)
+            for rows in _spans(tokens, _aligned(ctx.chunk_size, tokens)):
+                logits = F.linear(hidden[rows], weight, bias)  # (R, V)
+                grad = tiles.grad_logits(logits, stats.rows(rows), labels[rows], 0)  # (R, V) in the input dtype
                 if need_bias:
-                    grad_bias += grad.sum(0)
-                grad = grad.to(weight.dtype)
+                    grad_bias += grad.sum(0, dtype=torch.float32)
                 if need_hidden:
-                    grad_hidden[rows] = grad @ weight
+                    torch.mm(grad, weight, out=grad_hidden[rows])
                 if need_weight:
                     _accumulate_mm(grad_weight, grad.T, hidden[rows])
+                del logits, grad
         return (
             None if grad_hidden is None else grad_hidden.to(hidden.dtype),
             None if grad_weight is None else grad_weight.to(weight.dtype),
             None if grad_bias is None else grad_bias.to(weight.dtype),
+            None,
             None,
             None,
             None,
