@@ -72,3 +72,14 @@ def matrix(session: nox.Session) -> None:
     """Every transformers release in matrix.yaml."""
     for version in VERSIONS:
         session.notify(_session_name(version), posargs=session.posargs)
+
+
+@nox.session(python=PYTHON)
+def triton(session: nox.Session) -> None:
+    """The Triton PPO-head kernels on CPU, in Triton's interpreter (TRITON_INTERPRET=1): triton is optional, so
+    the matrix sessions run without it and this one installs it with the newest transformers of the matrix."""
+    session.install("--find-links", FIND_LINKS, TORCH, f"transformers=={VERSIONS[-1]}", "triton", *TEST_DEPS)
+    session.install("-e", ".", "--no-deps")
+    tests = ["tests/test_heads_triton.py", "tests/test_model_logprobs.py"]
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or tests),
+                env={"TRITON_INTERPRET": "1"})

@@ -305,7 +305,7 @@ class TestInvalidInput:
     @pytest.mark.parametrize(
         ("change", "match"),
         [
-            (dict(backend="triton"), r"unknown logprobs/entropy backend 'triton'"),
+            (dict(backend="fused"), r"unknown logprobs/entropy backend 'fused'"),
             (dict(chunk_size=0), r"(?s)chunk_size must be a positive int.*got 0"),
             (dict(chunk_size=True), r"(?s)chunk_size must be a positive int.*got True"),
             (dict(hidden=torch.randn(4, 6)), r"hidden \(4, 6\) vs lm_head_weight \(10, 8\)"),
@@ -336,4 +336,4 @@ class TestInvalidInput:
 
     def test_is_a_value_error(self) -> None:
         with pytest.raises(ValueError):
-            logprobs_entropy(**valid_inputs(), backend="triton")
+            logprobs_entropy(**valid_inputs(), backend="fused")

@@ -6,18 +6,28 @@ import pytest
 import torch
 
 import tfcompat
+from tfcompat import heads
 from tfcompat.selfcheck import pack, sample_sequences, tiny_model
 
+TRITON_USABLE = heads._has_triton() and (torch.cuda.is_available() or heads._triton_interpreted())
+BACKENDS = [
+    "torch",
+    pytest.param("triton", marks=pytest.mark.skipif(
+        not TRITON_USABLE, reason="backend 'triton' needs triton, and CUDA or TRITON_INTERPRET=1 (nox -s triton)")),
+]
 
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("family", ["qwen2_vl", "llama"])
-def test_patched_model_logprobs_equal_the_logits_path(family):
+def test_patched_model_logprobs_equal_the_logits_path(family, backend):
     model = tiny_model(family, "sdpa")
     items = [None, (1, 4, 6)] if family == "qwen2_vl" else [None, None]
     inputs = pack(model, sample_sequences(model, [7, 10], items, seed=3))
     labels = torch.roll(inputs["input_ids"], -1, dims=1)
     labels[0, -1] = -100
     with tfcompat.patch(model):
-        got = tfcompat.heads.model_logprobs(model, labels, 0.7, chunk_size=5, use_cache=False, **inputs)
+        got = tfcompat.heads.model_logprobs(model, labels, 0.7, backend=backend, chunk_size=5, use_cache=False,
+                                             **inputs)
         logits = model(**inputs, use_cache=False).logits.float() / 0.7
     logp = torch.log_softmax(logits, -1)
     keep = labels != -100

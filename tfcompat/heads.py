@@ -1,14 +1,17 @@
 """PPO forward heads: per-token log-probabilities of the taken tokens and the entropy of the policy.
 
 The plain computation materializes the ``(T, V)`` logits in float32 and keeps several ``(T, V)`` tensors
-alive for backward; at ``T = 8192`` tokens and a 152k vocabulary that is tens of GiB. Backend ``"torch"``
-computes the same two values in tiles of about ``chunk_size * V`` logits and keeps only ``(T,)`` row
-statistics for backward, where it recomputes each tile's logits (reference: backend ``"logits"`` below,
+alive for backward; at ``T = 8192`` tokens and a 152k vocabulary that is tens of GiB. Backends ``"torch"`` and
+``"triton"`` compute the same two values in tiles of about ``chunk_size * V`` logits and keep only ``(T,)`` row
+statistics for backward, where they recompute each tile's logits (reference: backend ``"logits"`` below,
 i.e. ``log_softmax`` + ``gather`` and ``-(p * log p).sum(-1)`` on the full logits, differentiated by
 autograd; the recompute scheme follows Liger-Kernel's fused linear cross-entropy and Apple's Cut Cross
-Entropy).
+Entropy). Both run the lm-head matmuls through cuBLAS on 128-aligned tiles; ``"torch"`` does the softmax,
+entropy and gradient arithmetic of a tile in float32 torch ops, ``"triton"`` in two Triton kernels that read
+each tile once (`tfcompat._triton_heads`). ``"auto"`` is ``"triton"`` on CUDA when Triton is installed, else
+``"torch"``.
 
-Conventions shared by both backends:
+Conventions shared by all backends:
 
 - the lm-head matmul runs in the input dtype; its output is upcast to float32 when divided by the
   temperature, and everything after (softmax, logprobs, entropy) is float32, outputs included;
@@ -19,7 +22,9 @@ Conventions shared by both backends:
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 from typing import Any, NamedTuple
 
 import torch
@@ -30,7 +35,7 @@ from .errors import InvalidInputError
 __all__ = ["IGNORE_INDEX", "BACKENDS", "LogprobsEntropy", "logprobs_entropy", "model_logprobs"]
 
 IGNORE_INDEX = -100
-BACKENDS = ("torch", "logits")
+BACKENDS = ("auto", "torch", "triton", "logits")
 
 
 class LogprobsEntropy(NamedTuple):
@@ -50,7 +55,7 @@ def logprobs_entropy(
     labels: torch.Tensor,
     temperature: float | torch.Tensor = 1.0,
     *,
-    backend: str = "torch",
+    backend: str = "auto",
     chunk_size: int = 1024,
     lm_head_bias: torch.Tensor | None = None,
 ) -> LogprobsEntropy:
@@ -60,15 +65,19 @@ def logprobs_entropy(
     lm_head_weight: ``(V, H)``, same dtype and device as ``hidden``.
     labels: ``(T,)`` or ``(B, L)`` integer token ids in ``[0, V)``, or ``IGNORE_INDEX``.
     temperature: a float > 0, or a floating tensor shaped like ``labels`` with every entry > 0; constant.
-    backend: ``"torch"`` (chunked, never holds the ``(T, V)`` logits) or ``"logits"`` (the reference).
-    chunk_size: tokens per tile of backend ``"torch"``; its temporaries hold about ``chunk_size * V`` floats.
+    backend: ``"torch"`` or ``"triton"`` (chunked, never hold the ``(T, V)`` logits), ``"auto"`` (``"triton"``
+      on CUDA when Triton is installed, else ``"torch"``) or ``"logits"`` (the reference).
+    chunk_size: tokens per tile of the chunked backends, rounded up to a multiple of 128: a tile holds about
+      ``chunk_size * V`` logits, in float32 (a few copies) for ``"torch"``, in the input dtype for ``"triton"``.
     lm_head_bias: ``(V,)`` or None.
     Returns `LogprobsEntropy`, each field float32 and shaped like ``labels``.
 
     Validation reads the labels (and a tensor temperature) on the host once: one device sync per call.
-    Raises `InvalidInputError` on a bad shape, dtype, device, label, temperature, backend or chunk size.
+    Raises `InvalidInputError` on a bad shape, dtype, device, label, temperature, backend or chunk size, and
+    for backend ``"triton"`` without Triton installed or with tensors off CUDA (unless ``TRITON_INTERPRET=1``).
     """
     temperature = _validate(hidden, lm_head_weight, labels, temperature, backend, chunk_size, lm_head_bias)
+    backend = _resolve_backend(backend, hidden)
     tokens = hidden.reshape(-1, hidden.shape[-1])  # (B, L, H) -> (T, H)
     flat_labels = labels.reshape(-1).long()  # (B, L) -> (T,)
     # (T, 1) float32 column: one temperature per token, constant for autograd
@@ -78,7 +87,7 @@ def logprobs_entropy(
         logprobs, entropy = _reference(tokens, lm_head_weight, lm_head_bias, flat_labels, column)
     else:
         logprobs, entropy = _ChunkedLogprobsEntropy.apply(
-            tokens, lm_head_weight, lm_head_bias, flat_labels, column, chunk_size, _TorchTiles
+            tokens, lm_head_weight, lm_head_bias, flat_labels, column, chunk_size, _tiles(backend)
         )
     return LogprobsEntropy(logprobs.view(labels.shape), entropy.view(labels.shape))
 
@@ -88,7 +97,7 @@ def model_logprobs(
     labels: torch.Tensor,
     temperature: float | torch.Tensor = 1.0,
     *,
-    backend: str = "torch",
+    backend: str = "auto",
     chunk_size: int = 1024,
     **inputs: Any,
 ) -> LogprobsEntropy:
@@ -121,7 +130,7 @@ def _validate(
     if backend not in BACKENDS:
         raise InvalidInputError(
             f"unknown logprobs/entropy backend {backend!r}", supported=", ".join(map(repr, BACKENDS)),
-            fix='pass backend="torch" (chunked) or backend="logits" (reference)',
+            fix='pass backend="auto", "torch" or "triton" (chunked) or backend="logits" (reference)',
         )
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise InvalidInputError(
@@ -202,6 +211,43 @@ def _check_temperature_tensor(temperature: torch.Tensor, labels: torch.Tensor) -
             f"labels {tuple(labels.shape)} on {labels.device}",
             fix="pass a float for one temperature, or a tensor shaped like labels",
         )
+
+
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _triton_interpreted() -> bool:
+    """Triton's interpreter (``TRITON_INTERPRET=1``) runs the kernels on CPU tensors."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _resolve_backend(backend: str, hidden: torch.Tensor) -> str:
+    """The backend that runs: ``"auto"`` becomes ``"triton"`` or ``"torch"``; ``"triton"`` is checked usable."""
+    if backend == "auto":
+        return "triton" if hidden.is_cuda and _has_triton() else "torch"
+    if backend == "triton":
+        if not _has_triton():
+            raise InvalidInputError(
+                'backend="triton" needs the triton package', why="it is not installed",
+                fix='pip install "tfcompat[triton]", or pass backend="auto" (falls back to "torch")',
+            )
+        if not (hidden.is_cuda or _triton_interpreted()):
+            raise InvalidInputError(
+                'backend="triton" runs on CUDA tensors', why=f"hidden is on {hidden.device}",
+                fix='pass backend="auto" (picks "torch" off CUDA), or set TRITON_INTERPRET=1 to run the kernels '
+                "on the CPU (slow; for tests)",
+            )
+    return backend
+
+
+def _tiles(backend: str) -> Any:
+    """The per-tile arithmetic of a chunked backend."""
+    if backend == "triton":
+        from ._triton_heads import TritonTiles
+
+        return TritonTiles
+    return _TorchTiles
 
 
 # -------------------------------------------------------------------------------------------- reference

@@ -1,0 +1,143 @@
+"""PPO heads, backend "triton" against backend "logits" (the reference): values and gradients.
+
+On CPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set before triton is imported:
+``nox -s triton`` does); on a CUDA machine they are compiled, and the same cases also run there in bf16.
+Skipped, with the reason, where triton is not installed or neither mode is available.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.helpers import assert_close
+from tests.test_heads import (
+    BF16_FORWARD_TOL,
+    BF16_GRAD_TOL,
+    FP32_TOL,
+    Case,
+    assert_runs_close,
+    make_case,
+    run,
+)
+from tfcompat import heads
+from tfcompat.errors import InvalidInputError
+from tfcompat.heads import IGNORE_INDEX, logprobs_entropy
+
+pytest.importorskip("triton", reason="backend 'triton' needs the triton package (nox -s triton installs it)")
+
+CUDA = torch.cuda.is_available()
+if not (CUDA or heads._triton_interpreted()):
+    pytest.skip("no CUDA device and TRITON_INTERPRET is not set: the Triton kernels cannot run here",
+                allow_module_level=True)
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+
+
+def on_device(case: Case) -> Case:
+    return Case(*(x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in case))
+
+
+def triton_and_reference(case: Case, chunk_size: int):
+    case = on_device(case)
+    return run(case, "triton", chunk_size), run(case, "logits")
+
+
+@pytest.fixture
+def unaligned_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles of any row and column count, so that small cases are cut into many tiles."""
+    monkeypatch.setattr(heads, "_ALIGN", 1)
+
+
+@pytest.mark.usefixtures("unaligned_tiles")
+class TestTritonMatchesReference:
+    """Backend "triton" computes what backend "logits" computes, values and gradients, in float32."""
+
+    @pytest.mark.parametrize(
+        ("shape", "vocab", "hidden_size", "chunk_size"),
+        [
+            ((37,), 301, 16, 5),  # T < V: backward walks the vocabulary, odd tile widths
+            ((2, 19), 300, 8, 7),  # (B, L) labels
+            ((150,), 97, 12, 32),  # T >= V: backward walks the tokens
+            ((1,), 5000, 4, 1),  # one token, a row longer than a row_stats block
+            ((9,), 2, 3, 4),  # a two-word vocabulary
+        ],
+        ids=["walk-vocab", "batched", "walk-tokens", "long-row", "tiny-vocab"],
+    )
+    @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+    @pytest.mark.parametrize("per_token_temperature", [False, True], ids=["float-tau", "tensor-tau"])
+    def test_values_and_gradients(self, shape, vocab, hidden_size, chunk_size, bias, per_token_temperature):
+        case = make_case(shape, vocab, hidden_size, seed=vocab + len(shape), bias=bias,
+                         per_token_temperature=per_token_temperature, ignored=0.3)
+        assert_runs_close(*triton_and_reference(case, chunk_size), forward_tol=FP32_TOL, grad_tol=FP32_TOL)
+
+    def test_all_ignored(self) -> None:
+        case = make_case((12,), 50, 8, seed=7, ignored=1.0)
+        triton_run, reference = triton_and_reference(case, 4)
+        assert (triton_run.out.logprobs == 0).all() and (triton_run.out.entropy == 0).all()
+        assert (triton_run.grad_hidden == 0).all() and (triton_run.grad_weight == 0).all()
+        assert_runs_close(triton_run, reference, forward_tol=FP32_TOL, grad_tol=FP32_TOL)
+
+    def test_ignored_positions_get_no_gradient(self) -> None:
+        case = make_case((24,), 60, 8, seed=1, ignored=0.5)
+        ignored = case.labels == IGNORE_INDEX
+        assert ignored.any() and not ignored.all()
+        result, _ = triton_and_reference(case, 5)
+        ignored = ignored.to(DEVICE)
+        assert (result.out.logprobs[ignored] == 0).all() and (result.out.entropy[ignored] == 0).all()
+        assert (result.out.entropy[~ignored] > 0).all()
+        assert (result.grad_hidden[ignored] == 0).all()
+        assert (result.grad_hidden[~ignored] != 0).any(dim=-1).all()
+
+    def test_uniform_logits(self) -> None:
+        vocab = 37
+        labels = torch.tensor([0, 5, 36, 12], device=DEVICE)
+        out = logprobs_entropy(torch.randn(4, 8, device=DEVICE), torch.zeros(vocab, 8, device=DEVICE), labels, 0.3,
+                               backend="triton", chunk_size=3)
+        assert_close(out.logprobs.cpu(), torch.full((4,), -math.log(vocab)), atol=1e-6)
+        assert_close(out.entropy.cpu(), torch.full((4,), math.log(vocab)), atol=1e-6)
+
+    def test_frozen_weight_and_one_output(self) -> None:
+        """Only hidden requires grad and only the entropy is used: no weight gradient, hidden's as the reference's."""
+        case = on_device(make_case((20,), 50, 8, seed=4))
+        grads = []
+        for backend in ("triton", "logits"):
+            hidden = case.hidden.clone().requires_grad_()
+            weight = case.weight.clone()
+            logprobs_entropy(hidden, weight, case.labels, case.temperature, backend=backend,
+                             chunk_size=6).entropy.sum().backward()
+            assert weight.grad is None
+            grads.append(hidden.grad)
+        assert_close(grads[0], grads[1], atol=FP32_TOL, what="grad_hidden")
+
+
+class TestTritonHalfPrecision:
+    """bf16 and fp16 inputs: the kernels read the logits as cuBLAS (or the CPU) rounded them, as the reference
+    does, so the values agree to float32 rounding and the gradients to the rounding of each tile's product."""
+
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+    @pytest.mark.parametrize("tokens", [129, 200], ids=["odd", "round"])
+    def test_within_stated_tolerance(self, dtype: torch.dtype, tokens: int) -> None:
+        case = make_case((tokens,), 700, 32, seed=tokens, dtype=dtype)
+        triton_run, reference = triton_and_reference(case, 64)
+        assert triton_run.grad_hidden.dtype == triton_run.grad_weight.dtype == triton_run.grad_bias.dtype == dtype
+        assert_runs_close(triton_run, reference, forward_tol=BF16_FORWARD_TOL, grad_tol=BF16_GRAD_TOL)
+
+
+class TestAuto:
+    def test_auto_is_triton_on_cuda_only(self) -> None:
+        assert heads._resolve_backend("auto", torch.zeros(1)) == "torch"
+        if CUDA:
+            assert heads._resolve_backend("auto", torch.zeros(1, device="cuda")) == "triton"
+
+    def test_triton_off_cuda_without_interpreter(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(InvalidInputError, match=r'(?s)backend="triton" runs on CUDA tensors.*hidden is on cpu'):
+            logprobs_entropy(torch.randn(4, 8), torch.randn(10, 8), torch.tensor([1, 2, 3, 4]), backend="triton")
+
+    def test_triton_not_installed(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(heads, "_has_triton", lambda: False)
+        with pytest.raises(InvalidInputError, match=r"(?s)needs the triton package.*tfcompat\[triton\]"):
+            logprobs_entropy(torch.randn(4, 8), torch.randn(10, 8), torch.tensor([1, 2, 3, 4]), backend="triton")
+        assert heads._resolve_backend("auto", torch.zeros(1, device=DEVICE)) == "torch"
