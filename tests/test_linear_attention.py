@@ -61,12 +61,9 @@ def _stock_conv(stock, x, weight, bias, activation):
     fn = getattr(stock, "causal_conv1d_fn", None)
     if fn is not None:  # 5.15+: the torch fallback, ``(1, C, L)`` in and out
         return fn(x.t()[None], weight, bias, activation=activation)[0].t()
-    conv = torch.nn.Conv1d(x.shape[1], x.shape[1], weight.shape[1], groups=x.shape[1], bias=bias is not None,
-                           padding=weight.shape[1] - 1)  # the stock layer's self.conv1d
-    conv.weight = torch.nn.Parameter(weight[:, None])
-    if bias is not None:
-        conv.bias = torch.nn.Parameter(bias)
-    out = conv(x.t()[None])[0, :, : x.shape[0]].t()
+    # before 5.15: the stock layer's ``F.silu(self.conv1d(x)[..., :L])``, an nn.Conv1d with padding W - 1
+    out = F.conv1d(x.t()[None], weight[:, None], bias, padding=weight.shape[1] - 1, groups=x.shape[1])
+    out = out[0, :, : x.shape[0]].t()
     return out if activation is None else F.silu(out)
 
 
