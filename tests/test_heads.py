@@ -166,22 +166,6 @@ class TestChunkedMatchesReference:
         assert_close(results[0], results[1], atol=FP32_TOL, what="grad_hidden")
 
 
-class RecordingTiles(heads._TorchTiles):
-    """`_TorchTiles` that records the shape of every logits tile it is handed."""
-
-    shapes: list[tuple[int, int, int]] = []  # (rows, first column, columns)
-
-    @classmethod
-    def row_stats(cls, logits, labels, temperature):
-        cls.shapes.append((logits.shape[0], 0, logits.shape[1]))
-        return heads._TorchTiles.row_stats(logits, labels, temperature)
-
-    @classmethod
-    def grad_logits(cls, logits, stats, labels, first_column):
-        cls.shapes.append((logits.shape[0], first_column, logits.shape[1]))
-        return heads._TorchTiles.grad_logits(logits, stats, labels, first_column)
-
-
 class TestAlignedTiles:
     """Every tile's rows and columns are multiples of 128 (but the last along an axis), whatever T is: a tile's
     column count is the leading dimension of its matmuls, and unaligned ones run cuBLAS's slow align-1
@@ -190,17 +174,25 @@ class TestAlignedTiles:
     VOCAB, HIDDEN = 1024, 8
 
     @pytest.mark.parametrize("tokens", [129, 300, 383, 1023, 1100])
-    def test_tiles_aligned_and_results_unchanged(self, tokens: int) -> None:
-        case = make_case((tokens,), self.VOCAB, self.HIDDEN, seed=tokens, bias=False, ignored=0.1)
-        RecordingTiles.shapes = []
-        hidden, weight = case.hidden.clone().requires_grad_(), case.weight.clone().requires_grad_()
-        column = case.temperature.reshape(-1, 1)
-        out = heads._ChunkedLogprobsEntropy.apply(hidden, weight, None, case.labels, column, 50, RecordingTiles)
-        ((case.grad_logprobs * out[0]).sum() + (case.grad_entropy * out[1]).sum()).backward()
-        chunked = Run(LogprobsEntropy(*(o.detach() for o in out)), hidden.grad, weight.grad, None)
+    def test_tiles_aligned_and_results_unchanged(self, tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        shapes: list[tuple[int, int, int]] = []  # (rows, first column, columns) of every tile
+
+        def row_stats(logits, labels, temperature):
+            shapes.append((logits.shape[0], 0, logits.shape[1]))
+            return torch_row_stats(logits, labels, temperature)
+
+        def grad_logits(logits, stats, labels, first_column):
+            shapes.append((logits.shape[0], first_column, logits.shape[1]))
+            return torch_grad_logits(logits, stats, labels, first_column)
+
+        torch_row_stats, torch_grad_logits = heads._torch_row_stats, heads._torch_grad_logits
+        monkeypatch.setattr(heads, "_torch_row_stats", row_stats)
+        monkeypatch.setattr(heads, "_torch_grad_logits", grad_logits)
+        case = make_case((tokens,), self.VOCAB, self.HIDDEN, seed=tokens, ignored=0.1)
+        chunked = run(case, "torch", chunk_size=50)
         walk_vocab = tokens < self.VOCAB
-        assert len(RecordingTiles.shapes) > 2
-        for rows, first_column, columns in RecordingTiles.shapes:
+        assert len(shapes) > 2
+        for rows, first_column, columns in shapes:
             assert first_column % 128 == 0
             if walk_vocab and rows == tokens:  # a backward tile (T, C)
                 assert columns % 128 == 0 or first_column + columns == self.VOCAB
@@ -306,7 +298,7 @@ class TestInvalidInput:
         ("change", "match"),
         [
             (dict(backend="fused"), r"unknown logprobs/entropy backend 'fused'"),
-            (dict(chunk_size=0), r"(?s)chunk_size must be a positive int.*got 0"),
+            (dict(chunk_size=0), r"(?s)chunk_size must be a positive int or None.*got 0"),
             (dict(chunk_size=True), r"(?s)chunk_size must be a positive int.*got True"),
             (dict(hidden=torch.randn(4, 6)), r"hidden \(4, 6\) vs lm_head_weight \(10, 8\)"),
             (dict(hidden=torch.randn(8)), r"hidden must be a floating \(T, H\) or \(B, L, H\)"),

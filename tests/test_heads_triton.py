@@ -27,6 +27,7 @@ from tfcompat.errors import InvalidInputError
 from tfcompat.heads import IGNORE_INDEX, logprobs_entropy
 
 pytest.importorskip("triton", reason="backend 'triton' needs the triton package (nox -s triton installs it)")
+from tfcompat import _triton_heads  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 if not (CUDA or heads._triton_interpreted()):
@@ -50,20 +51,28 @@ def unaligned_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(heads, "_ALIGN", 1)
 
 
-@pytest.mark.usefixtures("unaligned_tiles")
+@pytest.fixture(params=[None, 16], ids=["one-token-block", "token-blocks-of-16"])
+def token_block(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One token block (grad_weight written once per vocabulary tile), or blocks of 16 tokens (grad_weight
+    summed over the blocks in a float32 buffer)."""
+    if request.param is not None:
+        monkeypatch.setattr(_triton_heads, "TOKEN_BLOCK", request.param)
+
+
+@pytest.mark.usefixtures("unaligned_tiles", "token_block")
 class TestTritonMatchesReference:
     """Backend "triton" computes what backend "logits" computes, values and gradients, in float32."""
 
     @pytest.mark.parametrize(
         ("shape", "vocab", "hidden_size", "chunk_size"),
         [
-            ((37,), 301, 16, 5),  # T < V: backward walks the vocabulary, odd tile widths
+            ((37,), 301, 16, 5),  # T < V, odd tile widths
             ((2, 19), 300, 8, 7),  # (B, L) labels
-            ((150,), 97, 12, 32),  # T >= V: backward walks the tokens
-            ((1,), 5000, 4, 1),  # one token, a row longer than a row_stats block
+            ((150,), 97, 12, 32),  # T > V
+            ((1,), 9000, 4, 2),  # one token, tiles longer than a stats block
             ((9,), 2, 3, 4),  # a two-word vocabulary
         ],
-        ids=["walk-vocab", "batched", "walk-tokens", "long-row", "tiny-vocab"],
+        ids=["few-tokens", "batched", "many-tokens", "long-row", "tiny-vocab"],
     )
     @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
     @pytest.mark.parametrize("per_token_temperature", [False, True], ids=["float-tau", "tensor-tau"])
@@ -123,6 +132,18 @@ class TestTritonHalfPrecision:
         triton_run, reference = triton_and_reference(case, 64)
         assert triton_run.grad_hidden.dtype == triton_run.grad_weight.dtype == triton_run.grad_bias.dtype == dtype
         assert_runs_close(triton_run, reference, forward_tol=BF16_FORWARD_TOL, grad_tol=BF16_GRAD_TOL)
+
+
+class TestAlignedTiles:
+    @pytest.mark.parametrize("tokens", [1, 127, 1000, 8191, 20205, 65535])
+    def test_tiles_are_aligned(self, tokens: int) -> None:
+        """Rows and columns of every tile are multiples of 128 (or the whole axis), at most TOKEN_BLOCK rows,
+        about chunk_size * V logits."""
+        vocab = 152064
+        rows, columns = heads._triton_tiles(tokens, vocab, 512)
+        assert rows == tokens or (rows % 128 == 0 and rows <= _triton_heads.TOKEN_BLOCK)
+        assert columns == vocab or columns % 128 == 0
+        assert columns == vocab or 512 * vocab <= rows * columns < 512 * vocab + 128 * rows
 
 
 class TestAuto:

@@ -25,6 +25,10 @@ def test_patched_model_logprobs_equal_the_logits_path(family, backend):
     inputs = pack(model, sample_sequences(model, [7, 10], items, seed=3))
     labels = torch.roll(inputs["input_ids"], -1, dims=1)
     labels[0, -1] = -100
+    if backend == "triton" and not heads._triton_interpreted():  # compiled kernels: on the GPU
+        model = model.cuda()
+        inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        labels = labels.cuda()
     with tfcompat.patch(model):
         got = tfcompat.heads.model_logprobs(model, labels, 0.7, backend=backend, chunk_size=5, use_cache=False,
                                              **inputs)

@@ -1,40 +1,55 @@
-"""Triton epilogues of the PPO head (backend ``"triton"`` of `tfcompat.heads`): imported only when used.
+"""Backend ``"triton"`` of `tfcompat.heads`: cuBLAS matmuls on aligned tiles, Triton kernels between them.
 
-The lm-head matmuls stay cuBLAS (through ``F.linear`` / ``torch.mm`` on 128-aligned tiles, near the GPU's
-matmul peak); what these kernels replace is the float32 arithmetic between the matmuls, which backend
-``"torch"`` does in several passes over float32 copies of each tile. Here each tile of logits (in the input
-dtype, as cuBLAS rounds it, the same rounding as the reference) is read once:
+Imported only when the backend is used (triton is an optional dependency).
 
-- `row_stats`: one program per token streams its row of logits with an online log-sum-exp and returns the
-  logsumexp, the label's logprob and the entropy (``lse - E_p[z]``), float32;
-- `grad_logits`: one program per (token, block of columns) recomputes ``p`` and ``log p`` from the logits and
-  the saved logsumexp and writes the gradient over the logits, in their dtype.
+The four lm-head matmuls of a recomputing head (forward logits; in backward the recomputed logits, grad_hidden
+and grad_weight) are ~95% of its FLOPs and stay cuBLAS, which runs them near the GPU's matmul peak on aligned
+tiles. What the kernels here replace is the float32 arithmetic between the matmuls, which backend ``"torch"``
+does in several passes over float32 copies of each tile: here each tile of logits (in the input dtype, as
+cuBLAS rounded it, the reference's rounding) is read once and never copied.
 
-Both run under ``TRITON_INTERPRET=1`` on CPU tensors (the tests do).
+Tiles are ``(R, C)``: ``R`` tokens (a token block, at most `TOKEN_BLOCK`) by ``C`` vocabulary columns, both
+multiples of 128 (or a whole axis), holding about ``chunk_size * V`` logits. Forward and backward walk the
+vocabulary tiles in the outer loop and the token blocks in the inner one:
+
+- forward: `_tile_stats_kernel` (one program per token) streams the token's ``C`` logits and merges them into
+  the token's running max, sum of exponentials and sum of ``exp * z`` (an online log-sum-exp across tiles),
+  and picks the label's logit when the label falls in the tile; logsumexp, logprob and entropy
+  (``lse - E_p[z]``) follow per token;
+- backward: the tile's logits are recomputed, `_grad_logits_kernel` (one program per token and block of
+  columns) writes the gradient over them in their dtype, then ``grad_weight[C] = grad.T @ hidden[R]`` (written
+  once when one token block covers T, else summed in a float32 ``(C, H)`` buffer) and
+  ``grad_hidden[R] += grad @ weight[C]`` into a float32 ``(T, H)`` accumulator (cuBLAS adds in float32).
+
+Both kernels run under ``TRITON_INTERPRET=1`` on CPU tensors (the tests do).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-_STATS_BLOCK = 4096  # columns per step of a row_stats program
-_GRAD_BLOCK = 2048  # columns per grad_logits program
+from .heads import IGNORE_INDEX, _accumulate_mm, _spans
+
+TOKEN_BLOCK = 16384  # the most tokens in a tile: bounds its size when T is large, at columns >= chunk_size * V / R
+_STATS_BLOCK = 4096  # columns per step of a _tile_stats_kernel program
+_GRAD_BLOCK = 2048  # columns per _grad_logits_kernel program
 
 
 @triton.jit
-def _row_stats_kernel(
-    logits_ptr, row_stride, labels_ptr, temperature_ptr, temperature_stride,
-    lse_ptr, logprobs_ptr, entropy_ptr, n_cols,
+def _tile_stats_kernel(
+    logits_ptr, row_stride, n_cols, first_column, labels_ptr, temperature_ptr, temperature_stride,
+    max_ptr, sumexp_ptr, sumexpz_ptr, label_logit_ptr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * row_stride
     tau = tl.load(temperature_ptr + row * temperature_stride)
-    m = float("-inf")  # running max of z
-    s = 0.0  # sum exp(z - m)
-    w = 0.0  # sum exp(z - m) * z
+    m = tl.load(max_ptr + row)  # running max of z over the tiles so far (-inf before the first)
+    s = tl.load(sumexp_ptr + row)  # sum exp(z - m)
+    w = tl.load(sumexpz_ptr + row)  # sum exp(z - m) * z
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -46,12 +61,13 @@ def _row_stats_kernel(
         s = s * scale + tl.sum(e, 0)
         w = w * scale + tl.sum(e * z, 0)
         m = m_new
-    lse = m + tl.log(s)
-    label = tl.load(labels_ptr + row)
-    z_label = tl.math.div_rn(tl.load(base + tl.maximum(label, 0)).to(tl.float32), tau)
-    tl.store(lse_ptr + row, lse)
-    tl.store(logprobs_ptr + row, z_label - lse)
-    tl.store(entropy_ptr + row, lse - w / s)
+    tl.store(max_ptr + row, m)
+    tl.store(sumexp_ptr + row, s)
+    tl.store(sumexpz_ptr + row, w)
+    column = tl.load(labels_ptr + row) - first_column  # ignored labels (-100) fall in no tile
+    in_tile = (column >= 0) & (column < n_cols)
+    z_label = tl.math.div_rn(tl.load(base + tl.where(in_tile, column, 0)).to(tl.float32), tau)
+    tl.store(label_logit_ptr + row, z_label, mask=in_tile)
 
 
 @triton.jit
@@ -77,45 +93,103 @@ def _grad_logits_kernel(
     tl.store(ptrs, grad.to(x.dtype), mask=mask)
 
 
-def _rows_contiguous(logits: torch.Tensor) -> torch.Tensor:
-    return logits if logits.stride(1) == 1 else logits.contiguous()
+def _tile_stats(logits: torch.Tensor, first_column: int, labels: torch.Tensor, temperature: torch.Tensor,
+                running: torch.Tensor) -> None:
+    """Merge the tile ``logits`` ``(R, C)`` (columns ``first_column ..``) into ``running`` ``(4, R)`` float32:
+    max, sum of exponentials, sum of ``exp * z``, label logit. labels ``(R,)`` int64, temperature ``(R, 1)``."""
+    rows, columns = logits.shape
+    _tile_stats_kernel[(rows,)](
+        logits, logits.stride(0), columns, first_column, labels, temperature, temperature.stride(0),
+        running[0], running[1], running[2], running[3],
+        BLOCK=min(_STATS_BLOCK, triton.next_power_of_2(columns)), num_warps=8,
+    )
 
 
-class TritonTiles:
-    """Backend ``"triton"``: the per-tile arithmetic of `tfcompat.heads._ChunkedLogprobsEntropy` as Triton
-    kernels (same interface as ``_TorchTiles``)."""
+def _grad_logits(logits: torch.Tensor, first_column: int, labels: torch.Tensor, temperature: torch.Tensor,
+                 coefs: torch.Tensor) -> torch.Tensor:
+    """The loss's gradient with respect to ``logits`` ``(R, C)``, written over them and returned. coefs
+    ``(4, R)`` float32: logsumexp, label_coef, entropy_coef, shift (see ``heads._RowStats``)."""
+    rows, columns = logits.shape
+    block = min(_GRAD_BLOCK, triton.next_power_of_2(columns))
+    _grad_logits_kernel[(rows, triton.cdiv(columns, block))](
+        logits, logits.stride(0), columns, first_column, labels, temperature, temperature.stride(0),
+        coefs[0], coefs[1], coefs[2], coefs[3],
+        BLOCK=block, num_warps=8,
+    )
+    return logits
+
+
+class TritonLogprobsEntropy(torch.autograd.Function):
+    """hidden ``(T, H)``, weight ``(V, H)``, bias ``(V,)`` or None, labels ``(T,)`` int64, temperature ``(T, 1)``
+    float32, tiles of ``tile_rows`` x ``tile_columns``. Returns logprobs and entropy ``(T,)`` float32.
+
+    Saved for backward: the inputs and the ``(T,)`` logsumexp and entropy. Gradients come back in the dtype of
+    their inputs; the temporaries are one tile in the input dtype, a ``(T, H)`` float32 grad_hidden
+    accumulator, and a ``(C, H)`` float32 grad_weight buffer when T spans several token blocks.
+    """
 
     @staticmethod
-    def row_stats(
-        logits: torch.Tensor, labels: torch.Tensor, temperature: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """logits ``(R, V)`` in the input dtype, labels ``(R,)`` int64 in ``[0, V)``, temperature ``(R, 1)``
-        float32 (any row stride). Returns logsumexp, logprob of the label and entropy, each ``(R,)`` float32."""
-        logits = _rows_contiguous(logits)
-        rows, vocab = logits.shape
-        lse, logprobs, entropy = torch.empty(3, rows, dtype=torch.float32, device=logits.device)
-        if rows:
-            _row_stats_kernel[(rows,)](
-                logits, logits.stride(0), labels, temperature, temperature.stride(0),
-                lse, logprobs, entropy, vocab,
-                BLOCK=min(_STATS_BLOCK, triton.next_power_of_2(vocab)), num_warps=8,
-            )
-        return lse, logprobs, entropy
+    def forward(ctx, hidden, weight, bias, labels, temperature, tile_rows: int, tile_columns: int):
+        tokens, vocab = hidden.shape[0], weight.shape[0]
+        # (4, T) float32: running max, sum of exponentials, sum of exp * z, label logit
+        running = torch.zeros(4, tokens, dtype=torch.float32, device=hidden.device)
+        running[0] = float("-inf")
+        for columns in _spans(vocab, tile_columns):
+            tile_weight, tile_bias = weight[columns], None if bias is None else bias[columns]
+            for rows in _spans(tokens, tile_rows):
+                logits = F.linear(hidden[rows], tile_weight, tile_bias)  # (R, C) in the input dtype
+                _tile_stats(logits, columns.start, labels[rows], temperature[rows], running[:, rows])
+                del logits
+        lse = running[0] + running[1].log()  # (T,)
+        entropy = lse - running[2] / running[1]
+        valid = labels != IGNORE_INDEX
+        ctx.save_for_backward(hidden, weight, bias, labels, temperature, lse, entropy)
+        ctx.tile_rows, ctx.tile_columns = tile_rows, tile_columns
+        return torch.where(valid, running[3] - lse, 0.0), torch.where(valid, entropy, 0.0)
 
     @staticmethod
-    def grad_logits(logits: torch.Tensor, stats, labels: torch.Tensor, first_column: int) -> torch.Tensor:
-        """Gradient with respect to ``logits`` ``(R, C)`` (vocabulary columns ``first_column ..``), written over
-        ``logits`` in its dtype and returned; stats: ``_RowStats`` with ``(R, 1)`` float32 columns, labels
-        ``(R,)`` int64 (ignored tokens carry ``IGNORE_INDEX``)."""
-        logits = _rows_contiguous(logits)
-        rows, columns = logits.shape
-        block = min(_GRAD_BLOCK, triton.next_power_of_2(columns))
-        if rows:
-            _grad_logits_kernel[(rows, triton.cdiv(columns, block))](
-                logits, logits.stride(0), columns, first_column, labels,
-                stats.temperature, stats.temperature.stride(0),
-                stats.lse.contiguous(), stats.label_coef.contiguous(), stats.entropy_coef.contiguous(),
-                stats.shift.contiguous(),
-                BLOCK=block, num_warps=8,
-            )
-        return logits
+    def backward(ctx, grad_logprobs: torch.Tensor, grad_entropy: torch.Tensor):
+        hidden, weight, bias, labels, temperature, lse, entropy = ctx.saved_tensors
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        tokens, vocab = hidden.shape[0], weight.shape[0]
+        valid = labels != IGNORE_INDEX
+        tau = temperature.squeeze(1)  # (T,)
+        coefs = torch.empty(4, tokens, dtype=torch.float32, device=hidden.device)  # lse, label, entropy, shift
+        coefs[0] = lse
+        torch.div(grad_logprobs * valid, tau, out=coefs[1])
+        torch.div(grad_entropy * valid, tau, out=coefs[2])
+        torch.addcmul(coefs[1], coefs[2], entropy, out=coefs[3])
+        grad_hidden = hidden.new_zeros(hidden.shape, dtype=torch.float32) if need_hidden else None
+        grad_weight = torch.empty_like(weight) if need_weight else None
+        grad_bias = weight.new_zeros(vocab, dtype=torch.float32) if need_bias else None
+        token_blocks = _spans(tokens, ctx.tile_rows)
+        weight_sum = None
+        if need_weight and len(token_blocks) > 1:
+            weight_sum = weight.new_empty(min(ctx.tile_columns, vocab), weight.shape[1], dtype=torch.float32)
+        for columns in _spans(vocab, ctx.tile_columns):
+            tile_weight, tile_bias = weight[columns], None if bias is None else bias[columns]
+            if weight_sum is not None:
+                tile_sum = weight_sum[: columns.stop - columns.start].zero_()  # (C, H)
+            for rows in token_blocks:
+                logits = F.linear(hidden[rows], tile_weight, tile_bias)  # (R, C)
+                grad = _grad_logits(logits, columns.start, labels[rows], temperature[rows], coefs[:, rows])
+                if need_bias:
+                    grad_bias[columns] += grad.sum(0, dtype=torch.float32)
+                if weight_sum is not None:
+                    _accumulate_mm(tile_sum, grad.T, hidden[rows])
+                elif need_weight:
+                    torch.mm(grad.T, hidden[rows], out=grad_weight[columns])
+                if need_hidden:
+                    _accumulate_mm(grad_hidden[rows], grad, tile_weight)
+                del logits, grad
+            if weight_sum is not None:
+                grad_weight[columns] = tile_sum
+        return (
+            None if grad_hidden is None else grad_hidden.to(hidden.dtype),
+            grad_weight,
+            None if grad_bias is None else grad_bias.to(weight.dtype),
+            None,
+            None,
+            None,
+            None,
+        )

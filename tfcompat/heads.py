@@ -36,6 +36,7 @@ __all__ = ["IGNORE_INDEX", "BACKENDS", "LogprobsEntropy", "logprobs_entropy", "m
 
 IGNORE_INDEX = -100
 BACKENDS = ("auto", "torch", "triton", "logits")
+CHUNK_SIZE = {"torch": 1024, "triton": 512}  # default chunk_size of the chunked backends
 
 
 class LogprobsEntropy(NamedTuple):
@@ -56,7 +57,7 @@ def logprobs_entropy(
     temperature: float | torch.Tensor = 1.0,
     *,
     backend: str = "auto",
-    chunk_size: int = 1024,
+    chunk_size: int | None = None,
     lm_head_bias: torch.Tensor | None = None,
 ) -> LogprobsEntropy:
     """Log-probability of each label and entropy of each token's distribution under the lm head.
@@ -67,8 +68,9 @@ def logprobs_entropy(
     temperature: a float > 0, or a floating tensor shaped like ``labels`` with every entry > 0; constant.
     backend: ``"torch"`` or ``"triton"`` (chunked, never hold the ``(T, V)`` logits), ``"auto"`` (``"triton"``
       on CUDA when Triton is installed, else ``"torch"``) or ``"logits"`` (the reference).
-    chunk_size: tokens per tile of the chunked backends, rounded up to a multiple of 128: a tile holds about
-      ``chunk_size * V`` logits, in float32 (a few copies) for ``"torch"``, in the input dtype for ``"triton"``.
+    chunk_size: the size of a tile of the chunked backends, about ``chunk_size * V`` logits (rows and columns
+      rounded up to multiples of 128): float32 (a few copies) for ``"torch"`` (default 1024), in the input
+      dtype for ``"triton"`` (default 512; it also keeps a ``(T, H)`` float32 accumulator).
     lm_head_bias: ``(V,)`` or None.
     Returns `LogprobsEntropy`, each field float32 and shaped like ``labels``.
 
@@ -85,9 +87,17 @@ def logprobs_entropy(
     column = column.reshape(-1, 1).expand(tokens.shape[0], 1)
     if backend == "logits":
         logprobs, entropy = _reference(tokens, lm_head_weight, lm_head_bias, flat_labels, column)
-    else:
+    elif backend == "torch":
         logprobs, entropy = _ChunkedLogprobsEntropy.apply(
-            tokens, lm_head_weight, lm_head_bias, flat_labels, column, chunk_size, _tiles(backend)
+            tokens, lm_head_weight, lm_head_bias, flat_labels, column, chunk_size or CHUNK_SIZE["torch"]
+        )
+    else:
+        from ._triton_heads import TritonLogprobsEntropy
+
+        tile_rows, tile_columns = _triton_tiles(tokens.shape[0], lm_head_weight.shape[0],
+                                                chunk_size or CHUNK_SIZE["triton"])
+        logprobs, entropy = TritonLogprobsEntropy.apply(
+            tokens, lm_head_weight, lm_head_bias, flat_labels, column, tile_rows, tile_columns
         )
     return LogprobsEntropy(logprobs.view(labels.shape), entropy.view(labels.shape))
 
@@ -98,7 +108,7 @@ def model_logprobs(
     temperature: float | torch.Tensor = 1.0,
     *,
     backend: str = "auto",
-    chunk_size: int = 1024,
+    chunk_size: int | None = None,
     **inputs: Any,
 ) -> LogprobsEntropy:
     """`logprobs_entropy` of a causal LM instead of its logits: the backbone runs, the lm head never does.
@@ -123,7 +133,7 @@ def _validate(
     labels: torch.Tensor,
     temperature: float | torch.Tensor,
     backend: str,
-    chunk_size: int,
+    chunk_size: int | None,
     bias: torch.Tensor | None,
 ) -> float | torch.Tensor:
     """Check the contract of `logprobs_entropy`; returns the temperature (a float, or the tensor as given)."""
@@ -132,9 +142,9 @@ def _validate(
             f"unknown logprobs/entropy backend {backend!r}", supported=", ".join(map(repr, BACKENDS)),
             fix='pass backend="auto", "torch" or "triton" (chunked) or backend="logits" (reference)',
         )
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise InvalidInputError(
-            "chunk_size must be a positive int", why=f"got {chunk_size!r}", fix="pass e.g. chunk_size=1024"
+            "chunk_size must be a positive int or None", why=f"got {chunk_size!r}", fix="pass e.g. chunk_size=1024"
         )
     if not (hidden.is_floating_point() and hidden.ndim in (2, 3)):
         raise InvalidInputError(
@@ -241,15 +251,6 @@ def _resolve_backend(backend: str, hidden: torch.Tensor) -> str:
     return backend
 
 
-def _tiles(backend: str) -> Any:
-    """The per-tile arithmetic of a chunked backend."""
-    if backend == "triton":
-        from ._triton_heads import TritonTiles
-
-        return TritonTiles
-    return _TorchTiles
-
-
 # -------------------------------------------------------------------------------------------- reference
 
 
@@ -316,51 +317,56 @@ class _RowStats(NamedTuple):
         return _RowStats(*(column[rows] for column in self))
 
 
-class _TorchTiles:
-    """Backend ``"torch"``: the per-tile arithmetic after the lm-head matmul, in float32 torch ops.
+def _torch_row_stats(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backend ``"torch"``'s forward arithmetic on one chunk, in float32 torch ops.
 
-    Each method takes ``logits``, the ``(R, C)`` output of ``F.linear`` in the input dtype (the same rounding
-    as the reference), and walks it a few times in float32: about 7 float32 values per logit are alive at once.
+    logits ``(R, V)``: the output of ``F.linear`` in the input dtype (the reference's rounding); labels ``(R,)``
+    int64 (ignored tokens clamped to any column); temperature ``(R, 1)``. Returns logsumexp, logprob of the
+    label and entropy, each ``(R,)`` float32.
     """
+    z = logits / temperature  # (R, V) float32
+    logp = torch.log_softmax(z, dim=-1)  # (R, V), as the reference computes it
+    top_logp, top = logp.max(dim=-1, keepdim=True)  # (R, 1): where z - logp is exact to ~1 ulp of lse
+    lse = z.gather(1, top).sub_(top_logp).squeeze(1)
+    logprobs = logp.gather(1, labels.unsqueeze(1)).squeeze(1)
+    p = torch.exp(logp, out=z)  # (R, V), in z's storage
+    entropy = -p.mul_(logp).sum(-1)
+    return lse, logprobs, entropy
 
-    @staticmethod
-    def row_stats(
-        logits: torch.Tensor, labels: torch.Tensor, temperature: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """logits ``(R, V)``, labels ``(R,)`` int64 (ignored tokens clamped to any column), temperature
-        ``(R, 1)``. Returns logsumexp, logprob of the label and entropy, each ``(R,)`` float32."""
-        z = logits / temperature  # (R, V) float32
-        logp = torch.log_softmax(z, dim=-1)  # (R, V), as the reference computes it
-        top_logp, top = logp.max(dim=-1, keepdim=True)  # (R, 1): where z - logp is exact to ~1 ulp of lse
-        lse = z.gather(1, top).sub_(top_logp).squeeze(1)
-        logprobs = logp.gather(1, labels.unsqueeze(1)).squeeze(1)
-        p = torch.exp(logp, out=z)  # (R, V), in z's storage
-        entropy = -p.mul_(logp).sum(-1)
-        return lse, logprobs, entropy
 
-    @staticmethod
-    def grad_logits(
-        logits: torch.Tensor, stats: _RowStats, labels: torch.Tensor, first_column: int
-    ) -> torch.Tensor:
-        """Gradient of the loss with respect to ``logits`` ``(R, C)`` (vocabulary columns ``first_column ..``),
-        written over ``logits`` and returned. stats columns ``(R, 1)``, labels ``(R,)`` int64 (ignored tokens
-        carry ``IGNORE_INDEX``).
+def _torch_grad_logits(
+    logits: torch.Tensor, stats: _RowStats, labels: torch.Tensor, first_column: int
+) -> torch.Tensor:
+    """Backend ``"torch"``'s backward arithmetic: the loss's gradient with respect to ``logits`` ``(R, C)``
+    (vocabulary columns ``first_column ..``), written over ``logits`` and returned. stats columns ``(R, 1)``,
+    labels ``(R,)`` int64 (ignored tokens carry ``IGNORE_INDEX``).
 
-        With z the scaled logits, p = softmax(z), lp = log p and Hent = -sum_v p_v lp_v:
-          d logprob / dz = onehot(label) - p
-          d entropy / dz = -p * (z - sum_v p_v z_v) = -p * (lp + Hent)
-        so, with d/d(logits) = d/dz / tau, the gradient is p * (-entropy_coef * lp - shift) + label_coef * onehot,
-        rounded to the dtype of ``logits`` as autograd rounds the reference's.
-        """
-        logp = (logits / stats.temperature).sub_(stats.lse)  # (R, C) float32
-        p = torch.exp(logp)  # (R, C)
-        factor = torch.addcmul(stats.shift.neg(), logp, stats.entropy_coef.neg(), out=logp)  # (R, C), logp's storage
-        grad = torch.mul(p, factor, out=logits)  # (R, C), rounded into logits' storage
-        del p, factor, logp
-        columns = labels - first_column  # (R,) the labels that fall in this tile's columns get the onehot term
-        in_tile = ((columns >= 0) & (columns < grad.shape[1])).unsqueeze(1)  # (R, 1)
-        onehot = (stats.label_coef * in_tile).to(grad.dtype)  # (R, 1)
-        return grad.scatter_add_(1, columns.clamp(0, grad.shape[1] - 1).unsqueeze(1), onehot)
+    With z the scaled logits, p = softmax(z), lp = log p and Hent = -sum_v p_v lp_v:
+      d logprob / dz = onehot(label) - p
+      d entropy / dz = -p * (z - sum_v p_v z_v) = -p * (lp + Hent)
+    so, with d/d(logits) = d/dz / tau, the gradient is p * (-entropy_coef * lp - shift) + label_coef * onehot,
+    rounded to the dtype of ``logits`` as autograd rounds the reference's.
+    """
+    logp = (logits / stats.temperature).sub_(stats.lse)  # (R, C) float32
+    p = torch.exp(logp)  # (R, C)
+    factor = torch.addcmul(stats.shift.neg(), logp, stats.entropy_coef.neg(), out=logp)  # (R, C), logp's storage
+    grad = torch.mul(p, factor, out=logits)  # (R, C), rounded into logits' storage
+    del p, factor, logp
+    columns = labels - first_column  # (R,) the labels that fall in this tile's columns get the onehot term
+    in_tile = ((columns >= 0) & (columns < grad.shape[1])).unsqueeze(1)  # (R, 1)
+    onehot = (stats.label_coef * in_tile).to(grad.dtype)  # (R, 1)
+    return grad.scatter_add_(1, columns.clamp(0, grad.shape[1] - 1).unsqueeze(1), onehot)
+
+
+def _triton_tiles(tokens: int, vocab: int, chunk_size: int) -> tuple[int, int]:
+    """Backend ``"triton"``'s tile: at most ``TOKEN_BLOCK`` tokens by enough columns for about
+    ``chunk_size * V`` logits, both aligned."""
+    from ._triton_heads import TOKEN_BLOCK
+
+    rows = _aligned(min(tokens, TOKEN_BLOCK), tokens)
+    return rows, _aligned(-(-chunk_size * vocab // max(rows, 1)), vocab)
 
 
 _HAS_ADDMM_OUT_DTYPE = hasattr(torch.ops.aten.addmm, "dtype_out")
@@ -378,8 +384,7 @@ def _accumulate_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 class _ChunkedLogprobsEntropy(torch.autograd.Function):
-    """Backends ``"torch"`` and ``"triton"``: forward in token chunks of ``(chunk_size, V)`` logits; backward
-    recomputes tiles. ``tiles`` (`_TorchTiles` or the Triton kernels) does the arithmetic after each matmul.
+    """Backend ``"torch"``: forward in token chunks of ``(chunk_size, V)`` logits; backward recomputes tiles.
 
     Saved for backward: hidden, weight, bias, labels, the ``(T, 1)`` temperature, and per token the
     logsumexp and entropy. Backward walks tiles of about ``chunk_size * V`` logits along whichever axis
@@ -392,7 +397,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-        temperature: torch.Tensor, chunk_size: int, tiles: Any,
+        temperature: torch.Tensor, chunk_size: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden ``(T, H)``, weight ``(V, H)``, bias ``(V,)`` or None, labels ``(T,)`` int64, temperature
         ``(T, 1)`` float32. Returns logprobs ``(T,)`` and entropy ``(T,)``, float32."""
@@ -403,19 +408,18 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
         label_columns = labels.clamp(min=0)  # (T,), ignored tokens read column 0
         for rows in _spans(tokens, _aligned(chunk_size, tokens)):
             logits = F.linear(hidden[rows], weight, bias)  # (R, V) in the input dtype
-            lse[rows], logprobs[rows], entropy[rows] = tiles.row_stats(logits, label_columns[rows], temperature[rows])
+            lse[rows], logprobs[rows], entropy[rows] = _torch_row_stats(logits, label_columns[rows], temperature[rows])
             del logits
         ctx.save_for_backward(hidden, weight, bias, labels, temperature, lse.unsqueeze(1), entropy.unsqueeze(1))
-        ctx.chunk_size, ctx.tiles = chunk_size, tiles
+        ctx.chunk_size = chunk_size
         valid = labels != IGNORE_INDEX
         return torch.where(valid, logprobs, 0.0), torch.where(valid, entropy, 0.0)
 
     @staticmethod
     def backward(ctx, grad_logprobs: torch.Tensor, grad_entropy: torch.Tensor):
         """grad_logprobs, grad_entropy ``(T,)``. Returns grad_hidden ``(T, H)``, grad_weight ``(V, H)``,
-        grad_bias ``(V,)`` (None where not needed) and None for labels, temperature, chunk_size and tiles."""
+        grad_bias ``(V,)`` (None where not needed) and None for labels, temperature and chunk_size."""
         hidden, weight, bias, labels, temperature, lse, entropy = ctx.saved_tensors
-        tiles = ctx.tiles
         valid = (labels != IGNORE_INDEX).unsqueeze(1)  # (T, 1)
         label_coef = grad_logprobs.unsqueeze(1) * valid / temperature  # (T, 1)
         entropy_coef = grad_entropy.unsqueeze(1) * valid / temperature  # (T, 1)
@@ -429,7 +433,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
             # tiles of about chunk_size * V logits, an aligned number of columns
             for columns in _spans(vocab, _aligned(-(-ctx.chunk_size * vocab // max(tokens, 1)), vocab)):
                 logits = F.linear(hidden, weight[columns], None if bias is None else bias[columns])  # (T, C)
-                grad = tiles.grad_logits(logits, stats, labels, columns.start)  # (T, C) in the input dtype
+                grad = _torch_grad_logits(logits, stats, labels, columns.start)  # (T, C) in the input dtype
                 if need_bias:
                     grad_bias[columns] = grad.sum(0, dtype=torch.float32)
                 if need_weight:
@@ -442,7 +446,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
             grad_weight = weight.new_zeros(weight.shape, dtype=torch.float32) if need_weight else None
             for rows in _spans(tokens, _aligned(ctx.chunk_size, tokens)):
                 logits = F.linear(hidden[rows], weight, bias)  # (R, V)
-                grad = tiles.grad_logits(logits, stats.rows(rows), labels[rows], 0)  # (R, V) in the input dtype
+                grad = _torch_grad_logits(logits, stats.rows(rows), labels[rows], 0)  # (R, V) in the input dtype
                 if need_bias:
                     grad_bias += grad.sum(0, dtype=torch.float32)
                 if need_hidden:
@@ -454,7 +458,6 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
             None if grad_hidden is None else grad_hidden.to(hidden.dtype),
             None if grad_weight is None else grad_weight.to(weight.dtype),
             None if grad_bias is None else grad_bias.to(weight.dtype),
-            None,
             None,
             None,
             None,
