@@ -5,9 +5,10 @@
     nox -s matrix                                 # every version in matrix.yaml
     nox -s "tests(transformers='5.9.0')"          # one version; extra args after -- go to pytest
 
-Torch is always the CPU build, pinned ``torch==2.13.0+cpu`` and taken from the local wheel folder
-($PIP_FIND_LINKS, default /opt/wheels): PyPI never carries a ``+cpu`` version, so no session can fall back to
-PyPI's CUDA wheels (gigabytes); a missing CPU wheel fails the install instead.
+Torch is always the CPU build, pinned ``torch==2.13.0+cpu``: from the local wheel folder ($PIP_FIND_LINKS,
+default /opt/wheels) when it holds that wheel, else from PyTorch's CPU index ($TFCOMPAT_TORCH_INDEX, default
+https://download.pytorch.org/whl/cpu); each session logs which. PyPI never carries a ``+cpu`` version, so no
+session can fall back to PyPI's CUDA wheels (gigabytes).
 
 Tests marked ``dist`` (gloo worker processes, slow to spawn) run on the versions with ``dist: true`` in
 matrix.yaml; the other versions run ``-m "not dist"``.
@@ -29,9 +30,13 @@ VERSIONS = [str(item["transformers"]) for item in MATRIX["versions"]]
 CI_VERSIONS = [str(item["transformers"]) for item in MATRIX["versions"] if item.get("ci")]
 DIST_VERSIONS = {str(item["transformers"]) for item in MATRIX["versions"] if item.get("dist")}
 
-TORCH = "torch==2.13.0+cpu"  # == 2.13.0, and only the CPU build
+TORCH_VERSION = "2.13.0+cpu"  # == 2.13.0, and only the CPU build
+TORCH = f"torch=={TORCH_VERSION}"
 FIND_LINKS = os.environ.get("PIP_FIND_LINKS") or "/opt/wheels"
+TORCH_INDEX = os.environ.get("TFCOMPAT_TORCH_INDEX") or "https://download.pytorch.org/whl/cpu"
 TEST_DEPS = ["pytest", "hypothesis", "pyyaml", "packaging"]
+VERL = "verl==0.9.1"  # installed without its dependencies: the tests load only its pure-torch verl/utils/ulysses.py
+VERL_TRANSFORMERS = "5.10.4"  # inside verl 0.9.1's own pin (>=5.5.3, <5.11, !=5.6.0)
 
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["ci"]
@@ -41,12 +46,25 @@ def _session_name(version: str) -> str:
     return f"tests(transformers='{version}')"
 
 
+def _install_torch(session: nox.Session) -> None:
+    """Install `TORCH` from a $PIP_FIND_LINKS folder that holds its wheel, else from `TORCH_INDEX`; log which."""
+    folders = [f for f in FIND_LINKS.split() if any(Path(f).glob(f"torch-{TORCH_VERSION}-*.whl"))]
+    if folders:
+        session.log(f"{TORCH} from the local wheel folder {folders[0]}")
+        session.install("--find-links", folders[0], TORCH)
+    else:
+        session.log(f"no {TORCH} wheel in {FIND_LINKS!r} ($PIP_FIND_LINKS); {TORCH} from {TORCH_INDEX} "
+                    "($TFCOMPAT_TORCH_INDEX)")
+        session.install("--index-url", TORCH_INDEX, TORCH)
+
+
 @nox.session(python=PYTHON)
 @nox.parametrize("transformers", VERSIONS, ids=[f"transformers='{v}'" for v in VERSIONS])
 def tests(session: nox.Session, transformers: str) -> None:
     """Install torch (CPU) + one transformers release + tfcompat, then run the test suite."""
     start = time.monotonic()
-    session.install("--find-links", FIND_LINKS, TORCH, f"transformers=={transformers}", *TEST_DEPS)
+    _install_torch(session)
+    session.install(f"transformers=={transformers}", *TEST_DEPS)
     session.install("-e", ".", "--no-deps")
     session.log(f"install took {time.monotonic() - start:.1f} s (transformers=={transformers})")
     start = time.monotonic()
@@ -65,6 +83,7 @@ def ci(session: nox.Session) -> None:
     """The CI subset of matrix.yaml (ci: true): first and last release of every registry range."""
     for version in CI_VERSIONS:
         session.notify(_session_name(version), posargs=session.posargs)
+    session.notify("integrations")
 
 
 @nox.session(python=False)
@@ -78,8 +97,23 @@ def matrix(session: nox.Session) -> None:
 def triton(session: nox.Session) -> None:
     """The Triton PPO-head kernels on CPU, in Triton's interpreter (TRITON_INTERPRET=1): triton is optional, so
     the matrix sessions run without it and this one installs it with the newest transformers of the matrix."""
-    session.install("--find-links", FIND_LINKS, TORCH, f"transformers=={VERSIONS[-1]}", "triton", *TEST_DEPS)
+    _install_torch(session)
+    session.install(f"transformers=={VERSIONS[-1]}", "triton", *TEST_DEPS)
     session.install("-e", ".", "--no-deps")
     tests = ["tests/test_heads_triton.py", "tests/test_model_logprobs.py"]
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or tests),
                 env={"TRITON_INTERPRET": "1"})
+
+
+@nox.session(python=PYTHON)
+def integrations(session: nox.Session) -> None:
+    """Trainers' calling conventions: verl's apply_monkey_patch, driven by verl's own Ulysses functions on gloo.
+
+    verl's dependency set (Ray, vLLM, ...) stays out: verl is installed with --no-deps, as files."""
+    _install_torch(session)
+    session.install(f"transformers=={VERL_TRANSFORMERS}", *TEST_DEPS)
+    session.install("--no-deps", VERL)
+    session.install("-e", ".", "--no-deps")
+    session.run("python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                *(session.posargs or ["tests/distributed/test_verl.py"]),
+                env={"TFCOMPAT_EXPECT_TRANSFORMERS": VERL_TRANSFORMERS})
