@@ -7,17 +7,21 @@ import subprocess
 import sys
 
 from tfcompat.cli import main
+from tfcompat.registry import families, installed_families
 from tfcompat.versions import installed_transformers
 
 
-def test_doctor_json_resolves_and_self_checks_glm4v(capsys):
+def test_doctor_json_resolves_and_self_checks_every_family(capsys):
     assert main(["doctor", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["transformers"] == installed_transformers()
-    row = next(r for r in report["families"] if r["family"] == "glm4v")
-    assert row["status"] == "resolved" and row["ok"]
-    assert {c["attn_implementation"] for c in row["selfcheck"]} == {"eager", "sdpa"}
-    assert all(c["max_abs_diff"] <= 1e-5 for c in row["selfcheck"])
+    assert {r["family"] for r in report["families"]} == set(families())
+    for row in report["families"]:
+        if row["family"] not in installed_families():
+            continue
+        assert row["status"] == "resolved" and row["ok"], row
+        assert {c["attn_implementation"] for c in row["selfcheck"]} == {"eager", "sdpa"}
+        assert all(c["max_abs_diff"] <= 1e-5 for c in row["selfcheck"])
 
 
 def test_doctor_text_output_in_a_fresh_process():

@@ -9,11 +9,11 @@ import torch
 
 import tfcompat
 from tfcompat.embedding import dummy_image, embed_inputs
-from tfcompat.selfcheck import pack, sample_sequences, stock_inputs, tiny_model
+from tfcompat.registry import installed_families
+from tfcompat.selfcheck import pack, sample_case, sample_sequences, stock_inputs, tiny_model
 from tests.helpers import max_token_diff, skip_if_stock_rejects_videos
 
-VLMS = ["glm4v", "qwen2_vl", "qwen2_5_vl"]
-ITEMS = {"glm4v": [None, (1, 4, 6)], "qwen2_vl": [("video", (2, 4, 4)), (1, 4, 6)], "qwen2_5_vl": [("video", (2, 4, 4)), (1, 4, 6)]}
+VLMS = [k for k, f in installed_families().items() if f.is_vision]
 
 
 @pytest.mark.parametrize("family", VLMS)
@@ -21,10 +21,11 @@ class TestEmbedInputs:
     """Rule: patched forward on embed_inputs' embeddings equals the stock per-sequence forward."""
 
     def test_vision_batch(self, family):
-        skip_if_stock_rejects_videos(family, ITEMS[family])
+        lengths, items = sample_case(family)
+        skip_if_stock_rejects_videos(family, items)
         model = tiny_model(family, "sdpa")
         r = tfcompat.resolve(family)
-        seqs = sample_sequences(model, [6, 9], ITEMS[family], seed=4)
+        seqs = sample_sequences(model, lengths, items, seed=4)
         inputs = pack(model, seqs)
         vision = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids")}
         with torch.no_grad():
@@ -63,6 +64,13 @@ class TestEmbedInputs:
         seq = sample_sequences(model, [6], [(1, 4, 6)])[0]
         with pytest.raises(tfcompat.InvalidInputError, match="hold image tokens but no image pixels"):
             embed_inputs(model, seq.input_ids)
+
+
+def test_embed_inputs_refuses_a_text_only_family():
+    model = tiny_model("llama", "sdpa")
+    with pytest.raises(tfcompat.PatchError, match="no vision tower for embed_inputs") as info:
+        embed_inputs(model, torch.zeros(1, 4, dtype=torch.long))
+    assert "text-only" in info.value.why and "qwen2_vl" in info.value.supported
 
 
 def test_dummy_image_shape_follows_the_vision_config():

@@ -1,4 +1,4 @@
-"""The installed M-RoPE index against tfcompat's reference, on random layouts (Qwen-VL families)."""
+"""The installed M-RoPE index against each family's reference (`tfcompat.reference_rope`), on random layouts."""
 
 from __future__ import annotations
 
@@ -8,16 +8,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tfcompat
-from tfcompat.mrope import DEVIATIONS, reference_rope_index
+from tfcompat.reference_rope import REFERENCES, Reference
+from tfcompat.registry import installed_families
 from tfcompat.selfcheck import tiny_model
 from tfcompat.versions import installed_transformers
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl"]
+FAMILIES = [k for k, f in installed_families().items() if f.reference_rope_index]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def model(request):
     return tiny_model(request.param, "sdpa")
+
+
+def reference(model) -> Reference:
+    return REFERENCES[tfcompat.resolve(model.config.model_type).spec.reference_rope_index]
 
 
 segment = st.one_of(
@@ -67,7 +72,8 @@ class TestInstalledMatchesReference:
             ts = None  # this release would hand the videos' seconds to the images (and run out)
         got = tfcompat.rope_index(model, ids, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask,
                                   **({"second_per_grid_ts": ts} if ts is not None else {}))
-        expected = reference_rope_index(model.config, ids, images, videos, ts, mask, deviations=entry.rope_index_deviations)
+        expected = reference(model).compute(model.config, ids, images, videos, ts, mask,
+                                            deviations=entry.rope_index_deviations)
         keep = mask.bool()
         assert got.shape == (4, *ids.shape)
         assert torch.equal(got[0][keep], (mask.cumsum(-1) - 1)[keep])
@@ -95,7 +101,8 @@ class TestDeclaredDeviationsAreReal:
 
     def test_declared_deviations_reproduce(self, model):
         entry = tfcompat.resolve(model.config.model_type).entry
-        assert set(entry.rope_index_deviations) <= DEVIATIONS.keys()
+        known = reference(model).deviations
+        assert set(entry.rope_index_deviations) <= known.keys()
         for name in entry.rope_index_deviations:
             segments, second = TRIGGERS[name]
             ids, mask, images, videos, ts = build(model.config, [(segments, "right", 0)], [second])
@@ -104,9 +111,9 @@ class TestDeclaredDeviationsAreReal:
                                           **({"second_per_grid_ts": ts} if ts is not None else {}))[1:]
             except (StopIteration, RuntimeError):  # ran out of seconds: the deviation shows as a crash
                 continue
-            clean = reference_rope_index(model.config, ids, images, videos, ts)
+            clean = reference(model).compute(model.config, ids, images, videos, ts)
             assert not torch.equal(got, clean), (
-                f"transformers {installed_transformers()} no longer shows {name!r} ({DEVIATIONS[name]}) for "
+                f"transformers {installed_transformers()} no longer shows {name!r} ({known[name]}) for "
                 f"{model.config.model_type}: drop it from the registry entry {entry.versions}"
             )
 
@@ -115,12 +122,14 @@ class TestDeclaredDeviationsAreReal:
         ids, _, images, videos, ts = build(model.config, [(segments, "right", 0)], [second])
         kwargs = {"second_per_grid_ts": ts} if ts is not None else {}
         ref = tfcompat.rope_index(model, ids, image_grid_thw=images, video_grid_thw=videos, impl="reference", **kwargs)
-        assert torch.equal(ref[1:], reference_rope_index(model.config, ids, images, videos, ts))
+        assert torch.equal(ref[1:], reference(model).compute(model.config, ids, images, videos, ts))
         text_after = ref[1:, 0, -3:]
         assert int(text_after.min()) > int(ref[1:, 0, :-3].max())  # resumes after everything before it
 
 
-def test_reference_impl_refused_for_glm():
-    model = tiny_model("glm4v", "sdpa")
-    with pytest.raises(tfcompat.InvalidInputError, match="no reference M-RoPE index for glm4v"):
+@pytest.mark.parametrize("family", [k for k, f in installed_families().items() if f.is_vision and not f.reference_rope_index])
+def test_reference_impl_refused_without_a_reference(family):
+    model = tiny_model(family, "sdpa")
+    with pytest.raises(tfcompat.InvalidInputError, match=f"no reference M-RoPE index for {family}"):
         tfcompat.rope_index(model, torch.zeros(1, 4, dtype=torch.long), impl="reference")
+

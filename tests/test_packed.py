@@ -12,24 +12,15 @@ import tfcompat
 from tfcompat.context import ForwardContext
 from tfcompat.hf_attention import ATTENTION_KEY
 from tfcompat.packing import from_lengths
-from tfcompat.selfcheck import pack, sample_sequences, stock_inputs, tiny_model
+from tfcompat.registry import installed_families
+from tfcompat.selfcheck import pack, sample_case, sample_sequences, stock_inputs, tiny_model
 from tests.helpers import max_token_diff, skip_if_stock_rejects_videos
 
 FAMILY = "glm4v"  # lifecycle and bad-input tests
 IMPLS = ["eager", "sdpa"]
-TEXT = ([7, 12, 5], [None, None, None])
-# (text lengths, vision item per packed sequence): images of different grids, a video, text-only sequences
-CASES = {
-    ("glm4v", "text"): TEXT,
-    ("glm4v", "vision"): ([7, 12, 5, 9], [None, (1, 4, 6), (1, 2, 4), (1, 4, 4)]),
-    ("qwen2_vl", "text"): TEXT,
-    ("qwen2_vl", "vision"): ([7, 12, 5, 9, 6], [None, (1, 4, 6), (1, 2, 4), ("video", (2, 4, 4)), None]),
-    ("qwen2_5_vl", "text"): TEXT,
-    ("qwen2_5_vl", "vision"): ([7, 12, 5, 9, 6], [None, (1, 4, 6), (1, 2, 4), ("video", (2, 4, 4)), None]),
-    ("llama", "text"): TEXT,
-    ("qwen2", "text"): TEXT,
-    ("qwen3", "text"): TEXT,
-}
+# every registered family: a text-only packed row, and the family's vision sample (Family.sample_vision)
+CASES = {(key, case): sample_case(key, vision=case == "vision")
+         for key, fam in installed_families().items() for case in (("text", "vision") if fam.sample_vision else ("text",))}
 CASE_IDS = [f"{f}-{c}" for f, c in CASES]
 
 
@@ -163,8 +154,8 @@ class TestPatchLifecycle:
 
     def test_unknown_backend_fails_at_patch_time(self):
         model = tiny_model(FAMILY, "sdpa")
-        with pytest.raises(tfcompat.PatchError, match="unknown attention backend 'cudnn'"):
-            tfcompat.patch(model, backend="cudnn")
+        with pytest.raises(tfcompat.PatchError, match="unknown attention backend 'bogus'"):
+            tfcompat.patch(model, backend="bogus")
 
     def test_nothing_to_patch_is_an_error(self):
         model = tiny_model(FAMILY, "sdpa")
@@ -247,7 +238,10 @@ def test_rope_index_contract(resolved):
     assert torch.equal(pos[1, 0, text], pos[2, 0, text]) and torch.equal(pos[2, 0, text], pos[3, 0, text])
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+VIDEO_FAMILIES = [k for k, f in installed_families().items() if any(i and i[0] == "video" for i in f.sample_vision)]
+
+
+@pytest.mark.parametrize("family", VIDEO_FAMILIES)
 def test_declared_stock_video_rejection_is_real(family):
     """Rule: a release declared to reject videos does; one that is not declared accepts them."""
     r = tfcompat.resolve(family)

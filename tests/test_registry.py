@@ -1,14 +1,72 @@
-"""Resolution beyond the declared ranges, and probe failures."""
+"""The registry: family tables, resolution beyond the declared ranges, and probe failures."""
 
 from __future__ import annotations
 
+import ast
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 import tfcompat
 from tfcompat import registry
-from tfcompat.families import glm4v
+from tfcompat.reference_rope import REFERENCES
+from tfcompat.versions import release_floor
+
+FAMILY = registry.family("glm4v")
+FAMILY_FILES = sorted((Path(tfcompat.__file__).parent / "families").glob("*.py"))
+
+
+@pytest.mark.parametrize("key", sorted(registry.families()))
+class TestTables:
+    """Rule: every family is one well-formed table: contiguous entries, a vision tower exactly for the vision
+    families, deviations named by the family's reference, and it resolves on the installed release."""
+
+    def test_entries_are_contiguous_and_named(self, key):
+        fam = registry.family(key)
+        assert fam.entries and all(e.family == key for e in fam.entries)
+        for before, after in zip(fam.entries, fam.entries[1:]):
+            assert before.versions.high == after.versions.low, (before.versions, after.versions)
+            assert release_floor(after.versions.low) < release_floor(after.versions.high or "99.0")
+
+    def test_vision_fields_agree(self, key):
+        fam = registry.family(key)
+        for entry in fam.entries:
+            assert (entry.vision is not None) == fam.is_vision, entry.versions
+            if entry.vision is not None:
+                assert entry.vision.owner in entry.classes
+        assert bool(fam.sample_vision) == fam.is_vision
+        assert not fam.reference_rope_index or fam.is_vision
+
+    def test_deviations_are_the_references(self, key):
+        fam = registry.family(key)
+        named = {d for e in fam.entries for d in e.rope_index_deviations}
+        if fam.reference_rope_index is None:
+            assert not named
+        else:
+            assert fam.reference_rope_index in REFERENCES
+            assert named <= REFERENCES[fam.reference_rope_index].deviations.keys()
+
+    def test_resolves_on_the_installed_release(self, key):
+        if key not in registry.installed_families():
+            pytest.skip(f"{key} is not in this transformers ({registry.family(key).supported})")
+        r = tfcompat.resolve(key)
+        assert r.spec is registry.family(key) and r.family == key
+        assert all(p.ok for p in r.probes)
+
+
+@pytest.mark.parametrize("path", FAMILY_FILES, ids=lambda p: p.name)
+def test_family_modules_import_only_the_records(path):
+    """Rule: a family table imports `tfcompat.records`, `tfcompat.versions` and its builders, never the lookup
+    (which imports the tables) nor transformers."""
+    allowed = {"records", "versions"} | {p.stem for p in FAMILY_FILES}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            names = [node.module] if node.module else [a.name for a in node.names]
+            assert all(n.split(".")[0] in allowed for n in names), (path.name, names)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            top = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+            assert top.split(".")[0] in {"__future__", "dataclasses", "typing", "torch"}, (path.name, top)
 
 
 class TestForwardCompatibility:
@@ -23,9 +81,9 @@ class TestForwardCompatibility:
         registry._resolve.cache_clear()
         try:
             with pytest.warns(tfcompat.ForwardCompatWarning, match="newer than every glm4v entry"):
-                if actual in glm4v.ENTRIES[-1].versions:
+                if actual in FAMILY.entries[-1].versions:
                     r = registry.resolve("glm4v")
-                    assert r.forward_compatible and r.entry is glm4v.ENTRIES[-1]
+                    assert r.forward_compatible and r.entry is FAMILY.entries[-1]
                     assert "NOT declared" in r.explain()
                 else:
                     with pytest.raises(tfcompat.SymbolProbeError, match="5.99.0") as info:
@@ -36,9 +94,10 @@ class TestForwardCompatibility:
             registry._resolve.cache_clear()
 
     def test_failed_probe_names_module_symbol_and_support(self):
-        bogus = replace(glm4v.ENTRIES[-1], apply_rotary="apply_rotary_that_was_removed")
+        newest = FAMILY.entries[-1]
+        bogus = replace(newest, rotary=replace(newest.rotary, apply="apply_rotary_that_was_removed"))
         with pytest.raises(tfcompat.SymbolProbeError) as info:
-            registry._probe(bogus, "5.99.0", True)
+            registry.resolve_entry(FAMILY, bogus, "5.99.0", True)
         msg = str(info.value)
         assert "transformers.models.glm4v.modeling_glm4v.apply_rotary_that_was_removed" in msg
         assert "5.99.0" in msg and "supported" in msg and "fix" in msg
@@ -46,12 +105,19 @@ class TestForwardCompatibility:
 
     def test_wrong_rotary_convention_is_caught(self):
         entry, _ = registry.match("glm4v", registry.versions.installed_transformers())
-        flipped = replace(entry, rotary_layout="folded" if entry.rotary_layout == "sectioned" else "sectioned")
+        layout = "folded" if entry.rotary.layout == "sectioned" else "sectioned"
+        flipped = replace(entry, rotary=replace(entry.rotary, layout=layout))
         with pytest.raises(tfcompat.SymbolProbeError, match="convention"):
-            registry._probe(flipped, registry.versions.installed_transformers(), False)
+            registry.resolve_entry(FAMILY, flipped, registry.versions.installed_transformers(), False)
 
     def test_missing_class_is_caught(self):
         entry, _ = registry.match("glm4v", registry.versions.installed_transformers())
         broken = replace(entry, classes={**entry.classes, "attention": "Glm4vTextAttentionGone"})
         with pytest.raises(tfcompat.SymbolProbeError, match="Glm4vTextAttentionGone is missing"):
-            registry._probe(broken, registry.versions.installed_transformers(), False)
+            registry.resolve_entry(FAMILY, broken, registry.versions.installed_transformers(), False)
+
+    def test_vision_owner_without_the_tower_is_caught(self):
+        entry, _ = registry.match("glm4v", registry.versions.installed_transformers())
+        broken = replace(entry, vision=replace(entry.vision, owner="text_model"))
+        with pytest.raises(tfcompat.SymbolProbeError, match="Glm4vTextModel.get_image_features is missing"):
+            registry.resolve_entry(FAMILY, broken, registry.versions.installed_transformers(), False)

@@ -8,15 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tfcompat
+from tfcompat.registry import installed_families
 from tfcompat.selfcheck import tiny_model
 
-FAMILY = "glm4v"
+MROPE_FAMILIES = [k for k, f in installed_families().items() if f.is_vision]
 
 
-@pytest.fixture(scope="module")
-def setup():
-    r = tfcompat.resolve(FAMILY)
-    model = tiny_model(FAMILY, "sdpa")
+@pytest.fixture(scope="module", params=MROPE_FAMILIES)
+def setup(request):
+    r = tfcompat.resolve(request.param)
+    model = tiny_model(request.param, "sdpa")
     attn = next(m for m in model.modules() if isinstance(m, r.attention_cls))
     text_model = next(m for m in model.modules() if isinstance(m, r.text_model_cls))
     return r, model, attn, text_model
@@ -88,4 +89,6 @@ class TestUniformRotary:
     def test_text_config_and_top_config_agree(self, setup):
         r, model, _, _ = setup
         assert r.rope_config(model.config)["mrope_section"] == r.rope_config(model.config.text_config)["mrope_section"]
-        assert r.rope_config(model.config)["mrope_section"] == [1, 1, 2]
+        _, tiny = r.spec.tiny_config(r.entry)
+        declared = tiny["text_config"][r.entry.rope_config_key]["mrope_section"]
+        assert r.rope_config(model.config)["mrope_section"] == declared

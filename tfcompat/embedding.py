@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from .errors import InvalidInputError, PatchError
-from .registry import Resolved, family, resolve
+from .errors import InvalidInputError
+from .registry import resolve
 
 __all__ = ["dummy_image", "embed_inputs", "visual_features"]
 
@@ -33,12 +33,13 @@ def embed_inputs(
     the same collectives.
     """
     r = resolve(model.config.model_type)
-    owner = _owner(model, r)
+    owner, tower = r.vision_modules(model, purpose="embed_inputs (the vision tower runs outside the forward)")
     embeds = model.get_input_embeddings()(input_ids)
-    types = family(r.family).mm_token_types(owner.config, input_ids)
+    types = r.spec.mm_token_types(owner.config, input_ids)
     if pixel_values is None and pixel_values_videos is None and not bool(types.any()):
         pixels, grid = dummy_image(owner.config.vision_config, embeds.device)
-        return embeds + 0 * visual_features(owner, "image", pixels.to(_dtype(owner, embeds)), grid).mean().to(embeds.dtype)
+        dtype = next(tower.parameters()).dtype
+        return embeds + 0 * visual_features(owner, "image", pixels.to(dtype), grid).mean().to(embeds.dtype)
     for kind, code, pixels, grid in (("image", 1, pixel_values, image_grid_thw), ("video", 2, pixel_values_videos, video_grid_thw)):
         slots = types == code
         if pixels is None:
@@ -79,19 +80,3 @@ def dummy_image(vision_config: Any, device: torch.device) -> tuple[torch.Tensor,
     patch_dim = getattr(vision_config, "in_channels", 3) * vision_config.temporal_patch_size * vision_config.patch_size**2
     grid = torch.tensor([[1, merge, merge]], device=device)
     return torch.zeros(merge * merge, patch_dim, device=device), grid
-
-
-def _dtype(owner: torch.nn.Module, embeds: torch.Tensor) -> torch.dtype:
-    visual = getattr(owner, "visual", None)
-    return next(visual.parameters()).dtype if visual is not None else embeds.dtype
-
-
-def _owner(model: torch.nn.Module, r: Resolved) -> torch.nn.Module:
-    cls = r.classes.get("model")
-    owner = next((m for m in model.modules() if cls is not None and isinstance(m, cls)), None)
-    if owner is None:
-        raise PatchError(
-            f"{type(model).__name__} has no vision tower owner", family=r.family,
-            transformers_version=r.transformers_version, why="embed_inputs is for vision-language families",
-        )
-    return owner

@@ -27,7 +27,7 @@ from .errors import InvalidInputError, PatchError
 from .context import BRIDGE_ATTR, CONTEXT_KWARG, ForwardContext
 from .packing import from_text_positions
 from .registry import Resolved, resolve
-from .rope import split_positions, to_text_model_layout
+from .position_ids import split_positions, to_text_model_layout
 from .ulysses import check_heads
 
 __all__ = ["PatchHandle", "Record", "patch"]

@@ -1,119 +1,57 @@
-"""The registry: (family, transformers version range) -> entry, and resolution of an entry into symbols.
+"""Lookup and resolution: (family, installed transformers) -> `Resolved`, the symbols ready to patch.
 
-An `Entry` is a row of a family's table: the version range, the module, the symbols by role, and the facts
-that differ between ranges (rotary layout, rope-config key, position-id layout, kwargs flow). `resolve`
-matches the installed version, imports the module, and probes every symbol and signature the family needs,
-so a missing symbol fails here and never inside a forward. A version newer than every declared range
-resolves against the newest entry by probing, with a warning.
+`families` collects the family tables (`tfcompat.families`, built from `tfcompat.records`), `match` picks the
+entry whose range holds a version, and `resolve` probes it (`tfcompat.probing`) on the installed release. A
+version newer than every declared range resolves against the newest entry by probing, with a warning.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
-import importlib
-import inspect
 import warnings
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Literal
+from typing import Any, Callable, NamedTuple
 
 import torch
 
 from . import versions
-from .errors import SymbolProbeError, UnknownFamilyError, UnsupportedVersionError
-from .rope import RopeConfigKey, TextModelLayout, rope_config
+from .errors import PatchError, UnknownFamilyError, UnsupportedVersionError
+from .probing import Probe, probe
+from .records import Entry, Family
+from .rotary import ApplyRotary, rope_config, uniform_rotary
 
-__all__ = ["Entry", "Family", "Probe", "Resolved", "ForwardCompatWarning", "families", "match", "resolve"]
-
-RotaryLayout = Literal["sectioned", "folded"]
+__all__ = ["ForwardCompatWarning", "Resolved", "VisionModules", "families", "family", "installed_families", "match",
+           "resolve"]
 
 
 class ForwardCompatWarning(UserWarning):
     """transformers is newer than every declared range; the family resolved by probing its symbols."""
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One row of a family table: what the family looks like inside one transformers range.
+class VisionModules(NamedTuple):
+    """owner: the module holding the vision tower (``get_image_features``, ``get_rope_index``); tower: the tower."""
 
-    classes: role -> class name in ``module``; roles: ``attention``, ``rotary``, ``text_model``,
-        ``decoder_layer``, ``for_causal_lm``, and for M-RoPE families ``model`` (owns ``get_rope_index``).
-    apply_rotary: the module function the attention applies rotary with.
-    rotary_layout: "sectioned" = the rotary embedding returns ``(3, B, L, D)`` cos/sin and ``apply_rotary``
-        takes ``mrope_section``; "folded" = sectioning happens inside the embedding, ``(B, L, D)``.
-    text_model_positions: "mrope" = the text model takes ``(3, B, L)`` and cannot take a text row;
-        "text+mrope" = it splits ``(4, B, L)`` itself; "text" = a text-only model taking ``(B, L)``.
-    layer_forwards_kwargs: the decoder layer passes ``**kwargs`` on to its attention.
-    rope_index_mm_token_types: ``get_rope_index`` requires ``mm_token_type_ids``.
-    rotary_marker: an attribute of the rotary class that only this range has (layout check), or None.
-    rope_index_deviations: where the installed ``get_rope_index`` departs from `tfcompat.mrope`'s reference
-        (known transformers bugs), by name; see `tfcompat.mrope.DEVIATIONS`.
-    known_issues: bugs of the stock forward in this range, by name (``"videos_rejected"``: the forward
-        rejects every video; pass videos through `tfcompat.embed_inputs` instead).
-    cache_kwarg: the attention forward's cache parameter name.
-    why: what sets this range apart from its neighbours.
-    """
-
-    family: str
-    versions: versions.VersionRange
-    module: str
-    classes: dict[str, str]
-    apply_rotary: str
-    rotary_layout: RotaryLayout
-    rope_config_key: RopeConfigKey
-    text_model_positions: TextModelLayout
-    layer_forwards_kwargs: bool
-    rope_index_mm_token_types: bool
-    cache_kwarg: str
-    why: str
-    rotary_marker: str | None = None
-    rope_index_deviations: tuple[str, ...] = ()
-    known_issues: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Family:
-    """A model family: its entries (oldest first) and the few family-specific helpers.
-
-    mm_token_types: ``(config, input_ids (B, L)) -> (B, L)`` int tensor, 0 text / 1 image / 2 video
-        (None for text-only families).
-    tiny_config: ``(entry) -> (config_class_name, kwargs)`` for a tiny random model (self-check, tests).
-    reference_rope_index: `tfcompat.mrope.reference_rope_index` implements this family's M-RoPE index.
-    """
-
-    key: str
-    entries: tuple[Entry, ...]
-    mm_token_types: Callable[[Any, torch.Tensor], torch.Tensor] | None
-    tiny_config: Callable[[Entry], tuple[str, dict[str, Any]]]
-    reference_rope_index: bool = False
-
-    @property
-    def supported(self) -> str:
-        span = versions.VersionRange(self.entries[0].versions.low, self.entries[-1].versions.high)
-        return f"transformers {span} (newer releases resolve by probing, with a warning)"
-
-
-@dataclass(frozen=True)
-class Probe:
-    """One check made at resolution: what was looked up, whether it held, and what was found."""
-
-    what: str
-    ok: bool
-    detail: str
+    owner: torch.nn.Module
+    tower: torch.nn.Module
 
 
 @dataclass(frozen=True)
 class Resolved:
-    """A family resolved against the installed transformers: symbols imported, probed, ready to patch."""
+    """A family resolved against the installed transformers: symbols imported, probed, ready to patch.
+
+    family: the family key; spec: its `Family` record (table and helpers); entry: the matched `Entry`.
+    """
 
     family: str
     transformers_version: str
+    spec: Family
     entry: Entry
     forward_compatible: bool
     module: ModuleType
     classes: dict[str, type]
-    apply_rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    apply_rotary: ApplyRotary
     repeat_kv: Callable[[torch.Tensor, int], torch.Tensor]
     probes: tuple[Probe, ...] = field(repr=False)
 
@@ -144,6 +82,28 @@ class Resolved:
         """Flat rope settings (``rope_type``, ``rope_theta``, ``mrope_section``, ...) of ``config``."""
         return rope_config(config, self.entry.rope_config_key)
 
+    def vision_modules(self, model: torch.nn.Module, *, purpose: str) -> VisionModules:
+        """Where ``model``'s vision tower lives on this release (`tfcompat.records.VisionTower`): its owner and it.
+
+        purpose: what the caller needs it for, for the error. Raises `PatchError` for a text-only family or a
+        model without that module.
+        """
+        where = self.entry.vision
+        owner_cls = self.classes[where.owner] if where is not None else None
+        owner = next((m for m in model.modules() if isinstance(m, owner_cls)), None) if owner_cls else None
+        tower = getattr(owner, where.attr, None) if owner is not None and where is not None else None
+        if owner is None or not isinstance(tower, torch.nn.Module):
+            raise PatchError(
+                f"{type(model).__name__} has no vision tower for {purpose}",
+                family=self.family, transformers_version=self.transformers_version,
+                why=(f"{self.family} is a text-only family" if owner_cls is None else
+                     f"no {owner_cls.__name__} with a vision tower inside {type(model).__name__}; it holds the tower "
+                     "in this transformers"),
+                supported=", ".join(k for k, f in families().items() if f.is_vision),
+                fix="pass the model built by transformers for a vision-language family",
+            )
+        return VisionModules(owner, tower)
+
     def explain(self) -> str:
         """A human-readable account of the match, the symbols probed, and how a patch plugs in."""
         e = self.entry
@@ -151,7 +111,7 @@ class Resolved:
         lines = [
             f"{self.family} on transformers {self.transformers_version}: {how} entry {e.versions} ({e.why})",
             f"  module: {e.module}",
-            f"  rotary: {e.apply_rotary} ({e.rotary_layout}); rope config key: {e.rope_config_key}",
+            f"  rotary: {e.rotary.apply} ({e.rotary.layout}); rope config key: {e.rope_config_key}",
             f"  text model position ids: {_LAYOUTS[e.text_model_positions]}",
             "  attention: stock attention forward (stock rotary), dispatching to tfcompat's packed core "
             f"through transformers' AttentionInterface key {_attention_key()!r}",
@@ -184,6 +144,19 @@ def families() -> dict[str, Family]:
     from .families import FAMILIES
 
     return {f.key: f for f in FAMILIES}
+
+
+def installed_families() -> dict[str, Family]:
+    """The families whose table covers the installed transformers (or that resolve on it forward-compatibly)."""
+    installed = versions.installed_transformers()
+    out = {}
+    for key, fam in families().items():
+        try:
+            match(key, installed or "")
+        except UnsupportedVersionError:
+            continue
+        out[key] = fam
+    return out
 
 
 def family(key: str) -> Family:
@@ -254,106 +227,21 @@ def _resolve(key: str, version: str) -> Resolved:
             ForwardCompatWarning,
             stacklevel=3,
         )
-    return _probe(entry, version, forward_compatible)
+    return resolve_entry(family(key), entry, version, forward_compatible)
 
 
-def _probe(entry: Entry, version: str, forward_compatible: bool) -> Resolved:
-    probes: list[Probe] = []
-
-    def fail(symbol: str, why: str) -> SymbolProbeError:
-        fam = family(entry.family)
-        newest = fam.entries[-1].versions
-        nearest = f"{newest.low}" if forward_compatible else f"a release in {entry.versions}"
-        return SymbolProbeError(
-            f"cannot resolve {entry.family}: {entry.module}.{symbol} {why}",
-            family=entry.family,
-            transformers_version=version,
-            why=f"the {entry.versions} entry expects it" + (" (undeclared version, probed)" if forward_compatible else ""),
-            supported=fam.supported,
-            fix=f"install transformers {nearest} (nearest supported), or upgrade tfcompat",
-        )
-
-    try:
-        module = importlib.import_module(entry.module)
-    except ImportError as exc:
-        raise fail("", f"cannot be imported ({exc})") from None
-    probes.append(Probe(f"import {entry.module}", True, "ok"))
-
-    classes: dict[str, type] = {}
-    for role, name in entry.classes.items():
-        obj = getattr(module, name, None)
-        if not isinstance(obj, type):
-            raise fail(name, "is missing" if obj is None else "is not a class")
-        classes[role] = obj
-        probes.append(Probe(f"{role} class", True, name))
-
-    apply_rotary = getattr(module, entry.apply_rotary, None)
-    if not callable(apply_rotary):
-        raise fail(entry.apply_rotary, "is missing")
-    params = inspect.signature(apply_rotary).parameters
-    if (entry.rotary_layout == "sectioned") != ("mrope_section" in params):
-        raise fail(entry.apply_rotary, f"has parameters {list(params)}, not the {entry.rotary_layout} convention")
-    probes.append(Probe("apply_rotary", True, f"{entry.apply_rotary}{inspect.signature(apply_rotary)}"))
-
-    if entry.rotary_marker is not None:
-        if not hasattr(classes["rotary"], entry.rotary_marker):
-            raise fail(f"{entry.classes['rotary']}.{entry.rotary_marker}", "is missing (rotary layout changed)")
-        probes.append(Probe("rotary layout", True, f"{entry.classes['rotary']}.{entry.rotary_marker}"))
-
-    repeat_kv = getattr(module, "repeat_kv", None)
-    if not callable(repeat_kv):
-        raise fail("repeat_kv", "is missing")
-    probes.append(Probe("repeat_kv", True, "repeat_kv"))
-
-    attn_params = inspect.signature(classes["attention"].forward).parameters
-    if entry.cache_kwarg not in attn_params:
-        raise fail(f"{entry.classes['attention']}.forward", f"has no {entry.cache_kwarg!r} parameter")
-    probes.append(Probe("attention cache kwarg", True, entry.cache_kwarg))
-
-    text_params = inspect.signature(classes["text_model"].forward).parameters
-    if "position_ids" not in text_params:
-        raise fail(f"{entry.classes['text_model']}.forward", "has no position_ids parameter")
-    probes.append(Probe("text model position_ids", True, entry.text_model_positions))
-
-    if "model" in classes:  # M-RoPE families
-        rope_index = getattr(classes["model"], "get_rope_index", None)
-        if rope_index is None:
-            raise fail(f"{entry.classes['model']}.get_rope_index", "is missing")
-        takes_mm = "mm_token_type_ids" in inspect.signature(rope_index).parameters
-        if takes_mm != entry.rope_index_mm_token_types:
-            raise fail(f"{entry.classes['model']}.get_rope_index", f"mm_token_type_ids parameter is {takes_mm}")
-        probes.append(Probe("get_rope_index", True, str(inspect.signature(rope_index))))
-
-    modeling_utils = importlib.import_module("transformers.modeling_utils")
-    interface = getattr(modeling_utils, "AttentionInterface", None)
-    if interface is None or not hasattr(interface, "_global_mapping"):
-        raise fail("AttentionInterface", "is missing from transformers.modeling_utils")
-    probes.append(Probe("AttentionInterface", True, "transformers.modeling_utils.AttentionInterface"))
-
+def resolve_entry(fam: Family, entry: Entry, version: str, forward_compatible: bool) -> Resolved:
+    """Probe ``entry`` of ``fam`` on the installed transformers (reported as ``version``); not cached."""
+    found = probe(fam, entry, version, forward_compatible)
     return Resolved(
         family=entry.family,
         transformers_version=version,
+        spec=fam,
         entry=entry,
         forward_compatible=forward_compatible,
-        module=module,
-        classes=classes,
-        apply_rotary=_uniform_rotary(apply_rotary, entry),
-        repeat_kv=repeat_kv,
-        probes=tuple(probes),
+        module=found.module,
+        classes=found.classes,
+        apply_rotary=uniform_rotary(found.apply_rotary, entry.rotary, entry.rope_config_key),
+        repeat_kv=found.repeat_kv,
+        probes=found.probes,
     )
-
-
-def _uniform_rotary(fn: Callable[..., Any], entry: Entry) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """``apply_rotary(q, k, cos, sin, config) -> (q, k)`` whatever the installed convention.
-
-    q, k: ``(B, H, L, D)``; cos, sin: what the installed rotary embedding returns (``(3, B, L, D)``
-    sectioned or ``(B, L, D)`` folded); config: the model or text config (read for ``mrope_section``).
-    """
-    if entry.rotary_layout == "sectioned":
-        def apply_rotary(q, k, cos, sin, config):
-            return fn(q, k, cos, sin, rope_config(config, entry.rope_config_key)["mrope_section"])
-    else:
-        def apply_rotary(q, k, cos, sin, config):
-            return fn(q, k, cos, sin)
-    apply_rotary.__doc__ = _uniform_rotary.__doc__
-    return apply_rotary

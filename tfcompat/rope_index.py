@@ -1,4 +1,5 @@
-"""``rope_index``: contract position ids ``(4, B, L)`` from the installed transformers' own M-RoPE index."""
+"""``rope_index``: contract position ids ``(4, B, L)`` from the installed transformers' own M-RoPE index, or
+from the family's reference (`tfcompat.reference_rope`)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,12 @@ from typing import Literal
 
 import torch
 
-from .errors import InvalidInputError, PatchError
-from .mrope import reference_rope_index
-from .registry import families
-from .registry import family as _family
-from .registry import resolve
-from .rope import text_row_from_mask
+from .errors import InvalidInputError
+from .position_ids import text_row_from_mask
+from .reference_rope import REFERENCES
+from .registry import families, resolve
 
 __all__ = ["rope_index"]
-
 
 
 @torch.no_grad()
@@ -33,29 +31,23 @@ def rope_index(
     Calls the installed ``get_rope_index`` with that version's signature (building ``mm_token_type_ids``
     where it is required). The text row counts attended tokens (``attention_mask``), padding gets 1.
     ``second_per_grid_ts (n_videos,)``: seconds per temporal grid step (Qwen2.5-VL only).
-    impl: "installed" (what the stock model of this version computes) or "reference" (tfcompat's own, for the
-    Qwen-VL families: the original Qwen semantics, without the installed version's known deviations,
-    listed in ``resolve(family).entry.rope_index_deviations``).
+    impl: "installed" (what the stock model of this version computes) or "reference" (tfcompat's own, named by
+    ``resolve(family).spec.reference_rope_index``: the original model's semantics, without the installed
+    version's known deviations, listed in ``resolve(family).entry.rope_index_deviations``).
     For packing, call it per sequence and concatenate the results on the last dim.
     """
-    key = getattr(getattr(model, "config", None), "model_type", None)
-    r = resolve(key)
-    owner = next((m for m in model.modules() if isinstance(m, r.classes["model"])), None)
-    if owner is None:
-        raise PatchError(
-            f"no {r.classes['model'].__name__} inside {type(model).__name__}",
-            family=r.family, transformers_version=r.transformers_version,
-            why="get_rope_index lives on that class in this transformers",
-        )
+    r = resolve(getattr(getattr(model, "config", None), "model_type", None))
+    owner = r.vision_modules(model, purpose="rope_index (get_rope_index lives with it)").owner
     text = text_row_from_mask(attention_mask, *input_ids.shape, device=input_ids.device)
     if impl == "reference":
-        if not _family(key).reference_rope_index:
+        name = r.spec.reference_rope_index
+        if name is None:
             raise InvalidInputError(
-                f"no reference M-RoPE index for {key}", family=r.family, transformers_version=r.transformers_version,
+                f"no reference M-RoPE index for {r.family}", family=r.family, transformers_version=r.transformers_version,
                 supported=", ".join(k for k, f in families().items() if f.reference_rope_index), fix="use impl='installed'",
             )
-        mrope = reference_rope_index(owner.config, input_ids.cpu(), image_grid_thw, video_grid_thw,
-                                     second_per_grid_ts, attention_mask)
+        mrope = REFERENCES[name].compute(owner.config, input_ids.cpu(), image_grid_thw, video_grid_thw,
+                                         second_per_grid_ts, attention_mask)
         return torch.cat([text[None].cpu(), mrope], dim=0).to(input_ids.device)
     kwargs = dict(image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw, attention_mask=attention_mask)
     if second_per_grid_ts is not None:
@@ -66,6 +58,6 @@ def rope_index(
             )
         kwargs["second_per_grid_ts"] = second_per_grid_ts
     if r.entry.rope_index_mm_token_types:
-        kwargs["mm_token_type_ids"] = _family(key).mm_token_types(owner.config, input_ids)
+        kwargs["mm_token_type_ids"] = r.spec.mm_token_types(owner.config, input_ids)
     mrope, _ = owner.get_rope_index(input_ids, **kwargs)
     return torch.cat([text[None].to(mrope.dtype), mrope], dim=0)

@@ -26,7 +26,7 @@ from .a2a import Transport
 from .context import CONTEXT_KWARG, ForwardContext
 from .errors import InvalidInputError
 from .packing import PackedSeqs, check_text_positions, from_host_positions
-from .rope import split_positions
+from .position_ids import split_positions
 
 __all__ = [
     "Shard",

@@ -8,29 +8,27 @@ from hypothesis import strategies as st
 
 from tests.distributed import workers
 from tests.distributed.harness import run_world
+from tfcompat.registry import installed_families
+from tfcompat.selfcheck import sample_case
 
 pytestmark = pytest.mark.dist
 
-# lengths whose totals are not multiples of 2 or 4, so the pad segment is always exercised
-CASES = {
-    "qwen2": ("qwen2", [7, 12, 6], [None, None, None], {}),
-    "llama-kv1": ("llama", [9, 5, 8], [None, None, None], {"num_key_value_heads": 1}),
-    "glm4v-image": ("glm4v", [7, 12, 6], [None, (1, 4, 6), None], {}),
-    "qwen2_vl-video": ("qwen2_vl", [7, 12, 6], [("video", (2, 4, 4)), (1, 4, 6), None], {}),
-    "qwen2_5_vl-image": ("qwen2_5_vl", [9, 5, 8], [(1, 4, 6), None, (1, 2, 4)], {}),
-}
+# every registered family on its packed sample (Family.sample_vision: images and videos for the VLMs), plus
+# one KV head; the sample's totals are not multiples of 2 or 4, so the pad segment is always exercised
+CASES = {f"{key}-sample": (key, *sample_case(key), {}) for key in installed_families()}
+CASES["llama-kv1"] = ("llama", [9, 5, 8], [None, None, None], {"num_key_value_heads": 1})
+VLMS = [key for key, fam in installed_families().items() if fam.is_vision]
 
-
-WORLDS = [(case, 2) for case in sorted(CASES)] + [("qwen2", 4), ("llama-kv1", 4), ("glm4v-image", 4)]
+WORLDS = [(case, 2) for case in sorted(CASES)] + [("qwen2-sample", 4), ("llama-kv1", 4)] + [
+    (f"{key}-sample", 4) for key in VLMS]
 
 
 @pytest.mark.parametrize("case,world", WORLDS, ids=[f"{c}-sp{w}" for c, w in WORLDS])
 def test_sp_equals_single_process(case, world):
     """Rule: logits and the gradients of q_proj, o_proj, embeddings (and the vision tower) match SP=1.
 
-    "llama-kv1" has one KV head (n_kv < sp at every size); at sp=4 "qwen2" has 2 KV heads: K/V are repeated
-    sp // n_kv times, no more. GLM-4V runs at sp=4 too; the Qwen-VL cases at sp=2 (each spawn imports the
-    whole model stack).
+    "llama-kv1" has one KV head (n_kv < sp at every size); at sp=4 the samples have 2 KV heads: K/V are
+    repeated sp // n_kv times, no more. Every vision family runs its images and videos at sp=2 and sp=4.
     """
     run_world(workers.sp_equals_single, world, *CASES[case])
 

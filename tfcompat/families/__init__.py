@@ -1,8 +1,11 @@
-"""One module per model family; each declares its entries and nothing else (no transformers import)."""
+"""One module per model family; each declares its table and nothing else (no transformers import).
+
+Family modules import `tfcompat.records` (and their builders here) only; `tfcompat.registry` collects them.
+"""
 
 from __future__ import annotations
 
-from ..registry import Family
+from ..records import Family
 from . import glm4v, llama, qwen2, qwen2_5_vl, qwen2_vl, qwen3
 
 __all__ = ["FAMILIES"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..registry import Entry
+from ..records import Entry, Family, Rotary
 from ..versions import VersionRange
 
 
@@ -27,8 +27,7 @@ def dense_entries(family: str, prefix: str) -> tuple[Entry, ...]:
             "decoder_layer": f"{prefix}DecoderLayer",
             "for_causal_lm": f"{prefix}ForCausalLM",
         },
-        apply_rotary="apply_rotary_pos_emb",
-        rotary_layout="folded",
+        rotary=Rotary("apply_rotary_pos_emb", "folded"),
         rope_config_key="rope_scaling",
         text_model_positions="text",
         layer_forwards_kwargs=True,
@@ -40,19 +39,22 @@ def dense_entries(family: str, prefix: str) -> tuple[Entry, ...]:
         base,
         replace(base, versions=VersionRange("4.56", "5.0"), cache_kwarg="past_key_values",
                 why="cache kwarg renamed past_key_value -> past_key_values"),
-        replace(base, versions=VersionRange("5.0", "5.24"), cache_kwarg="past_key_values", rope_config_key="rope_parameters",
-                why="rope_parameters; apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)"),
+        replace(base, versions=VersionRange("5.0", "5.24"), cache_kwarg="past_key_values",
+                rope_config_key="rope_parameters", why="rope_parameters; apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)"),
         replace(base, versions=VersionRange("5.24", "5.25"), cache_kwarg="cache", rope_config_key="rope_parameters",
                 why="cache kwarg renamed past_key_values -> cache"),
     )
 
 
-def dense_tiny_config(config_name: str, **extra: Any):
-    """A ``tiny_config`` for a dense family: 2 layers, 4 query heads, 2 KV heads, head_dim 16."""
+def dense_family(key: str, prefix: str, config_name: str, **tiny: Any) -> Family:
+    """A dense family: the table above and a tiny config (2 layers, 4 query heads, 2 KV heads, head_dim 16).
+
+    tiny: extra tiny-config keys (e.g. ``head_dim``).
+    """
 
     def tiny_config(entry: Entry) -> tuple[str, dict[str, Any]]:
         return config_name, dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                 rope_theta=10000.0, pad_token_id=0, **extra)
+                                 rope_theta=10000.0, pad_token_id=0, **tiny)
 
-    return tiny_config
+    return Family(key=key, entries=dense_entries(key, prefix), tiny_config=tiny_config)

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..registry import Entry
+from ..records import Entry
 from ..versions import VersionRange, release_floor
 
 
-def overlay(entries: tuple[Entry, ...], span: VersionRange, why: str, **add: tuple[str, ...]) -> tuple[Entry, ...]:
-    """Split ``entries`` at ``span``'s ends and append ``add``'s names to the tuple fields of the pieces inside.
+def overlay(entries: tuple[Entry, ...], span: VersionRange, why: str, *,
+            rope_index_deviations: tuple[str, ...] = (), known_issues: tuple[str, ...] = ()) -> tuple[Entry, ...]:
+    """Split ``entries`` at ``span``'s ends and append names to the tuple fields of the pieces inside.
 
     entries: contiguous, oldest first. Pieces that begin at ``span.low`` take ``why`` as their reason.
+    rope_index_deviations, known_issues: names appended inside ``span`` (none: the split only marks a new reason).
     """
     out: list[Entry] = []
     for entry in entries:
@@ -20,10 +22,28 @@ def overlay(entries: tuple[Entry, ...], span: VersionRange, why: str, **add: tup
         for low, high in zip(bounds, bounds[1:]):
             piece = replace(entry, versions=VersionRange(low, high))
             if _covers(span, piece.versions):
-                changes = {k: (*getattr(piece, k), *v) for k, v in add.items()}
-                piece = replace(piece, **changes, why=why if low == span.low else piece.why)
+                piece = replace(
+                    piece,
+                    why=why if low == span.low else piece.why,
+                    rope_index_deviations=(*piece.rope_index_deviations, *rope_index_deviations),
+                    known_issues=(*piece.known_issues, *known_issues),
+                )
             out.append(piece)
     return tuple(out)
+
+
+def starting_at(entries: tuple[Entry, ...], first: str, why: str) -> tuple[Entry, ...]:
+    """``entries`` from release ``first`` on (a family added after the table's first range); the first kept
+    piece takes ``why``. Entries that end at or before ``first`` are dropped, the one holding it is cut."""
+    kept: list[Entry] = []
+    for entry in entries:
+        if entry.versions.high is not None and release_floor(entry.versions.high) <= release_floor(first):
+            continue
+        if not kept:
+            low = first if release_floor(entry.versions.low) < release_floor(first) else entry.versions.low
+            entry = replace(entry, versions=VersionRange(low, entry.versions.high), why=why)
+        kept.append(entry)
+    return tuple(kept)
 
 
 def _inside(cut: str, rng: VersionRange) -> bool:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from ..registry import Family
-from ._dense import dense_entries, dense_tiny_config
+from ._dense import dense_family
 
-ENTRIES = dense_entries("llama", "Llama")
-FAMILY = Family(key="llama", entries=ENTRIES, mm_token_types=None, tiny_config=dense_tiny_config("LlamaConfig"))
+FAMILY = dense_family("llama", "Llama", "LlamaConfig")

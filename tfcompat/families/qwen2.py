@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from ..registry import Family
-from ._dense import dense_entries, dense_tiny_config
+from ._dense import dense_family
 
-ENTRIES = dense_entries("qwen2", "Qwen2")
-FAMILY = Family(key="qwen2", entries=ENTRIES, mm_token_types=None, tiny_config=dense_tiny_config("Qwen2Config"))
+FAMILY = dense_family("qwen2", "Qwen2", "Qwen2Config")

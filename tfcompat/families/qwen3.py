@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from ..registry import Family
-from ._dense import dense_entries, dense_tiny_config
+from ._dense import dense_family
 
-ENTRIES = dense_entries("qwen3", "Qwen3")
-FAMILY = Family(key="qwen3", entries=ENTRIES, mm_token_types=None, tiny_config=dense_tiny_config("Qwen3Config", head_dim=16))
+FAMILY = dense_family("qwen3", "Qwen3", "Qwen3Config", head_dim=16)

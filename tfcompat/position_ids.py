@@ -1,4 +1,4 @@
-"""Rope configuration and the position-id contract.
+"""The position-id contract.
 
 The contract, the same on every transformers version: position ids are ``(4, B, L)`` rows
 ``[text; t; h; w]`` (M-RoPE families) or ``(B, L)`` (text only: all four rows equal it). The text row
@@ -8,33 +8,14 @@ which layout its text model accepts, and `to_text_model_layout` converts.
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from .errors import InvalidInputError
+from .records import TextModelLayout
 
-__all__ = ["Positions", "rope_config", "split_positions", "to_text_model_layout", "text_row_from_mask"]
-
-RopeConfigKey = Literal["rope_scaling", "rope_parameters"]
-TextModelLayout = Literal["mrope", "text+mrope", "text"]
-
-
-def rope_config(config: Any, key: RopeConfigKey) -> dict[str, Any]:
-    """The rope settings of a (possibly composite) config as one flat dict.
-
-    Reads ``config.text_config`` when present, then the dict at ``key`` (``rope_scaling`` on 4.x,
-    ``rope_parameters`` on 5.x), and fills ``rope_theta`` / ``partial_rotary_factor`` from the top level
-    of the text config where the dict lacks them. Keys: ``rope_type``, ``rope_theta``, ``mrope_section``, ...
-    """
-    text = getattr(config, "text_config", None) or config
-    found = dict(getattr(text, key, None) or {})
-    if "type" in found and "rope_type" not in found:
-        found["rope_type"] = found["type"]
-    for name in ("rope_theta", "partial_rotary_factor"):
-        if name not in found and getattr(text, name, None) is not None:
-            found[name] = getattr(text, name)
-    return found
+__all__ = ["Positions", "split_positions", "to_text_model_layout", "text_row_from_mask"]
 
 
 class Positions(NamedTuple):

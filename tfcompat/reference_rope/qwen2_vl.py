@@ -1,4 +1,4 @@
-"""tfcompat's own M-RoPE index for the Qwen-VL families, the reference the installed one is tested against.
+"""The reference M-RoPE index of Qwen2-VL and Qwen2.5-VL, the one the installed ``get_rope_index`` is tested against.
 
 Reference: Qwen2-VL (Wang et al. 2024, section 2.1) and transformers 4.57's ``Qwen2_5_VLModel.get_rope_index``.
 Text tokens advance all three rows together; a vision item of grid ``(t, h, w)`` (``h, w`` after the
@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 
-__all__ = ["DEVIATIONS", "reference_rope_index"]
+__all__ = ["DEVIATIONS", "rope_index"]
 
 DEVIATIONS = {
     "seconds_truncated": "a fractional second_per_grid_ts is truncated to an int before scaling the t row",
@@ -28,7 +28,7 @@ DEVIATIONS = {
 }
 
 
-def reference_rope_index(
+def rope_index(
     config: Any,
     input_ids: torch.Tensor,
     image_grid_thw: torch.Tensor | None = None,

@@ -1,0 +1,118 @@
+"""Probing an entry against the installed transformers: import its module, look up every symbol and
+signature the family needs, so a missing one fails at resolution and never inside a forward."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable, NamedTuple
+
+from .errors import SymbolProbeError
+from .records import Entry, Family
+
+__all__ = ["Probe", "Probed", "probe"]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One check made at resolution: what was looked up, whether it held, and what was found."""
+
+    what: str
+    ok: bool
+    detail: str
+
+
+class Probed(NamedTuple):
+    """What probing found: the module, classes by role, the module's rotary and ``repeat_kv`` functions."""
+
+    module: ModuleType
+    classes: dict[str, type]
+    apply_rotary: Callable[..., Any]
+    repeat_kv: Callable[..., Any]
+    probes: tuple[Probe, ...]
+
+
+def probe(family: Family, entry: Entry, version: str, forward_compatible: bool) -> Probed:
+    """Import ``entry.module`` and check every symbol ``entry`` names; `SymbolProbeError` on the first miss.
+
+    version: the installed transformers; forward_compatible: ``entry`` is the newest one, probed for a newer
+    undeclared release (the error then points at the newest declared release).
+    """
+    probes: list[Probe] = []
+
+    def fail(symbol: str, why: str) -> SymbolProbeError:
+        newest = family.entries[-1].versions
+        nearest = f"{newest.low}" if forward_compatible else f"a release in {entry.versions}"
+        return SymbolProbeError(
+            f"cannot resolve {entry.family}: {entry.module}.{symbol} {why}",
+            family=entry.family,
+            transformers_version=version,
+            why=f"the {entry.versions} entry expects it" + (" (undeclared version, probed)" if forward_compatible else ""),
+            supported=family.supported,
+            fix=f"install transformers {nearest} (nearest supported), or upgrade tfcompat",
+        )
+
+    try:
+        module = importlib.import_module(entry.module)
+    except ImportError as exc:
+        raise fail("", f"cannot be imported ({exc})") from None
+    probes.append(Probe(f"import {entry.module}", True, "ok"))
+
+    classes: dict[str, type] = {}
+    for role, name in entry.classes.items():
+        obj = getattr(module, name, None)
+        if not isinstance(obj, type):
+            raise fail(name, "is missing" if obj is None else "is not a class")
+        classes[role] = obj
+        probes.append(Probe(f"{role} class", True, name))
+
+    rotary = entry.rotary
+    apply_rotary = getattr(module, rotary.apply, None)
+    if not callable(apply_rotary):
+        raise fail(rotary.apply, "is missing")
+    params = inspect.signature(apply_rotary).parameters
+    if (rotary.layout == "sectioned") != ("mrope_section" in params):
+        raise fail(rotary.apply, f"has parameters {list(params)}, not the {rotary.layout} convention")
+    probes.append(Probe("apply_rotary", True, f"{rotary.apply}{inspect.signature(apply_rotary)}"))
+
+    if rotary.marker is not None:
+        if not hasattr(classes["rotary"], rotary.marker):
+            raise fail(f"{entry.classes['rotary']}.{rotary.marker}", "is missing (rotary layout changed)")
+        probes.append(Probe("rotary layout", True, f"{entry.classes['rotary']}.{rotary.marker}"))
+
+    repeat_kv = getattr(module, "repeat_kv", None)
+    if not callable(repeat_kv):
+        raise fail("repeat_kv", "is missing")
+    probes.append(Probe("repeat_kv", True, "repeat_kv"))
+
+    attn_params = inspect.signature(classes["attention"].forward).parameters
+    if entry.cache_kwarg not in attn_params:
+        raise fail(f"{entry.classes['attention']}.forward", f"has no {entry.cache_kwarg!r} parameter")
+    probes.append(Probe("attention cache kwarg", True, entry.cache_kwarg))
+
+    text_params = inspect.signature(classes["text_model"].forward).parameters
+    if "position_ids" not in text_params:
+        raise fail(f"{entry.classes['text_model']}.forward", "has no position_ids parameter")
+    probes.append(Probe("text model position_ids", True, entry.text_model_positions))
+
+    if entry.vision is not None:
+        owner_name = entry.classes[entry.vision.owner]
+        owner = classes[entry.vision.owner]
+        for method in ("get_image_features", "get_rope_index"):
+            if not callable(getattr(owner, method, None)):
+                raise fail(f"{owner_name}.{method}", "is missing")
+        takes_mm = "mm_token_type_ids" in inspect.signature(owner.get_rope_index).parameters
+        if takes_mm != entry.rope_index_mm_token_types:
+            raise fail(f"{owner_name}.get_rope_index", f"mm_token_type_ids parameter is {takes_mm}")
+        probes.append(Probe("vision tower", True, f"{owner_name}.{entry.vision.attr}, {owner_name}.get_image_features"))
+        probes.append(Probe("get_rope_index", True, str(inspect.signature(owner.get_rope_index))))
+
+    modeling_utils = importlib.import_module("transformers.modeling_utils")
+    interface = getattr(modeling_utils, "AttentionInterface", None)
+    if interface is None or not hasattr(interface, "_global_mapping"):
+        raise fail("AttentionInterface", "is missing from transformers.modeling_utils")
+    probes.append(Probe("AttentionInterface", True, "transformers.modeling_utils.AttentionInterface"))
+
+    return Probed(module, classes, apply_rotary, repeat_kv, tuple(probes))
