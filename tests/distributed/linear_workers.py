@@ -20,28 +20,31 @@ def _inputs(lengths: list[int], heads: LinearHeads, width: int = 4) -> tuple[lis
     return tokens, params
 
 
-def _leaves(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [t.detach().clone().requires_grad_() for t in tensors]
+def _leaves(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    return [t.detach().to(device).requires_grad_() for t in tensors]
 
 
 def linear_sp_equals_single(rank: int, world: int, lengths: list[int], heads: tuple[int, int, int, int]) -> None:
     """`linear_attention` under Ulysses on ``world`` ranks equals the single-process run per token, and so do the
-    gradients of its inputs (this rank's tokens) and parameters (summed over ranks)."""
+    gradients of its inputs (this rank's tokens) and parameters (summed over ranks). Over NCCL each rank runs on
+    ``cuda:rank`` in fp32 with TF32 off."""
+    device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     heads = LinearHeads(*heads)
     pad = -sum(lengths) % world
     lengths = lengths + ([pad] if pad else [])  # the pad forms its own sequence, as in shard_inputs
-    seqs = from_lengths(lengths)
+    seqs = from_lengths(lengths, device)
     tokens, params = _inputs(lengths, heads)
     out_weight = torch.randn(seqs.total, heads.num_v_heads, heads.head_v_dim,
-                             generator=torch.Generator().manual_seed(12))
+                             generator=torch.Generator().manual_seed(12)).to(device)
 
-    ref_tokens, ref_params = _leaves(tokens), _leaves(params)
+    ref_tokens, ref_params = _leaves(tokens, device), _leaves(params, device)
     ref = linear_attention(*ref_tokens, LinearAttentionParams(heads, *ref_params[:2], "silu", *ref_params[2:]), seqs)
     (ref * out_weight).sum().backward()
 
     n = seqs.total // world
     local = slice(rank * n, (rank + 1) * n)
-    my_tokens, my_params = _leaves([t[local] for t in tokens]), _leaves(params)
+    my_tokens, my_params = _leaves([t[local] for t in tokens], device), _leaves(params, device)
     out = linear_attention(*my_tokens, LinearAttentionParams(heads, *my_params[:2], "silu", *my_params[2:]), seqs,
                            group=dist.group.WORLD)
     assert out.shape == (n, heads.num_v_heads, heads.head_v_dim), tuple(out.shape)
