@@ -45,15 +45,11 @@ def shapes(smoke: bool) -> list[tuple[str, list[int], int, int, int]]:
     return [
         ("8x1k", [1024] * 8, 28, 4, 128),
         ("8x4k", [4096] * 8, 28, 4, 128),
-        ("4x16k", [16384] * 4, 28, 4, 128),
         ("2x32k", [32768] * 2, 28, 4, 128),
         ("8 odd (20205)", odd, 28, 4, 128),
         ("8x4k", [4096] * 8, 32, 8, 128),
-        ("8x4k", [4096] * 8, 16, 16, 128),
-        ("8x1k", [1024] * 8, 16, 16, 64),
-        ("8x4k", [4096] * 8, 32, 8, 64),
         ("8x4k", [4096] * 8, 16, 16, 64),
-        ("2x32k", [32768] * 2, 32, 8, 64),
+        ("4x16k", [16384] * 4, 32, 8, 64),
     ]
 
 
@@ -75,8 +71,8 @@ def run_shape(name: str, lengths: list[int], hq: int, hkv: int, d: int, dtype: t
         fwd_only = [b for b in A.available_backends(q0, k=k0) if b not in backends]
     auto = A.select_backend(needs_grad_probe, "auto", k=k0, seqs=seqs)
 
-    ref = _outputs(q0.float(), k0.float(), v0.float(), seqs, grad.float(), "sdpa", backward=True)
-    low = _outputs(q0, k0, v0, seqs, grad, "sdpa", backward=True)
+    ref = _reference(q0.float(), k0.float(), v0.float(), seqs, grad.float())
+    low = _reference(q0, k0, v0, seqs, grad)
     errors: dict[str, Any] = {}
     exact: dict[str, bool] = {}
     for b in [*backends, *fwd_only]:
@@ -132,6 +128,19 @@ def run_shape(name: str, lengths: list[int], hq: int, hkv: int, d: int, dtype: t
     return result
 
 
+def _reference(q0: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, seqs: PackedSeqs,
+               grad: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The "sdpa" backend on K/V repeated to every query head (SDPA's memory-efficient kernel runs fp32 without
+    GQA; with it, fp32 falls back to the math kernel and its (H, L, L) scores); gradients flow back to the
+    KV heads through the repeat."""
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q0, k0, v0))
+    group = q.shape[1] // k.shape[1]
+    # (T, Hkv, D) -> (T, Hq, D)
+    out = A.varlen_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), seqs, backend="sdpa")
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
+    return {"out": out.detach().float(), "dq": dq.float(), "dk": dk.float(), "dv": dv.float()}
+
+
 def _outputs(q0: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, seqs: PackedSeqs, grad: torch.Tensor,
              backend: str, backward: bool) -> dict[str, torch.Tensor]:
     if not backward:
@@ -150,8 +159,8 @@ def main() -> None:
     smoke = args.smoke
     device = C.device_for(smoke)
     dtype = torch.float32 if smoke else torch.bfloat16
-    warmup = args.warmup if args.warmup is not None else (1 if smoke else 3)
-    reps = args.reps if args.reps is not None else (2 if smoke else 10)
+    warmup = args.warmup if args.warmup is not None else (1 if smoke else 2)
+    reps = args.reps if args.reps is not None else (2 if smoke else 5)
     # the sweep changes shapes, dtypes and grad mode more often than a training run does
     for knob in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, knob):
@@ -166,6 +175,8 @@ def main() -> None:
     for spec in todo:
         r = run_shape(*spec, dtype=dtype, device=device, warmup=warmup, reps=reps)
         results.append(r)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         bad = {b: e for b, e in r["errors"].items() if isinstance(e, str) or not r["exact"][b]}
         print(f"{spec[0]} {spec[2]}/{spec[3]} hd{spec[4]}: auto -> {r['auto']}; not exact or failed: {bad or 'none'}",
               flush=True)

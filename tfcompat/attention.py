@@ -11,8 +11,9 @@ accumulated in fp32, output in the input dtype. Backends (each imported or probe
   differs between torch releases, so it is probed once). CUDA, fp16/bf16.
 - ``"cudnn"``: cuDNN's fused attention over the packed stream with ``cu_seqlens``
   (``torch.ops.aten._cudnn_attention_forward``, the kernel behind SDPA's cuDNN backend on jagged nested
-  tensors; differentiable through torch's own derivative). CUDA, fp16/bf16, head_dim a multiple of 8 up to 128,
-  cuDNN 9 or newer.
+  tensors). CUDA, fp16/bf16, head_dim a multiple of 8 up to 128, cuDNN 9 or newer, and **forward only**: on an
+  H200 (torch 2.11, cuDNN 9.19) its forward is exact but the gradients torch derives for this op are not
+  (NaN and 1e38 entries in dq/dk/dv against the reference), so inputs that need a gradient cannot use it.
 - ``"flex"``: ``torch.nn.attention.flex_attention``, compiled, with a document-causal block mask built once per
   forward from the boundaries (cached on the forward's ``cu_seqlens`` tensor, so every layer and the
   checkpointing recompute share it). CUDA in any floating dtype; on CPU forward only (torch has no flex
@@ -51,7 +52,7 @@ from .packing import PackedSeqs
 __all__ = ["AUTO_ORDER", "Backend", "varlen_attention", "available_backends", "select_backend"]
 
 Backend = Literal["auto", "flash", "torch", "cudnn", "flex", "sdpa"]
-AUTO_ORDER: tuple[str, ...] = ("flash", "torch", "cudnn", "flex", "sdpa")
+AUTO_ORDER: tuple[str, ...] = ("flash", "torch", "flex", "cudnn", "sdpa")
 _FAST_DTYPES = (torch.float16, torch.bfloat16)
 _FLEX_BLOCK = 128  # flex attention's sparse block size (tokens per block row and column)
 
@@ -116,7 +117,8 @@ def _auto_order(q: torch.Tensor, k: torch.Tensor | None, seqs: PackedSeqs | None
 _REQUIREMENTS = {
     "flash": "CUDA fp16/bf16 with flash-attn (2, 3 or 4) installed",
     "torch": "CUDA fp16/bf16 with torch.nn.attention.varlen.varlen_attn",
-    "cudnn": "CUDA fp16/bf16, head_dim a multiple of 8 up to 128, cuDNN >= 9, compute capability >= 8.0",
+    "cudnn": "CUDA fp16/bf16 without gradients (forward only), head_dim a multiple of 8 up to 128, cuDNN >= 9, "
+             "compute capability >= 8.0",
     "flex": "CUDA (any floating dtype) or CPU without gradients, head_dim a power of two >= 16, torch >= 2.6",
     "sdpa": "any device and dtype",
 }
@@ -140,7 +142,7 @@ def _can_torch(q: torch.Tensor, k: torch.Tensor | None) -> bool:
 
 def _can_cudnn(q: torch.Tensor, k: torch.Tensor | None) -> bool:
     d = q.shape[-1]
-    return _fast_cuda(q) and d % 8 == 0 and d <= 128 and _cudnn_usable(q.device)
+    return _fast_cuda(q) and not _needs_grad(q, k) and d % 8 == 0 and d <= 128 and _cudnn_usable(q.device)
 
 
 def _can_flex(q: torch.Tensor, k: torch.Tensor | None) -> bool:
@@ -211,7 +213,7 @@ def _torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs, 
 def _cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs, scale: float) -> torch.Tensor:
     cu = seqs.cu_seqlens
     out = torch.ops.aten._cudnn_attention_forward(
-        q, k, v, None, cu, cu, seqs.max_seqlen, seqs.max_seqlen, _needs_grad(q, k), 0.0, True, False, scale=scale,
+        q, k, v, None, cu, cu, seqs.max_seqlen, seqs.max_seqlen, False, 0.0, True, False, scale=scale,
     )
     return out[0]
 

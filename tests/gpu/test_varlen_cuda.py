@@ -90,6 +90,25 @@ def test_fast_backend_matches_sdpa(backend, dtype, head_dim):
             f"{name}: {backend} backend error {err:.3e} is over twice the {dtype} sdpa backend's {err_sdpa:.3e}")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_cudnn_forward_matches_sdpa_and_refuses_gradients(dtype):
+    """Rule: the forward-only "cudnn" backend agrees with SDPA without gradients, and raises when q needs one."""
+    gen = torch.Generator().manual_seed(3)
+    seqs = from_lengths(LENGTHS, device=DEVICE)
+    q, k, v = (torch.randn(sum(LENGTHS), h, 128, generator=gen).to(DEVICE, dtype) for h in (8, 2, 2))
+    if "cudnn" not in available_backends(q, k=k):
+        pytest.skip(f"cuDNN varlen attention is not usable here: {available_backends(q, k=k)}")
+    with torch.no_grad():
+        ref = varlen_attention(q.float(), k.float(), v.float(), seqs, backend="sdpa")
+        low = varlen_attention(q, k, v, seqs, backend="sdpa").float()
+        got = varlen_attention(q, k, v, seqs, backend="cudnn").float()
+    tol = TOL[dtype]
+    assert torch.allclose(got, ref, atol=tol, rtol=tol), float((got - ref).abs().max())
+    assert float((got - ref).abs().max()) <= 2 * float((low - ref).abs().max()) + tol / 4
+    with pytest.raises(tfcompat.InvalidInputError, match="cannot run these inputs"):
+        varlen_attention(q.requires_grad_(), k, v, seqs, backend="cudnn")
+
+
 @pytest.mark.parametrize("backend", FAST)
 def test_fast_backend_isolates_sequences(backend):
     """Rule: a token never sees another sequence: changing sequence 2 leaves sequence 1's output unchanged."""
