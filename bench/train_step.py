@@ -29,7 +29,7 @@ norms or biases), T the real tokens, and the second term is causal attention (QK
 Hq * head_dim`` each per layer, halved by causality, times 3 for forward + backward). Gradient checkpointing's
 recomputed forward is not counted (model FLOPs, not hardware FLOPs), nor is padding.
 
-``--profile`` adds one profiled step per variant (torch.profiler, CUDA kernel time) split into attention
+``--profile [VARIANTS]`` adds one profiled step per variant (or per listed variant) (torch.profiler, CUDA kernel time) split into attention
 (kernels under the attention function, found by wrapping transformers' attention interface entries, and
 attention backward ops), matmuls (GEMM kernels outside the head), the PPO head (every kernel of its forward and
 backward) and elementwise / other, with each variant's top kernels.
@@ -211,11 +211,10 @@ def marked_attention() -> Iterator[None]:
 
 
 def profile_step(step: Callable[[], Any], device: torch.device) -> dict[str, Any]:
-    """Kernel time of one step by category: attention, matmul, head, elementwise/other; and the top kernels."""
+    """Kernel time of one (already warm) step by category: attention, matmul, head, elementwise/other; and the
+    top kernels."""
     from torch.profiler import ProfilerActivity, profile
 
-    step()  # warm: nothing compiles inside the profile
-    C.sync(device)
     with marked_attention(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
         C.sync(device)
@@ -266,7 +265,8 @@ def main() -> None:
     p.add_argument("--tfcompat-backends", default="auto", help="attention backends of the tfcompat variant")
     p.add_argument("--head", default="auto", help="tfcompat.heads backend for every variant (default auto)")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H200: 989)")
-    p.add_argument("--profile", action="store_true", help="one profiled step per variant: where the time goes")
+    p.add_argument("--profile", nargs="?", const="all", default=None,
+                   help="one profiled step per variant (or per variant of a comma list): where the time goes")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     smoke = args.smoke
@@ -336,7 +336,8 @@ def main() -> None:
                 model.zero_grad(set_to_none=True)
                 continue
             peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-            prof = profile_step(step, device) if args.profile and device.type == "cuda" else None
+            profiled = args.profile is not None and (args.profile == "all" or name in args.profile.split(","))
+            prof = profile_step(step, device) if profiled and device.type == "cuda" else None
         model.zero_grad(set_to_none=True)
         med = C.median(ms)
         results[name] = {"ms": med, "all_ms": ms, "loss": loss, "real_tokens_per_s": batch.total / (med * 1e-3),
@@ -365,7 +366,7 @@ def main() -> None:
                 ratios[f"{t} / {other}"] = results[other]["ms"] / results[t]["ms"]
     for k, v in ratios.items():
         print(f"speed-up {k}: {v:.2f}x")
-    if args.profile and device.type == "cuda":
+    if any(r.get("profile") for r in results.values()):
         cats = ["attention", "matmul", "head", "elementwise/other"]
         prow = [[n, r["profile"]["gpu_ms"], *(f"{r['profile']['ms'][c]:.0f} ({100 * r['profile']['share'][c]:.0f}%)"
                                               for c in cats)]
