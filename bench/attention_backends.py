@@ -177,6 +177,9 @@ def main() -> None:
         results.append(r)
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        payload = {"benchmark": "attention_backends", "smoke": smoke, "machine": info, "dtype": str(dtype),
+                   "warmup": warmup, "reps": reps, "results": results}
+        C.write_json(args.out, payload)  # after every shape: a run cut short keeps what it measured
         bad = {b: e for b, e in r["errors"].items() if isinstance(e, str) or not r["exact"][b]}
         print(f"{spec[0]} {spec[2]}/{spec[3]} hd{spec[4]}: auto -> {r['auto']}; not exact or failed: {bad or 'none'}",
               flush=True)
@@ -199,8 +202,6 @@ def main() -> None:
                          "-" if r["flex_mask_ms"] is None else f"{r['flex_mask_ms']:.3f}"])
     print(f"\n{dtype}, ms (TFLOP/s), median of {reps} after {warmup} warm-up, backends interleaved:")
     print(C.table(["shape", "pass", *names, "fastest", "auto", "auto/fastest", "mask ms"], rows))
-    C.write_json(args.out, {"benchmark": "attention_backends", "smoke": smoke, "machine": info, "dtype": str(dtype),
-                            "warmup": warmup, "reps": reps, "results": results})
 
 
 if __name__ == "__main__":
