@@ -221,6 +221,18 @@ class TestLayerEqualsStockModule:
         assert float((carried - want).detach().abs().max()) > 1e-3
 
 
+def test_maps_built_under_inference_mode_serve_training():
+    """An index map first built under inference_mode (a log-prob pass) is reused by a training step."""
+    lengths = [11, 4, 29]  # lengths no other test uses, so the maps are built here first
+    inputs = _rule_inputs(lengths, 1, 2)
+    x, weight = torch.randn(sum(lengths), 6, requires_grad=True), torch.randn(6, 3)
+    with torch.inference_mode():
+        packed_gated_delta_rule(*(t.detach() for t in inputs), from_lengths(lengths))
+        packed_causal_conv1d(x.detach(), weight, None, from_lengths(lengths))
+    _grads(packed_gated_delta_rule(*inputs, from_lengths(lengths)), inputs)
+    _grads(packed_causal_conv1d(x, weight, None, from_lengths(lengths)), [x])
+
+
 class TestBackends:
     def test_cpu_has_only_torch(self):
         x = torch.zeros(3, 4)

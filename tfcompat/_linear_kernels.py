@@ -74,6 +74,20 @@ class ChunkLayout(NamedTuple):
     steps: tuple[tuple[int, int], ...]
 
 
+def cached_maps(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Cache an index-map builder by its (hashable) arguments. The maps are built outside inference mode: a map
+    first built under ``torch.inference_mode()`` (a log-prob pass) is reused by a training step, where autograd
+    saves it for backward, which inference tensors refuse."""
+
+    @functools.lru_cache(maxsize=32)
+    @functools.wraps(fn)
+    def build(*args: Any) -> Any:
+        with torch.inference_mode(False):
+            return fn(*args)
+
+    return build
+
+
 def _host_ids(lengths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """``(T,)`` sequence id and ``(T,)`` position inside its sequence of every token (host tensors)."""
     n = torch.tensor(lengths)
@@ -82,7 +96,7 @@ def _host_ids(lengths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     return seq, torch.arange(int(n.sum())) - starts[seq]
 
 
-@functools.lru_cache(maxsize=32)
+@cached_maps
 def conv_layout(lengths: tuple[int, ...], width: int, device: torch.device) -> ConvLayout:
     seq, _ = _host_ids(lengths)
     out = torch.arange(seq.numel()) + (width - 1) * seq
@@ -90,7 +104,7 @@ def conv_layout(lengths: tuple[int, ...], width: int, device: torch.device) -> C
     return ConvLayout((out + width - 1).to(device, non_blocking=True), out.to(device, non_blocking=True), rows)
 
 
-@functools.lru_cache(maxsize=32)
+@cached_maps
 def chunk_layout(lengths: tuple[int, ...], chunk: int, device: torch.device) -> ChunkLayout:
     counts = [math.ceil(n / chunk) for n in lengths]
     order = sorted(range(len(lengths)), key=lambda i: -counts[i])  # stable: ties keep packing order
@@ -107,14 +121,14 @@ def chunk_layout(lengths: tuple[int, ...], chunk: int, device: torch.device) -> 
     return ChunkLayout(slots.to(device, non_blocking=True), first, tuple(steps))
 
 
-@functools.lru_cache(maxsize=32)
+@cached_maps
 def seq_index(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """``(1, T)`` int32 sequence id of every token (causal-conv1d's ``seq_idx``)."""
     seq, _ = _host_ids(lengths)
     return seq.to(torch.int32)[None].to(device, non_blocking=True)
 
 
-@functools.lru_cache(maxsize=32)
+@cached_maps
 def long_cu_seqlens(lengths: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``(N + 1,)`` int64 boundaries on ``device`` and on the host; the same objects for every layer (fla caches
     its chunk indices by tensor identity, and builds them from the host copy without a sync)."""

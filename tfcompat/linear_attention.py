@@ -61,7 +61,6 @@ three families share the module's attribute names: ``num_k_heads``, ``num_v_head
 
 from __future__ import annotations
 
-import functools
 from typing import Literal, NamedTuple
 
 import torch
@@ -319,7 +318,7 @@ def shard_conv_weight(weight: torch.Tensor, bias: torch.Tensor | None, heads: Li
     return weight.index_select(0, index), None if bias is None else bias.index_select(0, index)
 
 
-@functools.lru_cache(maxsize=64)
+@_k.cached_maps
 def _conv_channels(heads: LinearHeads, sp: int, rank: int, device: torch.device) -> torch.Tensor:
     hk, dk = heads.num_k_heads, heads.head_k_dim
     key_heads = torch.arange(rank * hk // sp, (rank + 1) * hk // sp) if hk >= sp else torch.tensor([rank * hk // sp])
