@@ -33,6 +33,7 @@ Measured per variant and token count:
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import importlib.util
@@ -113,7 +114,7 @@ def load_verl(source: Path | None) -> tuple[types.ModuleType, types.ModuleType]:
     """``verl.utils.kernel.linear_cross_entropy`` and ``verl.utils.experimental.torch_functional``: imported
     normally when verl imports, else loaded from ``source/verl`` with a stand-in ``verl.utils.device``."""
     names = ("verl.utils.kernel.linear_cross_entropy", "verl.utils.experimental.torch_functional")
-    if importlib.util.find_spec("verl") is not None:
+    if "verl" in sys.modules or importlib.util.find_spec("verl") is not None:
         try:
             return tuple(importlib.import_module(name) for name in names)  # type: ignore[return-value]
         except ImportError as exc:
@@ -135,6 +136,7 @@ def load_verl(source: Path | None) -> tuple[types.ModuleType, types.ModuleType]:
     return tuple(importlib.import_module(name) for name in names)  # type: ignore[return-value]
 
 
+@functools.cache
 def verl_heads(source: Path | None) -> dict[str, Head]:
     linear_cross_entropy, torch_functional = load_verl(source)
     ppo = torch_functional.FusedLinearForPPO(chunk_size=512)

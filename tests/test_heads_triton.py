@@ -122,8 +122,11 @@ class TestTritonMatchesReference:
 
 
 class TestTritonHalfPrecision:
-    """bf16 and fp16 inputs: the kernels read the logits as cuBLAS (or the CPU) rounded them, as the reference
-    does, so the values agree to float32 rounding and the gradients to the rounding of each tile's product."""
+    """bf16 and fp16 inputs: the kernels read the logits as the matmul rounded them to the input dtype, as the
+    reference does. On CPU both round identically, so the values agree to float32 rounding; cuBLAS may round a
+    tile's logits differently from the whole matrix's (another kernel; the bias added before or after
+    rounding), so on CUDA the values agree to one rounding step of the largest scaled logit. Gradients agree to
+    the rounding of each tile's product."""
 
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
     @pytest.mark.parametrize("tokens", [129, 200], ids=["odd", "round"])
@@ -131,7 +134,11 @@ class TestTritonHalfPrecision:
         case = make_case((tokens,), 700, 32, seed=tokens, dtype=dtype)
         triton_run, reference = triton_and_reference(case, 64)
         assert triton_run.grad_hidden.dtype == triton_run.grad_weight.dtype == triton_run.grad_bias.dtype == dtype
-        assert_runs_close(triton_run, reference, forward_tol=BF16_FORWARD_TOL, grad_tol=BF16_GRAD_TOL)
+        forward_tol = BF16_FORWARD_TOL
+        if CUDA:
+            logits = (case.hidden.float() @ case.weight.float().T + case.bias.float()) / case.temperature[:, None]
+            forward_tol = 2 * torch.finfo(dtype).eps * logits.abs().max().item()
+        assert_runs_close(triton_run, reference, forward_tol=forward_tol, grad_tol=BF16_GRAD_TOL)
 
 
 class TestAlignedTiles:
