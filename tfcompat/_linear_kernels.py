@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import math
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -106,19 +105,16 @@ def conv_layout(lengths: tuple[int, ...], width: int, device: torch.device) -> C
 
 @cached_maps
 def chunk_layout(lengths: tuple[int, ...], chunk: int, device: torch.device) -> ChunkLayout:
-    counts = [math.ceil(n / chunk) for n in lengths]
-    order = sorted(range(len(lengths)), key=lambda i: -counts[i])  # stable: ties keep packing order
-    rank = torch.empty(len(lengths), dtype=torch.long)
-    rank[torch.tensor(order)] = torch.arange(len(lengths))
-    steps, first = [], 0
-    for j in range(counts[order[0]]):
-        active = sum(1 for c in counts if c > j)
-        steps.append((first, active))
-        first += active
+    counts = (torch.tensor(lengths) + chunk - 1) // chunk  # (N,) chunks per sequence
+    order = torch.sort(counts, descending=True, stable=True).indices  # ties keep packing order
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(lengths))
+    active = (counts[None, :] > torch.arange(int(counts.max()))[:, None]).sum(1)  # (steps,) sequences with chunk j
+    first = torch.cumsum(active, 0) - active
     seq, pos = _host_ids(lengths)
-    step_first = torch.tensor([s[0] for s in steps])
-    slots = (step_first[pos // chunk] + rank[seq]) * chunk + pos % chunk
-    return ChunkLayout(slots.to(device, non_blocking=True), first, tuple(steps))
+    slots = (first[pos // chunk] + rank[seq]) * chunk + pos % chunk
+    steps = tuple(zip(first.tolist(), active.tolist()))
+    return ChunkLayout(slots.to(device, non_blocking=True), int(active.sum()), steps)
 
 
 @cached_maps
