@@ -1,4 +1,4 @@
-"""One Gated DeltaNet layer over packed sequences: tfcompat's packed path (torch, fla) vs the stock layer on a padded batch.
+"""One Gated DeltaNet layer, packed sequences: tfcompat's packed path (torch, fla) vs the stock layer, padded batch.
 
 A stock ``Qwen3_5GatedDeltaNet`` of Qwen3.5's shape (hidden 4096, 16 key / 32 value heads of 128, conv width 4;
 transformers' defaults) runs the same ``N`` sequences two ways:
@@ -102,7 +102,8 @@ def stock_kernels() -> str:
 
 def main() -> None:
     p = C.base_parser(__doc__.splitlines()[0])
-    p.add_argument("--tokens", default=None, help="comma-separated packed token counts (default 16384,32768; smoke 300)")
+    p.add_argument("--tokens", default=None,
+                   help="comma-separated packed token counts (default 16384,32768; smoke 300)")
     p.add_argument("--seqs", type=int, default=8, help="sequences per packed row (default 8)")
     args = p.parse_args()
     smoke = args.smoke
@@ -150,7 +151,8 @@ def main() -> None:
                                                           [hidden, *params], grad_out)
         with torch.no_grad():
             ref = layer(batch, attention_mask=mask).flatten(0, 1).index_select(0, real).float()
-            diffs = {name: float((fn().float() - ref).abs().max()) for name, fn in fwd.items() if name != "stock padded"}
+            diffs = {name: float((fn().float() - ref).abs().max())
+                     for name, fn in fwd.items() if name != "stock padded"}
             t_fwd = C.time_interleaved(fwd, device, warmup, reps)
         t_bwd = C.time_interleaved(bwd, device, warmup, reps)
         syncs = {name: count_steady(fn, device)[0] for name, fn in bwd.items()}

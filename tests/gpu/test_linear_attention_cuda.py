@@ -25,7 +25,8 @@ from tfcompat.linear_attention import (
 )
 from tfcompat.packing import from_lengths
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run on the GPU machine")]
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run on the GPU machine")]
 
 LENGTHS = [7, 300, 1, 129, 64, 2000]
 HEADS = LinearHeads(4, 8, 128, 128)
