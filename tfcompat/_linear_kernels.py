@@ -19,8 +19,8 @@ copied with ``non_blocking``): no device-to-host sync on any layer.
 Optional kernels (CUDA; imported on first use, their signatures read once):
 
 - flash-linear-attention's ``chunk_gated_delta_rule(q, k, v, g, beta, ..., cu_seqlens=...)`` (``fla`` 0.1.2 to
-  0.6.0 read; ``head_first`` exists up to 0.3.x, ``cu_seqlens_cpu`` from 0.4.0; before 0.6 grouped value heads are
-  not documented, so q/k are repeated to the value heads first).
+  0.6.0 read; ``head_first`` exists up to 0.3.x, ``cu_seqlens_cpu`` from 0.4.0; grouped value heads only from 0.5,
+  so q/k are repeated to the value heads first).
 - flash-linear-attention's ``fla.modules.convolution.causal_conv1d(x, weight, bias, ..., activation, cu_seqlens)``
   (``x`` ``(B, T, D)``; returns ``y`` up to 0.2.x, ``(y, final_state)`` from 0.3.0).
 - causal-conv1d's ``causal_conv1d_fn(x, weight, bias, seq_idx=..., activation=...)`` (``x`` ``(B, D, T)``
