@@ -262,7 +262,8 @@ def main() -> None:
     p.add_argument("--variants", default=None,
                    help="comma list of tfcompat, padded, sdpa_packed, flex_packed (default all; --long: "
                         "tfcompat,flex_packed)")
-    p.add_argument("--tfcompat-backends", default="auto", help="attention backends of the tfcompat variant")
+    p.add_argument("--tfcompat-backends", default="auto", help="attention backends of the tfcompat variant, "
+                   "comma-separated (one variant each)")
     p.add_argument("--head", default="auto", help="tfcompat.heads backend for every variant (default auto)")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H200: 989)")
     p.add_argument("--profile", nargs="?", const="all", default=None,
@@ -319,6 +320,18 @@ def main() -> None:
           f"= {flops['total']:.4g}")
 
     results: dict[str, Any] = {}
+    ratios: dict[str, float] = {}
+
+    def save() -> None:  # after every variant: a run cut short keeps what it measured
+        C.write_json(args.out, {
+            "benchmark": "train_step", "smoke": smoke, "long": long, "machine": info, "dtype": str(dtype),
+            "model": {**dims, "num_hidden_layers": layers}, "params": p_all, "matmul_params": p_mm,
+            "gradient_checkpointing": not args.no_checkpointing, "head": args.head, "attention_auto": auto_attention,
+            "lengths": lengths, "real_tokens": batch.total, "padded_tokens": padded_tokens, "padding": padding,
+            "flops": flops, "peak_tflops": args.peak_tflops, "warmup": warmup, "reps": reps,
+            "results": results, "speedups": ratios,
+        })
+
     for name in variants:
         kind = "padded" if name == "padded" else "packed"
         step = make_step(model, batch, kind, args.head)
@@ -334,6 +347,7 @@ def main() -> None:
                 print(f"{name}: failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}", flush=True)
                 results[name] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
                 model.zero_grad(set_to_none=True)
+                save()
                 continue
             peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
             profiled = args.profile is not None and (args.profile == "all" or name in args.profile.split(","))
@@ -345,6 +359,7 @@ def main() -> None:
                          "mfu": flops["total"] / (med * 1e-3) / (args.peak_tflops * 1e12),
                          "peak_memory_bytes": peak, "profile": prof}
         print(f"{name}: {med:.1f} ms/step, loss {loss:.6g}", flush=True)
+        save()
 
     base = results.get("padded", {}).get("ms")
     rows = []
@@ -358,7 +373,6 @@ def main() -> None:
     print(f"\nforward + head + backward, median of {reps} after {warmup} warm-up:")
     print(C.table(["variant", "ms/step", "real tokens/s", "model TFLOP/s", "MFU", "peak GiB", "vs padded", "loss"],
                   rows))
-    ratios = {}
     tf = [n for n in results if n.startswith("tfcompat") and "error" not in results[n]]
     for t in tf:
         for other in ("padded", "sdpa_packed", "flex_packed"):
@@ -376,15 +390,6 @@ def main() -> None:
         for n, r in results.items():
             if r.get("profile"):
                 print(f"top kernels, {n}: " + "; ".join(f"{k} {ms:.0f} ms" for k, ms in r["profile"]["top_kernels"]))
-    C.write_json(args.out, {
-        "benchmark": "train_step", "smoke": smoke, "long": long, "machine": info, "dtype": str(dtype),
-        "model": {**dims, "num_hidden_layers": layers}, "params": p_all, "matmul_params": p_mm,
-        "gradient_checkpointing": not args.no_checkpointing, "head": args.head, "attention_auto": auto_attention,
-        "lengths": lengths, "real_tokens": batch.total, "padded_tokens": padded_tokens, "padding": padding,
-        "flops": flops, "peak_tflops": args.peak_tflops, "warmup": warmup, "reps": reps,
-        "results": results, "speedups": ratios,
-    })
-
-
+    save()
 if __name__ == "__main__":
     main()

@@ -21,16 +21,30 @@ accumulated in fp32, output in the input dtype. Backends (each imported or probe
 - ``"sdpa"``: ``F.scaled_dot_product_attention`` per sequence with ``is_causal`` (any device and dtype);
   the reference the others are tested against.
 
-``"auto"`` takes the first backend of ``AUTO_ORDER`` that can run the inputs. The order is a decision table
-from ``bench/attention_backends.py`` (forward+backward, bf16, one H200, torch 2.11; see bench/RESULTS.md):
+``"auto"`` takes the first backend of a decision table that can run the inputs. The table comes from
+``bench/attention_backends.py`` (bf16, forward+backward, one H200, torch 2.11, cuDNN 9.19, no flash-attn; the
+figures are in bench/RESULTS.md). There the per-sequence ``"sdpa"`` loop, which SDPA dispatches to cuDNN's
+Hopper kernels, ran 8 x 4k tokens (28/4 heads, head_dim 128) in 8.97 ms (375 TFLOP/s) against 12.15 ms for
+``varlen_attn`` and 14.13 ms for flex, but pays about 0.27 ms per sequence, so at 8 x 1k ``varlen_attn`` won
+(1.63 ms against 2.59, flex 1.72). Fitting ``time = fixed + FLOPs / rate`` to both backends (per-sequence SDPA:
+0.27 ms per sequence, 495 TFLOP/s; varlen_attn: 0.93 ms per call, 300 TFLOP/s) puts the break-even of 8
+sequences at ``Hq * D * mean(L_i ** 2)`` of about 1.7e10 (ignoring the fixed cost of varlen_attn, 2.4e10); the
+table switches at 2e10, a root-mean-square length of about 2400 tokens at 28 x 128 heads x dims, and uses the
+same FLOP measure for other head counts and dims (an extrapolation from two measured shapes):
 
-================================  ==========================================================================
-inputs                            order
-================================  ==========================================================================
-CUDA fp16/bf16                    ``flash`` (when installed; not measured here), ``torch``, ``cudnn``,
-                                  ``flex``, ``sdpa``
-CUDA fp32, CPU                    ``sdpa`` (the fast kernels are fp16/bf16 only; flex is not faster in fp32)
-================================  ==========================================================================
+==========================================================  ================================================
+inputs                                                      order
+==========================================================  ================================================
+CUDA fp16/bf16, compute capability 9.x with cuDNN >= 9,     ``flash`` (if installed), ``sdpa``
+``Hq * D * mean(L_i ** 2) >= 2e10``
+other CUDA fp16/bf16 (shorter sequences, other GPUs, or      ``flash`` (if installed), ``torch``, ``flex``,
+no boundaries given)                                        ``cudnn``, ``sdpa``
+CUDA fp32, CPU                                              ``sdpa``
+==========================================================  ================================================
+
+``flash`` leads where installed (FlashAttention-3 on Hopper is expected to beat both; not measured here). flex
+attention was exact but never the fastest; the ``cudnn`` varlen op took 59-89 ms per forward there, nearly all
+of it on the host, and is forward only: auto reaches it only when nothing else can run.
 
 No backend syncs the host in a forward: boundaries and ``max_seqlen`` come from the `PackedSeqs`, built once.
 """
@@ -53,6 +67,9 @@ __all__ = ["AUTO_ORDER", "Backend", "varlen_attention", "available_backends", "s
 
 Backend = Literal["auto", "flash", "torch", "cudnn", "flex", "sdpa"]
 AUTO_ORDER: tuple[str, ...] = ("flash", "torch", "flex", "cudnn", "sdpa")
+_LONG_ORDER: tuple[str, ...] = ("flash", "sdpa")
+# Hq * D * mean(L_i ** 2) above which per-sequence SDPA (cuDNN on Hopper) beats varlen_attn: the module docstring
+_PER_SEQUENCE_MIN_WORK = 2e10
 _FAST_DTYPES = (torch.float16, torch.bfloat16)
 _FLEX_BLOCK = 128  # flex attention's sparse block size (tokens per block row and column)
 
@@ -108,10 +125,17 @@ def available_backends(q: torch.Tensor, *, k: torch.Tensor | None = None) -> lis
 
 
 def _auto_order(q: torch.Tensor, k: torch.Tensor | None, seqs: PackedSeqs | None) -> tuple[str, ...]:
-    """The decision table of the module docstring: backends to try, fastest first, ``"sdpa"`` last."""
-    if _fast_cuda(q):
-        return AUTO_ORDER
-    return ("sdpa",)
+    """The decision table of the module docstring: backends to try, fastest first, ``"sdpa"`` last.
+
+    q: ``(T, Hq, D)``.
+    """
+    if not _fast_cuda(q):
+        return ("sdpa",)
+    if seqs is not None and _hopper_cudnn_sdpa(q.device):
+        work = q.shape[1] * q.shape[2] * sum(n * n for n in seqs.lengths) / len(seqs.lengths)
+        if work >= _PER_SEQUENCE_MIN_WORK:
+            return _LONG_ORDER
+    return AUTO_ORDER
 
 
 _REQUIREMENTS = {
@@ -335,6 +359,13 @@ def _cudnn_usable(device: torch.device) -> bool:
         return False
     version = torch.backends.cudnn.version() or 0
     return version >= 90000 and torch.cuda.get_device_capability(device)[0] >= 8
+
+
+@functools.cache
+def _hopper_cudnn_sdpa(device: torch.device) -> bool:
+    """A Hopper GPU (compute capability 9.x) with cuDNN 9+: where SDPA's causal kernel measured fastest."""
+    version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return (version or 0) >= 90000 and torch.cuda.get_device_capability(device)[0] == 9
 
 
 @functools.cache

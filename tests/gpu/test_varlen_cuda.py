@@ -130,14 +130,19 @@ def test_fast_backend_isolates_sequences(backend):
 
 
 def test_select_backend_on_cuda():
-    """Rule: bf16/fp16 CUDA "auto" takes the first usable backend of the decision table; fp32 picks "sdpa";
+    """Rule: bf16/fp16 CUDA "auto" takes the first usable backend of the decision table (short sequences: the
+    default order; long ones on Hopper: per-sequence sdpa unless flash-attn is installed); fp32 picks "sdpa";
     an explicit backend that cannot run raises."""
     for dtype in (torch.bfloat16, torch.float16):
-        q = torch.empty(4, 8, 64, device=DEVICE, dtype=dtype, requires_grad=True)
-        k = q[:, :2]
+        q = torch.empty(4, 28, 128, device=DEVICE, dtype=dtype, requires_grad=True)
+        k = q[:, :4]
         usable = available_backends(q, k=k)
         want = next(b for b in attention.AUTO_ORDER if b in usable)
         assert select_backend(q, k=k) == want, usable
+        assert select_backend(q, k=k, seqs=from_lengths([1024] * 8, device=DEVICE)) == want
+        long = select_backend(q, k=k, seqs=from_lengths([4096] * 8, device=DEVICE))
+        hopper = attention._hopper_cudnn_sdpa(q.device)
+        assert long == ("flash" if "flash" in usable else "sdpa" if hopper else want), (long, usable, hopper)
         assert usable[-1] == "sdpa"
         if _has_torch_varlen():
             assert "torch" in usable
