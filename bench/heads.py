@@ -12,7 +12,8 @@ Variants (each peer optional: skipped with a note when its package is absent):
 - ``liger``: Liger-Kernel's ``LigerFusedLinearCrossEntropyFunction`` with ``reduction="none"`` on
   ``hidden / temperature``: per-token loss = -logprob, no entropy (it computes less);
 - ``verl-triton``: verl's ``verl.utils.kernel.linear_cross_entropy`` (Triton, logprobs and entropy);
-- ``verl-torch``: verl's ``verl.utils.experimental.torch_functional.FusedLinearForPPO`` (torch, chunk 512).
+- ``verl-torch``: verl's ``verl.utils.experimental.torch_functional.FusedLinearForPPO`` (torch, chunk 512); it
+  has no ignore index, so it gets the labels clamped to >= 0 (same work; its errors are read at the kept tokens).
 
 verl's package pulls in a heavy dependency tree; when ``import verl`` fails, ``--verl-src DIR`` (a folder holding
 the unpacked wheel's ``verl/``) loads just the three files these need, with a stand-in ``verl.utils.device``.
@@ -147,7 +148,8 @@ def verl_heads(source: Path | None) -> dict[str, Head]:
         return Out(logprobs, entropy)
 
     def torch_head(x: Inputs) -> Out:
-        logprobs, entropy = ppo(x.hidden, x.weight, x.labels, TEMPERATURE)
+        # it gathers the label column without an ignore index: -100 would index out of bounds
+        logprobs, entropy = ppo(x.hidden, x.weight, x.labels.clamp(min=0), TEMPERATURE)
         return Out(logprobs, entropy)
 
     return {"verl-triton": triton_head, "verl-torch": torch_head}
@@ -361,6 +363,7 @@ def main() -> None:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        _common.write_json(args.out, report)  # what is measured so far survives a run cut short
     if device.type == "cuda" and args.profile_tokens:
         report["profile_tokens"] = args.profile_tokens
         report["profile"] = profile(args.profile_tokens, weight, variants, ["torch", "triton"], device)

@@ -134,11 +134,11 @@ class TestTritonHalfPrecision:
         case = make_case((tokens,), 700, 32, seed=tokens, dtype=dtype)
         triton_run, reference = triton_and_reference(case, 64)
         assert triton_run.grad_hidden.dtype == triton_run.grad_weight.dtype == triton_run.grad_bias.dtype == dtype
-        forward_tol = BF16_FORWARD_TOL
-        if CUDA:
+        forward_tol, grad_tol = BF16_FORWARD_TOL, BF16_GRAD_TOL
+        if CUDA:  # a row whose logits round differently has a slightly different p, hence gradient
             logits = (case.hidden.float() @ case.weight.float().T + case.bias.float()) / case.temperature[:, None]
-            forward_tol = 2 * torch.finfo(dtype).eps * logits.abs().max().item()
-        assert_runs_close(triton_run, reference, forward_tol=forward_tol, grad_tol=BF16_GRAD_TOL)
+            forward_tol, grad_tol = 2 * torch.finfo(dtype).eps * logits.abs().max().item(), 2.5 * BF16_GRAD_TOL
+        assert_runs_close(triton_run, reference, forward_tol=forward_tol, grad_tol=grad_tol)
 
 
 class TestAlignedTiles:
