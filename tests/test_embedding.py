@@ -30,10 +30,14 @@ class TestEmbedInputs:
         vision = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids")}
         with torch.no_grad():
             expected = [model(**stock_inputs(r, model, s), use_cache=False).logits[0] for s in seqs]
-            embeds = embed_inputs(model, inputs["input_ids"], **vision)
+            embedded = embed_inputs(model, inputs["input_ids"], **vision)
             with tfcompat.patch(model):
-                got = model(inputs_embeds=embeds, position_ids=inputs["position_ids"], use_cache=False).logits[0]
+                got = model(**embedded.model_inputs(), position_ids=inputs["position_ids"], use_cache=False).logits[0]
+                if embedded.visual is not None:  # control: without the extras the visual tokens lose DeepStack
+                    bare = model(inputs_embeds=embedded.inputs_embeds, position_ids=inputs["position_ids"],
+                                 use_cache=False).logits[0]
         assert max_token_diff(got, expected) <= 1e-5
+        assert embedded.visual is None or max_token_diff(bare, expected) > 1e-2
 
     def test_text_only_batch_gives_stock_logits_and_zero_vision_grads(self, family):
         model = tiny_model(family, "sdpa")
@@ -43,8 +47,8 @@ class TestEmbedInputs:
         with torch.no_grad():
             expected = [model(**stock_inputs(r, model, s), use_cache=False).logits[0] for s in seqs]
         with tfcompat.patch(model):
-            embeds = embed_inputs(model, inputs["input_ids"])
-            got = model(inputs_embeds=embeds, position_ids=inputs["position_ids"], use_cache=False).logits[0]
+            embedded = embed_inputs(model, inputs["input_ids"])
+            got = model(**embedded.model_inputs(), position_ids=inputs["position_ids"], use_cache=False).logits[0]
         assert max_token_diff(got.detach(), expected) <= 1e-5
         got.sum().backward()
         vision = [(n, p.grad) for n, p in model.named_parameters() if "visual" in n]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import tfcompat
 from tfcompat.reference_rope import REFERENCES, Reference
 from tfcompat.registry import installed_families
-from tfcompat.selfcheck import tiny_model
+from tfcompat.selfcheck import tiny_model, vision_placeholder
 from tfcompat.versions import installed_transformers
 
 FAMILIES = [k for k, f in installed_families().items() if f.reference_rope_index]
@@ -35,7 +35,6 @@ row = st.tuples(st.lists(segment, min_size=1, max_size=5), st.sampled_from(["lef
 
 def build(config, rows, seconds):
     """Padded ``input_ids (B, L)``, ``attention_mask``, grids in order of appearance, seconds per video."""
-    merge = config.vision_config.spatial_merge_size
     seqs, images, videos = [], [], []
     for segments, _, _ in rows:
         ids = []
@@ -43,9 +42,7 @@ def build(config, rows, seconds):
             if kind == "text":
                 ids += [7] * arg
                 continue
-            t, h, w = arg
-            token = config.image_token_id if kind == "image" else config.video_token_id
-            ids += [config.vision_start_token_id] + [token] * (t * h * w // merge**2) + [config.vision_end_token_id]
+            ids += vision_placeholder(config, kind, arg)  # as the family's processor lays the item out
             (images if kind == "image" else videos).append(list(arg))
         seqs.append(ids)
     width = max(len(s) + pad for s, (_, _, pad) in zip(seqs, rows))

@@ -1,4 +1,5 @@
-"""``embed_inputs``: text embeddings with the vision tower's output scattered in, on every version.
+"""``embed_inputs``: text embeddings with the vision tower's output scattered in, on every version, and the
+extras the family's text model consumes besides (`tfcompat.extras`).
 
 Sequence parallelism slices the input embeddings, so whole images must go through the vision tower first;
 this is the step that does it, outside the model's forward.
@@ -6,14 +7,33 @@ this is the step that does it, outside the model's forward.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from .errors import InvalidInputError
-from .registry import resolve
+from .errors import InvalidInputError, PatchError, SymbolProbeError
+from .extras import VISUAL_KWARG, VisualExtras
+from .registry import Resolved, resolve
 
-__all__ = ["dummy_image", "embed_inputs", "visual_features"]
+__all__ = ["Embedded", "dummy_image", "embed_inputs", "visual_features"]
+
+
+class Embedded(NamedTuple):
+    """What `embed_inputs` returns: the input embeddings and the text model's other inputs.
+
+    inputs_embeds: ``(B, L, H)``. visual: the DeepStack inputs (`tfcompat.extras.VisualExtras`) for families
+    whose text model takes them (Qwen3-VL), else None.
+    """
+
+    inputs_embeds: torch.Tensor
+    visual: VisualExtras | None = None
+
+    def model_inputs(self) -> dict[str, Any]:
+        """Keyword arguments for the patched model: ``inputs_embeds`` and, where present, the extras."""
+        inputs: dict[str, Any] = {"inputs_embeds": self.inputs_embeds}
+        if self.visual is not None:
+            inputs[VISUAL_KWARG] = self.visual
+        return inputs
 
 
 def embed_inputs(
@@ -23,23 +43,34 @@ def embed_inputs(
     image_grid_thw: torch.Tensor | None = None,
     pixel_values_videos: torch.Tensor | None = None,
     video_grid_thw: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``(B, L, hidden)`` input embeddings: token embeddings, image/video features at their placeholder tokens.
+) -> Embedded:
+    """Input embeddings ``(B, L, H)`` with image/video features at their placeholder tokens, and the extras the
+    family's text model consumes (`Embedded`); pass ``**result.model_inputs()`` to the patched model, or the
+    result to `tfcompat.ulysses.shard_inputs` as ``inputs_embeds``.
 
     input_ids: ``(B, L)``; pixel_values: ``(patches, C * tp * p * p)`` with ``image_grid_thw (n_images, 3)``;
     likewise for videos. Raises `InvalidInputError` when placeholder tokens and features disagree in count.
     A batch without pixels runs the vision tower on a dummy image (shape from the vision config) and adds
-    ``0 * its mean``: the tower gets zero gradients rather than none, and every rank of a sharded job runs
-    the same collectives.
+    ``0 * its mean`` (and its DeepStack features'): the tower gets zero gradients rather than none, and every
+    rank of a sharded job runs the same collectives.
     """
     r = resolve(model.config.model_type)
     owner, tower = r.vision_modules(model, purpose="embed_inputs (the vision tower runs outside the forward)")
+    where = r.entry.vision
     embeds = model.get_input_embeddings()(input_ids)
     types = r.spec.mm_token_types(owner.config, input_ids)
+    deepstack = where is not None and where.deepstack
     if pixel_values is None and pixel_values_videos is None and not bool(types.any()):
         pixels, grid = dummy_image(owner.config.vision_config, embeds.device)
-        dtype = next(tower.parameters()).dtype
-        return embeds + 0 * visual_features(owner, "image", pixels.to(dtype), grid).mean().to(embeds.dtype)
+        features, layers = visual_features(owner, "image", pixels.to(next(tower.parameters()).dtype), grid, r)
+        for x in (features, *layers):
+            embeds = embeds + 0 * x.mean().to(embeds.dtype)
+        if not deepstack:
+            return Embedded(embeds)
+        rows = tuple(x[:0].to(embeds.dtype) for x in layers)  # no visual token: no rows
+        return Embedded(embeds, VisualExtras(torch.zeros_like(input_ids, dtype=torch.bool), rows))
+    visual = types > 0  # (B, L): every image or video token
+    stacked: list[torch.Tensor] | None = None
     for kind, code, pixels, grid in (("image", 1, pixel_values, image_grid_thw), ("video", 2, pixel_values_videos, video_grid_thw)):
         slots = types == code
         if pixels is None:
@@ -47,7 +78,7 @@ def embed_inputs(
                 raise InvalidInputError(f"input_ids hold {kind} tokens but no {kind} pixels were given", family=r.family,
                                         transformers_version=r.transformers_version, fix=f"pass the {kind}'s pixel values and grid")
             continue
-        features = visual_features(owner, kind, pixels, grid)
+        features, layers = visual_features(owner, kind, pixels, grid, r)
         n_slots = int(slots.sum())
         if n_slots != features.shape[0]:
             raise InvalidInputError(
@@ -58,20 +89,49 @@ def embed_inputs(
             )
         # out of place: the token embeddings' graph stays intact for the backward
         embeds = embeds.masked_scatter(slots[..., None].expand_as(embeds), features.to(embeds.dtype))
-    return embeds
+        if deepstack:
+            # (n_kind, H) rows -> their places among all visual tokens, row-major over (B, L)
+            joint = slots[visual][:, None]
+            stacked = [(torch.zeros(int(visual.sum()), x.shape[-1], dtype=embeds.dtype, device=embeds.device)
+                        if stacked is None else stacked[i]).masked_scatter(joint.expand(-1, x.shape[-1]), x.to(embeds.dtype))
+                       for i, x in enumerate(layers)]
+    if not deepstack:
+        return Embedded(embeds)
+    return Embedded(embeds, VisualExtras(visual, tuple(stacked or ())))
 
 
-def visual_features(owner: torch.nn.Module, kind: str, pixels: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
-    """``(tokens, hidden)`` merged features of ``kind`` ("image" or "video"), whatever the version returns.
-
-    transformers returns a tuple of per-item tensors (4.x), or an output whose ``pooler_output`` holds them
-    (5.x; its ``last_hidden_state`` is the pre-merger state, not the embeddings).
+def visual_features(owner: torch.nn.Module, kind: str, pixels: torch.Tensor, grid: torch.Tensor,
+                    r: Resolved) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """``(tokens, H)`` merged features of ``kind`` ("image" or "video") and, for DeepStack families, one
+    ``(tokens, H)`` tensor per DeepStack layer (else ``()``), as the entry's `VisionTower.output` declares:
+    "tensors" = per-item tensors (with DeepStack: ``(per-item tensors, deepstack list)``), "model_output" = an
+    output whose ``pooler_output`` holds them (its ``last_hidden_state`` is the pre-merger state) and
+    ``deepstack_features`` the DeepStack layers.
     """
+    where = r.entry.vision
+    if where is None:
+        raise PatchError(f"{r.family} has no vision tower", family=r.family, transformers_version=r.transformers_version,
+                         fix="pass the model of a vision-language family")
     out: Any = getattr(owner, f"get_{kind}_features")(pixels, grid)
-    out = getattr(out, "pooler_output", out)
-    if isinstance(out, (tuple, list)):
-        out = torch.cat(list(out), dim=0)
-    return out
+    is_output = hasattr(out, "pooler_output")
+    if is_output != (where.output == "model_output"):
+        raise SymbolProbeError(
+            f"{type(owner).__name__}.get_{kind}_features returned {type(out).__name__}", family=r.family,
+            transformers_version=r.transformers_version,
+            why=f"the {r.entry.versions} entry declares {where.output!r}", supported=r.spec.supported,
+            fix="report it: this release changed what the vision tower returns",
+        )
+    if is_output:
+        features, layers = out.pooler_output, (out.deepstack_features if where.deepstack else ())
+    elif where.deepstack:
+        features, layers = out
+    else:
+        features, layers = out, ()
+    return _cat(features), tuple(_cat(x) for x in layers)
+
+
+def _cat(x: torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(list(x), dim=0) if isinstance(x, (tuple, list)) else x
 
 
 def dummy_image(vision_config: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,10 +21,11 @@ from typing import Any, Callable, get_args
 
 import torch
 
-from . import hf_attention
+from . import hf_attention, hf_linear_attention
 from .attention import Backend
 from .errors import InvalidInputError, PatchError
 from .context import BRIDGE_ATTR, CONTEXT_KWARG, ForwardContext
+from .extras import VISUAL_KWARG, VisualExtras
 from .packing import from_text_positions
 from .registry import Resolved, resolve
 from .position_ids import split_positions, to_text_model_layout
@@ -106,6 +107,7 @@ def patch(
     remove_padding: bool = True,
     ulysses_group: Any = None,
     backend: Backend = "auto",
+    linear_backend: hf_linear_attention.LinearBackend = "auto",
 ) -> PatchHandle:
     """Make a stock transformers model accept packed batches; returns a `PatchHandle`.
 
@@ -115,6 +117,9 @@ def patch(
     ulysses_group: a torch.distributed process group for Ulysses sequence parallelism, or None. The forward
         then takes `tfcompat.ulysses.shard_inputs(...).model_inputs` (this rank's slice of one packed row).
     backend: the varlen attention backend (``"auto"``, ``"flash"``, ``"torch"``, ``"sdpa"``).
+    linear_backend: the kernels of linear-attention (Gated DeltaNet) layers, where the family has them:
+        ``"auto"`` (flash-linear-attention / causal-conv1d where installed and usable, else torch), ``"fla"``
+        (flash-linear-attention required), ``"torch"`` (exact on any device).
 
     Idempotent: patching a patched model with the same options returns its handle. Everything that cannot
     apply raises `PatchError` here, never inside a forward. See the module docstring for what is changed.
@@ -127,7 +132,8 @@ def patch(
     if backend not in get_args(Backend):
         raise PatchError(f"unknown attention backend {backend!r}", supported=", ".join(get_args(Backend)),
                          fix="pass one of the supported backends")
-    options = {"remove_padding": remove_padding, "ulysses_group": ulysses_group, "backend": backend}
+    options = {"remove_padding": remove_padding, "ulysses_group": ulysses_group, "backend": backend,
+               "linear_backend": linear_backend}
     existing = vars(model).get(_HANDLE_ATTR)
     if existing is not None and existing.active:
         if existing.options != options:
@@ -145,7 +151,7 @@ def patch(
         raise PatchError("model has no config.model_type", why=f"got {type(model).__name__}",
                          fix="pass a transformers PreTrainedModel")
     resolved = resolve(family)
-    plan = _plan(model, resolved, ulysses_group)
+    plan = _plan(model, resolved, ulysses_group, linear_backend)
 
     handle = PatchHandle(model, resolved, options)
     hf_attention.register()
@@ -169,6 +175,8 @@ def patch(
 
         handle._add(Record("hook", layer, "forward_pre_hook", None, hook, True,
                            "hands packed boundaries to self-attention (layer drops **kwargs)"), remove)
+    for module, forward in plan.linear:
+        handle._set("instance", module, "forward", forward, "packed Gated DeltaNet (conv and state restart per sequence)")
     handle._set("instance", model, _HANDLE_ATTR, handle, "the active handle (idempotence)")
     return handle
 
@@ -178,9 +186,10 @@ class _Plan:
     configs: list[Any]
     text_models: list[torch.nn.Module]
     bridges: list[tuple[torch.nn.Module, torch.nn.Module]]
+    linear: list[tuple[torch.nn.Module, Callable[..., torch.Tensor]]]
 
 
-def _plan(model: torch.nn.Module, r: Resolved, group: Any) -> _Plan:
+def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) -> _Plan:
     """Find what to change and check it can be changed, before changing anything."""
     def error(what: str, why: str, fix: str = "") -> PatchError:
         return PatchError(what, family=r.family, transformers_version=r.transformers_version, why=why,
@@ -223,7 +232,8 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any) -> _Plan:
             if len(attn) != 1:
                 raise error(f"{type(layer).__name__} has {len(attn)} attention children", "cannot bridge kwargs")
             bridges.append((layer, attn[0]))
-    return _Plan(configs, text_models, bridges)
+    linear = hf_linear_attention.plan(model, r, group, linear_backend)
+    return _Plan(configs, text_models, bridges + linear.bridges, linear.forwards)
 
 
 def _bridge(attn: torch.nn.Module) -> Callable[..., None]:
@@ -272,11 +282,29 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
                         f"patched with {_describe(group)}, inputs sharded over {_describe(ctx.group)}",
                         "shard_inputs(..., group=g) with the same g as patch(model, ulysses_group=g)")
         extra[CONTEXT_KWARG] = ctx._replace(backend=backend)
+        visual = extra.pop(VISUAL_KWARG, None)
+        if visual is not None:
+            _take_visual(a, visual, tokens.shape[:2])
         a["position_ids"] = to_text_model_layout(positions, r.entry.text_model_positions)
         if "attention_mask" in a:
             a["attention_mask"] = None
         # keywords only: transformers' forward decorators re-inject defaults by name
         return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
+
+    def _take_visual(a: dict[str, Any], visual: Any, shape: torch.Size) -> None:
+        """Hand `tfcompat.embed_inputs`' DeepStack extras to the stock text model's own parameters."""
+        if r.entry.vision is None or not r.entry.vision.deepstack or not isinstance(visual, VisualExtras):
+            raise error(f"{r.family}'s text model takes no visual extras", f"got {type(visual).__name__}",
+                        "pass **tfcompat.embed_inputs(...).model_inputs() of this model")
+        if a.get("visual_pos_masks") is not None or a.get("deepstack_visual_embeds") is not None:
+            raise error("visual extras given twice", "the forward also got visual_pos_masks / deepstack_visual_embeds",
+                        "pass either pixel values or the embed_inputs result, not both")
+        if tuple(visual.visual_pos_masks.shape) != tuple(shape):
+            raise error("the visual extras do not match the input tokens",
+                        f"visual_pos_masks {tuple(visual.visual_pos_masks.shape)}, tokens {tuple(shape)}",
+                        "shard the embed_inputs result with tfcompat.ulysses.shard_inputs(inputs_embeds=...)")
+        a["visual_pos_masks"] = visual.visual_pos_masks
+        a["deepstack_visual_embeds"] = list(visual.deepstack_visual_embeds)
 
     return forward
 

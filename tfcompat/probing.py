@@ -59,17 +59,24 @@ def probe(family: Family, entry: Entry, version: str, forward_compatible: bool) 
     except ImportError as exc:
         raise fail("", f"cannot be imported ({exc})") from None
     probes.append(Probe(f"import {entry.module}", True, "ok"))
+    text_module = module
+    if entry.text_module is not None:  # the text model is built from another family's module
+        try:
+            text_module = importlib.import_module(entry.text_module)
+        except ImportError as exc:
+            raise fail("", f"text module {entry.text_module} cannot be imported ({exc})") from None
+        probes.append(Probe(f"import {entry.text_module} (text model)", True, "ok"))
 
     classes: dict[str, type] = {}
     for role, name in entry.classes.items():
-        obj = getattr(module, name, None)
+        obj = getattr(text_module if entry.module_of(role) != entry.module else module, name, None)
         if not isinstance(obj, type):
             raise fail(name, "is missing" if obj is None else "is not a class")
         classes[role] = obj
-        probes.append(Probe(f"{role} class", True, name))
+        probes.append(Probe(f"{role} class", True, f"{entry.module_of(role)}.{name}" if entry.text_module else name))
 
     rotary = entry.rotary
-    apply_rotary = getattr(module, rotary.apply, None)
+    apply_rotary = getattr(text_module, rotary.apply, None)
     if not callable(apply_rotary):
         raise fail(rotary.apply, "is missing")
     params = inspect.signature(apply_rotary).parameters
@@ -82,7 +89,7 @@ def probe(family: Family, entry: Entry, version: str, forward_compatible: bool) 
             raise fail(f"{entry.classes['rotary']}.{rotary.marker}", "is missing (rotary layout changed)")
         probes.append(Probe("rotary layout", True, f"{entry.classes['rotary']}.{rotary.marker}"))
 
-    repeat_kv = getattr(module, "repeat_kv", None)
+    repeat_kv = getattr(text_module, "repeat_kv", None)
     if not callable(repeat_kv):
         raise fail("repeat_kv", "is missing")
     probes.append(Probe("repeat_kv", True, "repeat_kv"))
@@ -91,6 +98,19 @@ def probe(family: Family, entry: Entry, version: str, forward_compatible: bool) 
     if entry.cache_kwarg not in attn_params:
         raise fail(f"{entry.classes['attention']}.forward", f"has no {entry.cache_kwarg!r} parameter")
     probes.append(Probe("attention cache kwarg", True, entry.cache_kwarg))
+
+    linear = entry.linear_attention
+    if linear is not None:
+        name, linear_cls = entry.classes["linear_attention"], classes["linear_attention"]
+        params = inspect.signature(linear_cls.forward).parameters.values()
+        takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
+        if takes_kwargs != linear.layer_forwards_kwargs:
+            raise fail(f"{name}.forward", f"takes **kwargs: {takes_kwargs}; the entry says the decoder layer passes "
+                       f"them: {linear.layer_forwards_kwargs}")
+        if linear.projections == "qkvz_ba" and not callable(getattr(linear_cls, "fix_query_key_value_ordering", None)):
+            raise fail(f"{name}.fix_query_key_value_ordering", "is missing")
+        how = "passed in **kwargs" if linear.layer_forwards_kwargs else "bridged by a pre-hook"
+        probes.append(Probe("linear attention", True, f"{name} at .{linear.attr}, {linear.projections}, context {how}"))
 
     text_params = inspect.signature(classes["text_model"].forward).parameters
     if "position_ids" not in text_params:
@@ -106,7 +126,14 @@ def probe(family: Family, entry: Entry, version: str, forward_compatible: bool) 
         takes_mm = "mm_token_type_ids" in inspect.signature(owner.get_rope_index).parameters
         if takes_mm != entry.rope_index_mm_token_types:
             raise fail(f"{owner_name}.get_rope_index", f"mm_token_type_ids parameter is {takes_mm}")
-        probes.append(Probe("vision tower", True, f"{owner_name}.{entry.vision.attr}, {owner_name}.get_image_features"))
+        if entry.vision.deepstack:
+            missing = {"visual_pos_masks", "deepstack_visual_embeds"} - text_params.keys()
+            if missing:
+                raise fail(f"{entry.classes['text_model']}.forward", f"takes no {sorted(missing)} (DeepStack extras)")
+            probes.append(Probe("DeepStack extras", True, f"{entry.classes['text_model']}.forward(visual_pos_masks, "
+                                "deepstack_visual_embeds)"))
+        probes.append(Probe("vision tower", True, f"{owner_name}.{entry.vision.attr}, {owner_name}.get_image_features "
+                            f"({entry.vision.output})"))
         probes.append(Probe("get_rope_index", True, str(inspect.signature(owner.get_rope_index))))
 
     modeling_utils = importlib.import_module("transformers.modeling_utils")

@@ -13,16 +13,20 @@ import torch
 from . import versions
 
 __all__ = [
-    "CacheKwarg", "Entry", "Family", "RopeConfigKey", "Rotary", "RotaryLayout", "TextModelLayout", "VisionItem",
-    "VisionTower",
+    "TEXT_ROLES", "CacheKwarg", "Entry", "Family", "RopeConfigKey", "Rotary", "RotaryLayout", "TextModelLayout",
+    "VisionItem", "VisionOutput", "VisionTower",
 ]
 
 RotaryLayout = Literal["sectioned", "folded"]
 RopeConfigKey = Literal["rope_scaling", "rope_parameters"]
 TextModelLayout = Literal["mrope", "text+mrope", "text"]
 CacheKwarg = Literal["past_key_value", "past_key_values", "cache"]
+LinearProjections = Literal["qkv_z_b_a", "qkvz_ba"]
 # a vision item of a test/self-check sequence: ("image" | "video", (t, h, w) patch grid before the merge)
 VisionItem = tuple[Literal["image", "video"], tuple[int, int, int]]
+VisionOutput = Literal["tensors", "model_output"]
+# the roles of the text model's own classes (in `Entry.text_module` where the text model comes from another module)
+TEXT_ROLES = ("attention", "rotary", "text_model", "decoder_layer")
 
 
 @dataclass(frozen=True)
@@ -41,11 +45,42 @@ class Rotary:
 
 @dataclass(frozen=True)
 class VisionTower:
-    """Where the vision tower lives: the instance of ``Entry.classes[owner]`` holds it at ``attr`` and owns
-    ``get_image_features`` / ``get_video_features`` and ``get_rope_index``."""
+    """Where the vision tower lives and what it hands the text model.
+
+    owner: the role in `Entry.classes` whose instance holds the tower at ``attr`` and owns
+        ``get_image_features`` / ``get_video_features`` and ``get_rope_index``.
+    output: what ``get_image_features`` returns: "tensors" = per-item feature tensors (a tuple; with
+        ``deepstack``: ``(features, deepstack list)``), "model_output" = an output whose ``pooler_output``
+        holds them (and ``deepstack_features`` with ``deepstack``).
+    deepstack: the tower also returns intermediate-layer features that the text model adds to the hidden
+        states of its first decoder layers at the visual tokens (Qwen3-VL's DeepStack): the text model then
+        takes ``visual_pos_masks`` and ``deepstack_visual_embeds`` besides the input embeddings.
+    """
 
     owner: str = "model"
     attr: str = "visual"
+    output: VisionOutput = "tensors"
+    deepstack: bool = False
+
+
+@dataclass(frozen=True)
+class LinearAttention:
+    """A family's linear-attention (Gated DeltaNet) layers in one range; a patch replaces their forward with
+    `tfcompat.hf_linear_attention`'s, which runs `tfcompat.linear_attention` over the packed sequences.
+
+    The module class is ``Entry.classes["linear_attention"]``; it holds ``num_k_heads``, ``num_v_heads``,
+    ``head_k_dim``, ``head_v_dim``, ``conv1d``, ``activation``, ``A_log``, ``dt_bias``, ``norm``, ``out_proj``.
+    attr: the decoder layer's attribute holding it (the softmax layers hold ``Entry.classes["attention"]``).
+    projections: how it projects the hidden states: "qkv_z_b_a" = ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``,
+        ``in_proj_a`` (Qwen3.5); "qkvz_ba" = ``in_proj_qkvz`` and ``in_proj_ba``, split per key-head group by its
+        ``fix_query_key_value_ordering`` (Qwen3-Next).
+    layer_forwards_kwargs: the decoder layer passes ``**kwargs`` on to it (else a pre-hook hands it the context);
+        its stock forward takes ``**kwargs`` exactly then (probed).
+    """
+
+    attr: str = "linear_attn"
+    projections: LinearProjections = "qkv_z_b_a"
+    layer_forwards_kwargs: bool = True
 
 
 @dataclass(frozen=True)
@@ -53,7 +88,8 @@ class Entry:
     """One row of a family table: what the family looks like inside one transformers range.
 
     classes: role -> class name in ``module``; roles: ``attention``, ``rotary``, ``text_model``,
-        ``decoder_layer``, ``for_causal_lm``, and for vision-language families ``model`` (`VisionTower.owner`).
+        ``decoder_layer``, ``for_causal_lm``, for vision-language families ``model`` (`VisionTower.owner`), and
+        for hybrid families ``linear_attention`` (`LinearAttention`).
     rotary: the rotary convention (`Rotary`).
     text_model_positions: "mrope" = the text model takes ``(3, B, L)`` and cannot take a text row;
         "text+mrope" = it splits ``(4, B, L)`` itself; "text" = a text-only model taking ``(B, L)``.
@@ -66,6 +102,10 @@ class Entry:
         (`Family.reference_rope_index`; known transformers bugs), by name from that reference's ``DEVIATIONS``.
     known_issues: bugs of the stock forward in this range, by name (``"videos_rejected"``: the forward
         rejects every video; pass videos through `tfcompat.embed_inputs` instead).
+    linear_attention: the family's linear-attention layers (None: every decoder layer is softmax attention).
+    text_module: the module holding the text roles (`TEXT_ROLES`) and the functions their attention calls
+        (``rotary.apply``, ``repeat_kv``) when the model builds its text model from another family's module
+        (GLM-4.6V: ``AutoModel.from_config(config.text_config)``); None: ``module``.
     """
 
     family: str
@@ -82,6 +122,12 @@ class Entry:
     vision: VisionTower | None = None
     rope_index_deviations: tuple[str, ...] = ()
     known_issues: tuple[str, ...] = ()
+    linear_attention: LinearAttention | None = None
+    text_module: str | None = None
+
+    def module_of(self, role: str) -> str:
+        """The module holding ``classes[role]``."""
+        return self.text_module if self.text_module is not None and role in TEXT_ROLES else self.module
 
 
 @dataclass(frozen=True)
@@ -96,6 +142,9 @@ class Family:
         `tfcompat.reference_rope.REFERENCES` (None: no reference; ``rope_index(impl="reference")`` refuses).
     sample_vision: one vision item per sequence of the family's packed sample (None = text only), run by
         the self-check and the tests: images of different grids and, where the family takes them, a video.
+    vision_placeholder: ``(config, kind, (t, h, w)) -> token ids`` of one vision item as the family's processor
+        lays it out (tests and self-check); None: one run of the kind's placeholder token between the kind's
+        (or the vision) start and end tokens.
     """
 
     key: str
@@ -104,6 +153,7 @@ class Family:
     mm_token_types: Callable[[Any, torch.Tensor], torch.Tensor] | None = None
     reference_rope_index: str | None = None
     sample_vision: tuple[VisionItem | None, ...] = ()
+    vision_placeholder: Callable[[Any, str, tuple[int, int, int]], list[int]] | None = None
 
     @property
     def is_vision(self) -> bool:

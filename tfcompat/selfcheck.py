@@ -18,8 +18,8 @@ from .records import VisionItem
 from .registry import Resolved, family, resolve
 from .rope_index import rope_index
 
-__all__ = ["Sequence", "CheckResult", "tiny_model", "sample_case", "sample_sequences", "positions", "pack",
-           "stock_inputs", "run_check"]
+__all__ = ["Sequence", "CheckResult", "tiny_model", "sample_case", "sample_sequences", "vision_placeholder", "positions",
+           "pack", "stock_inputs", "run_check"]
 
 _LENGTHS = (7, 12, 5, 9, 6, 8)
 
@@ -84,8 +84,8 @@ def sample_case(key: str, vision: bool = True) -> tuple[list[int], list[Item]]:
 def sample_sequences(model: torch.nn.Module, lengths: list[int], items: list[Item], seed: int = 0) -> list[Sequence]:
     """Sequences of random text tokens, each with an optional vision item in the middle of its text.
 
-    items[i]: None (text only), a grid ``(t, h, w)`` (an image), ``("image", (t, h, w))`` or ``("video", (t, h, w))``; the placeholder
-    run has ``t * h * w / merge**2`` tokens between the family's vision start and end tokens.
+    items[i]: None (text only), a grid ``(t, h, w)`` (an image), ``("image", (t, h, w))`` or ``("video", (t, h, w))``;
+    its tokens are laid out as the family's processor does (`vision_placeholder`).
     """
     cfg = model.config
     vision = getattr(cfg, "vision_config", None)
@@ -100,11 +100,8 @@ def sample_sequences(model: torch.nn.Module, lengths: list[int], items: list[Ite
             continue
         kind, grid = item if isinstance(item[0], str) else ("image", item)
         t, h, w = grid
-        token = cfg.video_token_id if kind == "video" and hasattr(cfg, "vision_start_token_id") else cfg.image_token_id
-        start, end = (_first(cfg, f"{kind}_start_token_id", "vision_start_token_id"),
-                      _first(cfg, f"{kind}_end_token_id", "vision_end_token_id"))
-        placeholder = torch.full((t * h * w // vision.spatial_merge_size**2,), token)
-        ids = torch.cat([text[: n // 2], torch.tensor([start]), placeholder, torch.tensor([end]), text[n // 2:]])
+        placeholder = torch.tensor(vision_placeholder(cfg, kind, grid))
+        ids = torch.cat([text[: n // 2], placeholder, text[n // 2:]])
         patch_dim = getattr(vision, "in_channels", 3) * vision.temporal_patch_size * vision.patch_size**2
         pixels = torch.randn(t * h * w, patch_dim, generator=gen)
         if kind == "video":
@@ -112,6 +109,20 @@ def sample_sequences(model: torch.nn.Module, lengths: list[int], items: list[Ite
         else:
             out.append(Sequence(ids[None], pixels, torch.tensor([grid])))
     return out
+
+
+def vision_placeholder(config: Any, kind: str, grid: tuple[int, int, int]) -> list[int]:
+    """Token ids of one vision item of ``kind`` ("image" or "video") and patch grid ``(t, h, w)``, as the family's
+    processor lays it out (`tfcompat.records.Family.vision_placeholder`); by default ``t * h * w / merge**2``
+    placeholder tokens between the kind's (or the vision) start and end tokens."""
+    custom = family(config.model_type).vision_placeholder
+    if custom is not None:
+        return custom(config, kind, grid)
+    t, h, w = grid
+    token = config.video_token_id if kind == "video" and hasattr(config, "vision_start_token_id") else config.image_token_id
+    start, end = (_first(config, f"{kind}_start_token_id", "vision_start_token_id"),
+                  _first(config, f"{kind}_end_token_id", "vision_end_token_id"))
+    return [start, *[token] * (t * h * w // config.vision_config.spatial_merge_size**2), end]
 
 
 def _first(config: Any, *names: str) -> int:

@@ -24,7 +24,9 @@ import torch.distributed as dist
 from . import a2a
 from .a2a import Transport
 from .context import CONTEXT_KWARG, ForwardContext
+from .embedding import Embedded
 from .errors import InvalidInputError
+from .extras import VISUAL_KWARG
 from .packing import PackedSeqs, check_text_positions, from_host_positions
 from .position_ids import split_positions
 
@@ -80,7 +82,8 @@ class Shard:
     """This rank's slice of a packed row, and what is needed to put outputs back together.
 
     model_inputs: kwargs for the patched model: the local ``input_ids`` or ``inputs_embeds`` ``(1, T/sp[, H])``,
-        the local ``position_ids`` (last dim sliced) and the forward context (global boundaries, group).
+        the local ``position_ids`` (last dim sliced), the forward context (global boundaries, group) and, from an
+        `tfcompat.embed_inputs` result, this rank's share of its extras (`tfcompat.extras.VisualExtras`).
     labels: the local labels ``(1, T/sp)``, shifted on the global sequence (``labels[t] = ids[t + 1]``) before
         slicing, with ``ignore_index`` at each sequence's last token and on the pad; None if none given.
     total: tokens before padding; padded: after padding to a multiple of ``sp``.
@@ -106,7 +109,7 @@ def shard_inputs(
     position_ids: torch.Tensor | None = None,
     *,
     labels: torch.Tensor | None = None,
-    inputs_embeds: torch.Tensor | None = None,
+    inputs_embeds: torch.Tensor | Embedded | None = None,
     group: dist.ProcessGroup | None = None,
     pad_token_id: int = 0,
     ignore_index: int = -100,
@@ -114,8 +117,9 @@ def shard_inputs(
 ) -> Shard:
     """Pad a packed row to a multiple of the group size and take this rank's slice.
 
-    input_ids: ``(1, T)``; or inputs_embeds: ``(1, T, H)`` (VLMs: embed with the vision tower first, so whole
-    images go through it); position_ids: ``(4, 1, T)`` or ``(1, T)``, each sequence's text row from 0;
+    input_ids: ``(1, T)``; or inputs_embeds: ``(1, T, H)``, or for VLMs the result of `tfcompat.embed_inputs` (whole
+    images go through the vision tower first; its per-token extras are sliced to this rank too: the visual mask
+    by token, the DeepStack rows by the visual tokens inside this rank's slice); position_ids: ``(4, 1, T)`` or ``(1, T)``, each sequence's text row from 0;
     labels: ``(1, T)`` next-token targets are taken from it after a global shift (pass ``input_ids`` with
     ignored positions set to ``ignore_index``). The pad forms its own sequence. Computes the global
     boundaries here, checks that every rank holds the same ``T`` and agrees on the transport (one small
@@ -126,6 +130,9 @@ def shard_inputs(
     """
     if (input_ids is None) == (inputs_embeds is None):
         raise InvalidInputError("shard_inputs takes exactly one of input_ids and inputs_embeds")
+    visual = None
+    if isinstance(inputs_embeds, Embedded):
+        inputs_embeds, visual = inputs_embeds.inputs_embeds, inputs_embeds.visual
     if transport not in ("auto", *get_args(Transport)):
         raise InvalidInputError(f"unknown Ulysses transport {transport!r}", supported=", ".join(("auto", *get_args(Transport))),
                                 fix="pass one of the supported transports")
@@ -141,6 +148,10 @@ def shard_inputs(
     sp, rank = dist.get_world_size(group), dist.get_rank(group)
     total = tokens.shape[1]
     positions = split_positions(position_ids, seq_len=total, family=None)
+    if visual is not None and tuple(visual.visual_pos_masks.shape) != (1, total):
+        raise InvalidInputError("the visual extras do not match the packed row",
+                                why=f"visual_pos_masks {tuple(visual.visual_pos_masks.shape)}, row (1, {total})",
+                                fix="pass the embed_inputs result of this row")
 
     pad = -total % sp
     padded = total + pad
@@ -149,9 +160,12 @@ def shard_inputs(
     check_text_positions(text)
     reason = a2a.symm_mem_reason(group, tokens.device) if transport != "all_to_all" else "not asked for"
     table = _gather_rank_rows(total, reason is None, tokens.device, group)
-    host = torch.cat([table.flatten().to(text.device), text.flatten().long()]).cpu()  # the forward's one host sync
+    rows = [table.flatten().to(text.device), text.flatten().long()]
+    if visual is not None:  # the visual mask rides along: DeepStack rows are sliced by visual counts
+        rows.append(visual.visual_pos_masks.flatten().to(text.device, torch.long))
+    host = torch.cat(rows).cpu()  # the forward's one host sync
     transport = _agree(host[: table.numel()].view(sp, -1).tolist(), transport, reason, rank)
-    seqs = from_host_positions(host[table.numel():].view(1, -1), device=text.device)
+    seqs = from_host_positions(host[table.numel(): table.numel() + padded].view(1, -1), device=text.device)
     local = slice(rank * padded // sp, (rank + 1) * padded // sp)
 
     if position_ids.ndim == 3:  # (4, 1, T): the pad's rows all count from 0 too
@@ -165,6 +179,10 @@ def shard_inputs(
     else:
         embeds = torch.cat([inputs_embeds, inputs_embeds.new_zeros(1, pad, inputs_embeds.shape[-1])], dim=1)
         inputs["inputs_embeds"] = embeds[:, local]
+    if visual is not None:
+        counts = host[table.numel() + padded:]
+        before = int(counts[: local.start].sum())
+        inputs[VISUAL_KWARG] = visual.pad_and_slice(pad, local, before, int(counts[local.start: min(local.stop, total)].sum()))
     inputs[CONTEXT_KWARG] = ForwardContext(seqs, group=group, transport=transport)
 
     local_labels = None

@@ -34,8 +34,8 @@ def sharded_logits(model: torch.nn.Module, inputs: dict, group: dist.ProcessGrou
     """
     vision = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids")}
     if vision:
-        embeds = embed_inputs(model, inputs["input_ids"], **vision)
-        shard = ulysses.shard_inputs(position_ids=inputs["position_ids"], inputs_embeds=embeds, group=group,
+        embedded = embed_inputs(model, inputs["input_ids"], **vision)  # with its extras (DeepStack rows)
+        shard = ulysses.shard_inputs(position_ids=inputs["position_ids"], inputs_embeds=embedded, group=group,
                                      transport=transport)
     else:
         shard = ulysses.shard_inputs(inputs["input_ids"], inputs["position_ids"], group=group, transport=transport)

@@ -6,10 +6,13 @@ Family modules import `tfcompat.records` (and their builders here) only; `tfcomp
 from __future__ import annotations
 
 from ..records import Family
-from . import glm4v, llama, qwen2, qwen2_5_vl, qwen2_vl, qwen3
+from . import glm4v, glm4v_moe, glm46v, llama, qwen2, qwen2_5_vl, qwen2_vl, qwen3, qwen3_vl, qwen3_vl_moe
+from . import qwen3_5, qwen3_5_moe, qwen3_next  # hybrid: Gated DeltaNet + gated attention
 
 __all__ = ["FAMILIES"]
 
 FAMILIES: tuple[Family, ...] = (
-    glm4v.FAMILY, qwen2_vl.FAMILY, qwen2_5_vl.FAMILY, llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY,
+    glm4v.FAMILY, glm4v_moe.FAMILY, glm46v.FAMILY,
+    qwen2_vl.FAMILY, qwen2_5_vl.FAMILY, qwen3_vl.FAMILY, qwen3_vl_moe.FAMILY, llama.FAMILY, qwen2.FAMILY,
+    qwen3.FAMILY, qwen3_5.FAMILY, qwen3_5_moe.FAMILY, qwen3_next.FAMILY,
 )

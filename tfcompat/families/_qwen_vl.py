@@ -60,14 +60,15 @@ def qwen_vl_entries(family: str, prefix: str, *, takes_seconds: bool, videos_rej
         vision=VisionTower(owner="model", attr="visual"),
     )
     v4 = replace(base, text_model_positions="text+mrope")
-    v5 = replace(v4, cache_kwarg="past_key_values", rope_config_key="rope_parameters")
+    v5 = replace(v4, cache_kwarg="past_key_values", rope_config_key="rope_parameters",
+                 vision=VisionTower(owner="model", attr="visual", output="model_output"))
     folded = replace(v5, rotary=RECOMPOSED, rope_index_mm_token_types=True)
     entries = (
         base,
         replace(v4, versions=VersionRange("4.54", "4.56"), why="the text model splits 4-row [text; t; h; w] ids"),
         replace(v4, versions=VersionRange("4.56", "5.0"), cache_kwarg="past_key_values",
                 why="cache kwarg renamed past_key_value -> past_key_values"),
-        replace(v5, versions=VersionRange("5.0", "5.3"), why="rope_parameters"),
+        replace(v5, versions=VersionRange("5.0", "5.3"), why="rope_parameters; get_image_features returns an output"),
         replace(v5, versions=VersionRange("5.3", "5.17"), rope_index_mm_token_types=True,
                 why="get_rope_index rewritten, requires mm_token_type_ids"),
         replace(folded, versions=VersionRange("5.17", "5.24"),

@@ -238,9 +238,9 @@ class VerlPatch:
 
         ids = input_ids
         if self._vlm:
-            embeds = embed_inputs(self.model, input_ids, **vision)  # (1, T', H): whole images first
+            embeds = embed_inputs(self.model, input_ids, **vision)  # (1, T', H) and extras: whole images first
             if group is None:
-                inputs: dict[str, Any] = {"inputs_embeds": embeds, "position_ids": position_ids}
+                inputs: dict[str, Any] = {**embeds.model_inputs(), "position_ids": position_ids}
             else:
                 shard = shard_inputs(position_ids=position_ids, inputs_embeds=embeds, group=group)
                 inputs = shard.model_inputs

@@ -11,7 +11,7 @@ from typing import Any, Mapping, NamedTuple, Protocol
 
 import torch
 
-from . import qwen2_vl
+from . import glm4v, qwen2_vl, qwen3_vl
 
 __all__ = ["REFERENCES", "Reference", "ReferenceRopeIndex"]
 
@@ -39,5 +39,7 @@ class Reference(NamedTuple):
 
 
 REFERENCES: dict[str, Reference] = {
+    "glm4v": Reference("glm4v", glm4v.rope_index, glm4v.DEVIATIONS),
     "qwen2_vl": Reference("qwen2_vl", qwen2_vl.rope_index, qwen2_vl.DEVIATIONS),
+    "qwen3_vl": Reference("qwen3_vl", qwen3_vl.rope_index, qwen3_vl.DEVIATIONS),
 }

@@ -1,0 +1,108 @@
+"""The table shared by Qwen3.5 and Qwen3.5-MoE: the same boundaries, other class names.
+
+Hybrid decoders: each decoder layer holds either ``linear_attn``, a Gated DeltaNet (`tfcompat.records.LinearAttention`:
+a depthwise causal conv over ``[q | k | v]``, then the gated delta rule), or ``self_attn``, softmax attention with a
+sigmoid output gate (``q_proj`` also yields the gate) and partial rotary (``apply_rotary_pos_emb`` rotates the first
+``cos.shape[-1]`` dims), as ``config.layer_types`` says. Natively multimodal: a Qwen3-VL-like vision tower
+(no DeepStack) on ``*Model``; M-RoPE interleaved ``[t h w t h w ...]`` inside the rotary embedding.
+
+Boundaries read from the wheels (both families appear in 5.2.0; none before): 5.2 puts ``get_rope_index`` and
+the tower on ``*Model``, lets the text model split 4-row ``[text; t; h; w]`` ids, interleaves in
+``*TextRotaryEmbedding.apply_interleaved_mrope`` and returns an output from ``get_image_features``; the decoder
+layer calls ``linear_attn(hidden_states, cache_params, cache_position, attention_mask)`` without ``**kwargs``
+(its forward takes none). 5.3 rewrites ``get_rope_index``, which then requires ``mm_token_type_ids``. 5.4 drops
+``cache_position`` from both mixers (the patched forward takes any keywords). 5.9 passes ``**kwargs`` to
+``linear_attn``. 5.15 moves the kernels from instance attributes to module functions (the patched forward calls
+none of them). 5.17 renames the interleave to ``recomposition_frequencies``. 5.24 renames the cache kwarg of both
+mixers to ``cache``. Softmax-attention layers forward ``**kwargs`` throughout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ..records import Entry, Family, LinearAttention, Rotary, VisionItem, VisionTower
+from ..versions import VersionRange
+from ._qwen_vl import mm_token_types
+
+INTERLEAVED = Rotary("apply_rotary_pos_emb", "folded", marker="apply_interleaved_mrope")
+RECOMPOSED = Rotary("apply_rotary_pos_emb", "folded", marker="recomposition_frequencies")
+# the packed sample of the tests and the self-check: text, then images of three grids
+SAMPLE_VISION: tuple[VisionItem | None, ...] = (None, ("image", (1, 4, 6)), ("image", (1, 2, 4)), ("image", (1, 4, 4)))
+
+
+def qwen3_5_entries(family: str, prefix: str) -> tuple[Entry, ...]:
+    """Entries for classes ``{prefix}Attention``, ``{prefix}GatedDeltaNet``, ``{prefix}TextModel``, ``{prefix}Model``,
+    ... in ``transformers.models.{family}.modeling_{family}``."""
+    base = Entry(
+        family=family,
+        versions=VersionRange("5.2", "5.3"),
+        module=f"transformers.models.{family}.modeling_{family}",
+        classes={
+            "attention": f"{prefix}Attention",
+            "linear_attention": f"{prefix}GatedDeltaNet",
+            "rotary": f"{prefix}TextRotaryEmbedding",
+            "text_model": f"{prefix}TextModel",
+            "decoder_layer": f"{prefix}DecoderLayer",
+            "model": f"{prefix}Model",
+            "for_causal_lm": f"{prefix}ForConditionalGeneration",
+        },
+        rotary=INTERLEAVED,
+        rope_config_key="rope_parameters",
+        text_model_positions="text+mrope",
+        layer_forwards_kwargs=True,
+        rope_index_mm_token_types=False,
+        cache_kwarg="past_key_values",
+        why="first release: hybrid Gated DeltaNet / gated attention; the decoder layer calls linear_attn without "
+        "**kwargs",
+        vision=VisionTower(owner="model", attr="visual", output="model_output"),
+        linear_attention=LinearAttention(attr="linear_attn", projections="qkv_z_b_a", layer_forwards_kwargs=False),
+    )
+    kwargs_reach = replace(base.linear_attention, layer_forwards_kwargs=True)
+    return (
+        base,
+        replace(base, versions=VersionRange("5.3", "5.9"), rope_index_mm_token_types=True,
+                why="get_rope_index rewritten, requires mm_token_type_ids"),
+        replace(base, versions=VersionRange("5.9", "5.17"), rope_index_mm_token_types=True,
+                linear_attention=kwargs_reach, why="the decoder layer passes **kwargs to linear_attn"),
+        replace(base, versions=VersionRange("5.17", "5.24"), rope_index_mm_token_types=True, rotary=RECOMPOSED,
+                linear_attention=kwargs_reach, why="apply_interleaved_mrope renamed recomposition_frequencies"),
+        replace(base, versions=VersionRange("5.24", "5.25"), rope_index_mm_token_types=True, rotary=RECOMPOSED,
+                cache_kwarg="cache", linear_attention=kwargs_reach,
+                why="cache kwarg of both mixers renamed to cache"),
+    )
+
+
+def qwen3_5_tiny_config(config_name: str, **text: Any):
+    """A ``tiny_config``: one Gated DeltaNet layer then one gated-attention layer; attention head_dim 16 with
+    partial rotary 0.5 (4 frequencies, interleaved ``mrope_section`` [2, 1, 1]); linear attention with 2 key heads
+    and 4 value heads of 16 (so Ulysses at sp 2 and 4). text: extra text-config keys (MoE sizes)."""
+
+    def tiny_config(entry: Entry) -> tuple[str, dict[str, Any]]:
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True}
+        text_config = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           layer_types=["linear_attention", "full_attention"], num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+                           linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                           max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                           rope_parameters=rope, **text)
+        vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14, temporal_patch_size=2,
+                      spatial_merge_size=2, out_hidden_size=64, num_position_embeddings=64)
+        tokens = dict(image_token_id=250, video_token_id=251, vision_start_token_id=252, vision_end_token_id=253)
+        return config_name, dict(text_config=text_config, vision_config=vision, **tokens)
+
+    return tiny_config
+
+
+def qwen3_5_family(key: str, prefix: str, config_name: str, **text: Any) -> Family:
+    """A Qwen3.5 family: the table of `qwen3_5_entries`, Qwen's token types, a tiny config (``text``: extra
+    text-config keys)."""
+    return Family(
+        key=key,
+        entries=qwen3_5_entries(key, prefix),
+        tiny_config=qwen3_5_tiny_config(config_name, **text),
+        mm_token_types=mm_token_types,
+        sample_vision=SAMPLE_VISION,
+    )
