@@ -29,10 +29,10 @@ norms or biases), T the real tokens, and the second term is causal attention (QK
 Hq * head_dim`` each per layer, halved by causality, times 3 for forward + backward). Gradient checkpointing's
 recomputed forward is not counted (model FLOPs, not hardware FLOPs), nor is padding.
 
-``--profile [VARIANTS]`` adds one profiled step per variant (or per listed variant) (torch.profiler, CUDA kernel time) split into attention
-(kernels under the attention function, found by wrapping transformers' attention interface entries, and
-attention backward ops), matmuls (GEMM kernels outside the head), the PPO head (every kernel of its forward and
-backward) and elementwise / other, with each variant's top kernels.
+``--profile [VARIANTS]`` adds one profiled step per variant, or per listed variant (torch.profiler, CUDA kernel
+time), split into attention (kernels under the attention function, found by wrapping transformers' attention
+interface entries, and attention backward ops), matmuls (GEMM kernels outside the head), the PPO head (every
+kernel of its forward and backward) and elementwise / other, with each variant's top kernels.
 
     python bench/train_step.py --out train_step.json                    # 28 layers, 8 x 512-4096 tokens
     python bench/train_step.py --long --out train_step_long.json        # 4 layers, 4 x 8k-32k tokens
@@ -281,7 +281,8 @@ def main() -> None:
     lo = args.min_len or (5 if smoke else 8192 if long else 512)
     hi = args.max_len or (40 if smoke else 32768 if long else 4096)
     dims = SMOKE if smoke else QWEN25_7B
-    names = (args.variants or ("tfcompat,flex_packed" if long else "tfcompat,padded,sdpa_packed,flex_packed")).split(",")
+    default_variants = "tfcompat,flex_packed" if long else "tfcompat,padded,sdpa_packed,flex_packed"
+    names = (args.variants or default_variants).split(",")
     if smoke and "flex_packed" in names:
         names.remove("flex_packed")
         print("smoke: flex_packed skipped (torch has no flex attention backward on CPU)")

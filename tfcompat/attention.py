@@ -63,7 +63,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from .errors import InvalidInputError
 from .packing import PackedSeqs
 
-__all__ = ["AUTO_ORDER", "Backend", "varlen_attention", "available_backends", "select_backend"]
+__all__ = ["Backend", "available_backends", "document_block_mask", "select_backend", "varlen_attention"]
 
 Backend = Literal["auto", "flash", "torch", "cudnn", "flex", "sdpa"]
 AUTO_ORDER: tuple[str, ...] = ("flash", "torch", "flex", "cudnn", "sdpa")
