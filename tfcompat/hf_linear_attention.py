@@ -1,0 +1,161 @@
+"""The adapter between transformers' Gated DeltaNet layers and tfcompat's packed linear-attention core.
+
+A hybrid decoder (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) holds, per layer, either softmax attention (patched through
+`tfcompat.hf_attention`) or a Gated DeltaNet module (`tfcompat.records.LinearAttention`). The stock Gated DeltaNet
+forward runs its conv and its recurrence over the whole row, so a packed row carries the conv window and the
+state from one sequence into the next. `patch` gives each such module an instance ``forward`` built here: the
+module's own projections (as the registry entry lays them out), then `tfcompat.linear_attention.linear_attention`
+over the packed boundaries of the `tfcompat.context.ForwardContext` (restarting conv and state at every sequence;
+under Ulysses the head split), then the module's own gated norm and output projection. The stock kernels
+(instance attributes up to 5.14, module functions from 5.15) are never called.
+
+The context arrives in the forward's ``**kwargs`` where the decoder layer passes them on, else through the
+decoder layer's pre-hook (`tfcompat.context.BRIDGE_ATTR`). The packed forward writes no recurrent or conv state
+to a cache: a packed row is a batch of whole sequences, not a prefix to continue.
+
+`plan` checks, at `patch()`, that every decoder layer mixes with a class tfcompat packs and that the requested
+kernels exist; it changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Literal, NamedTuple, get_args
+
+import torch
+
+from . import _linear_kernels
+from .context import BRIDGE_ATTR, CONTEXT_KWARG
+from .errors import PatchError
+from .linear_attention import ConvBackend, RuleBackend, check_linear_heads, linear_attention, linear_attention_params
+from .records import LinearAttention
+from .registry import Resolved
+
+__all__ = ["LinearBackend", "LinearPlan", "packed_linear_forward", "plan"]
+
+LinearBackend = Literal["auto", "fla", "torch"]
+# patch()'s linear_backend -> (rule backend, conv backend) of `tfcompat.linear_attention.linear_attention`
+_BACKENDS: dict[str, tuple[RuleBackend, ConvBackend]] = {
+    "auto": ("auto", "auto"), "fla": ("fla", "auto"), "torch": ("torch", "torch"),
+}
+
+
+class LinearPlan(NamedTuple):
+    """What `patch` changes for the linear-attention layers: ``forwards`` (module, its packed forward) and
+    ``bridges`` (decoder layer, its linear-attention module) where the layer drops ``**kwargs``."""
+
+    forwards: list[tuple[torch.nn.Module, Callable[..., torch.Tensor]]]
+    bridges: list[tuple[torch.nn.Module, torch.nn.Module]]
+
+
+def plan(model: torch.nn.Module, r: Resolved, group: Any, backend: str) -> LinearPlan:
+    """Check ``model``'s decoder layers and build the packed forwards of its linear-attention modules.
+
+    Every decoder layer must hold exactly one mixer tfcompat packs: the entry's softmax attention class, or its
+    linear-attention class (`tfcompat.records.Entry.linear_attention`). backend: `LinearBackend`; "fla" needs
+    flash-linear-attention installed. Raises `PatchError` (unknown mixer, unknown or missing backend) or
+    `tfcompat.errors.InvalidInputError` (heads not divisible by the Ulysses group).
+    """
+    def error(what: str, why: str, supported: str, fix: str) -> PatchError:
+        return PatchError(what, family=r.family, transformers_version=r.transformers_version, why=why,
+                          supported=supported, fix=fix)
+
+    if backend not in _BACKENDS:
+        raise error(f"unknown linear-attention backend {backend!r}", "linear_backend names the Gated DeltaNet kernels",
+                    ", ".join(get_args(LinearBackend)), "pass linear_backend='auto'")
+    spec = r.entry.linear_attention
+    linear_cls = r.classes.get("linear_attention")
+    known = (r.attention_cls,) if linear_cls is None else (r.attention_cls, linear_cls)
+    names = " or ".join(c.__name__ for c in known)
+    forwards: list[tuple[torch.nn.Module, Callable[..., torch.Tensor]]] = []
+    bridges: list[tuple[torch.nn.Module, torch.nn.Module]] = []
+    for index, layer in enumerate(m for m in model.modules() if isinstance(m, r.decoder_layer_cls)):
+        mixers = [(name, child) for name, child in layer.named_children() if isinstance(child, known)]
+        if len(mixers) != 1:
+            children = ", ".join(f"{n}: {type(c).__name__}" for n, c in layer.named_children())
+            kind = _layer_type(model, index)
+            raise error(
+                f"decoder layer {index}{kind} of {type(model).__name__} has {len(mixers)} mixers tfcompat can pack",
+                f"its children are {children}; tfcompat packs {names}",
+                f"{r.family} layers mixing with {names}",
+                "build the model with layer types whose mixers tfcompat packs (config.layer_types), or undo the "
+                "patch for this model",
+            )
+        name, module = mixers[0]
+        if linear_cls is None or not isinstance(module, linear_cls):
+            continue
+        if backend == "fla" and _linear_kernels.fla_rule() is None:
+            raise error("linear_backend='fla' but flash-linear-attention is not installed",
+                        f"{type(module).__name__} layers would run the gated delta rule in fla's kernel",
+                        "linear_backend 'auto' (fla where installed and usable, else torch), 'torch', 'fla'",
+                        "pip install flash-linear-attention, or pass linear_backend='auto'")
+        if group is not None:
+            import torch.distributed as dist
+
+            check_linear_heads(linear_attention_params(module).heads, dist.get_world_size(group), family=r.family,
+                               transformers_version=r.transformers_version)
+        forwards.append((module, packed_linear_forward(module, spec, backend)))
+        if not spec.layer_forwards_kwargs:
+            bridges.append((layer, module))
+    return LinearPlan(forwards, bridges)
+
+
+def _layer_type(model: torch.nn.Module, index: int) -> str:
+    """`` (layer type 'x')`` from the text config's ``layer_types``, or nothing where it has none."""
+    types = getattr(model.config.get_text_config(), "layer_types", None)
+    return f" (layer type {types[index]!r})" if types is not None and index < len(types) else ""
+
+
+def packed_linear_forward(module: torch.nn.Module, spec: LinearAttention, backend: str) -> Callable[..., torch.Tensor]:
+    """An instance ``forward`` for a stock Gated DeltaNet ``module``: ``hidden_states (B, L, hidden) -> (B, L, hidden)``.
+
+    Takes every keyword the decoder layer passes (cache, cache position and mask are ignored: packed rows have no
+    padding and no past) and the context (`tfcompat.context.CONTEXT_KWARG`, or the bridge). Projections per
+    ``spec.projections``, then `linear_attention` on the ``B * L`` flattened tokens (``B == 1``, ``L = T / sp`` under
+    Ulysses), then ``module.norm(core, z)`` per value head and ``module.out_proj``. backend: `LinearBackend`.
+    """
+    rule_backend, conv_backend = _BACKENDS[backend]
+    project = _PROJECTIONS[spec.projections]
+
+    def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        ctx = kwargs.get(CONTEXT_KWARG) or module.__dict__.get(BRIDGE_ATTR)
+        if ctx is None:
+            raise PatchError(
+                f"{type(module).__name__} runs tfcompat's packed linear attention without packed boundaries",
+                why="the layer was called outside the patched text model's forward",
+                fix="call the patched model (or its text model) rather than a decoder layer directly, or undo() the patch",
+            )
+        batch, length, _ = hidden_states.shape
+        mixed_qkv, z, b, a = project(module, hidden_states)
+        core = linear_attention(
+            mixed_qkv.reshape(batch * length, -1),  # (B, L, C) -> (B L, C)
+            a.reshape(batch * length, -1),  # (B, L, Hv) -> (B L, Hv)
+            b.reshape(batch * length, -1),  # (B, L, Hv) -> (B L, Hv)
+            linear_attention_params(module), ctx.seqs, group=ctx.group, transport=ctx.transport,
+            backend=rule_backend, conv_backend=conv_backend,
+        )
+        head_v_dim = module.head_v_dim
+        out = module.norm(core.reshape(-1, head_v_dim), z.reshape(-1, head_v_dim))  # (B L Hv, Dv) each
+        return module.out_proj(out.reshape(batch, length, -1))  # (B L Hv, Dv) -> (B, L, Hv Dv)
+
+    return forward
+
+
+Projected = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _project_qkv_z_b_a(module: torch.nn.Module, hidden: torch.Tensor) -> Projected:
+    """Qwen3.5: ``mixed_qkv (B, L, 2 Hk Dk + Hv Dv)``, ``z (B, L, Hv Dv)``, ``b``, ``a (B, L, Hv)``."""
+    return module.in_proj_qkv(hidden), module.in_proj_z(hidden), module.in_proj_b(hidden), module.in_proj_a(hidden)
+
+
+def _project_qkvz_ba(module: torch.nn.Module, hidden: torch.Tensor) -> Projected:
+    """Qwen3-Next: the stock regrouping by key-head group, then ``[q | k | v]`` flattened as its forward does."""
+    q, k, v, z, b, a = module.fix_query_key_value_ordering(module.in_proj_qkvz(hidden), module.in_proj_ba(hidden))
+    # (B, L, Hk, Dk), (B, L, Hk, Dk), (B, L, Hv, Dv) -> (B, L, 2 Hk Dk + Hv Dv)
+    mixed_qkv = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1)
+    return mixed_qkv, z, b, a
+
+
+_PROJECTIONS: dict[str, Callable[[torch.nn.Module, torch.Tensor], Projected]] = {
+    "qkv_z_b_a": _project_qkv_z_b_a, "qkvz_ba": _project_qkvz_ba,
+}
