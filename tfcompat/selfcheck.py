@@ -13,13 +13,14 @@ from typing import Any
 
 import torch
 
+from .embedding import embed_inputs
 from .patching import patch
 from .records import VisionItem
 from .registry import Resolved, family, resolve
 from .rope_index import rope_index
 
 __all__ = ["Sequence", "CheckResult", "tiny_model", "sample_case", "sample_sequences", "vision_placeholder", "positions",
-           "pack", "stock_inputs", "run_check"]
+           "pack", "packed_inputs", "stock_inputs", "run_check"]
 
 _LENGTHS = (7, 12, 5, 9, 6, 8)
 
@@ -160,6 +161,20 @@ def pack(model: torch.nn.Module, seqs: list[Sequence]) -> dict[str, Any]:
     return inputs
 
 
+def packed_inputs(model: torch.nn.Module, seqs: list[Sequence]) -> dict[str, Any]:
+    """The patched model's inputs for ``seqs`` in one row: `pack`'s, except where the installed stock forward
+    rejects images and videos in one forward (known issue ``images_with_videos_rejected``: GLM counts both with
+    the image token) and the row holds both; then `tfcompat.embed_inputs` embeds them (the route such batches
+    take) and ``input_ids`` and the pixels give way to its ``inputs_embeds``."""
+    inputs = pack(model, seqs)
+    mixed = "pixel_values" in inputs and "pixel_values_videos" in inputs
+    if not mixed or "images_with_videos_rejected" not in resolve(model.config.model_type).entry.known_issues:
+        return inputs
+    vision = {k: inputs.pop(k) for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")}
+    embedded = embed_inputs(model, inputs.pop("input_ids"), **vision)
+    return {**inputs, **embedded.model_inputs()}
+
+
 @torch.no_grad()
 def run_check(key: str, attn_implementation: str = "sdpa", tolerance: float = 1e-5) -> CheckResult:
     """Packed patched logits against stock per-sequence logits on a tiny model: the family's packed sample
@@ -172,7 +187,7 @@ def run_check(key: str, attn_implementation: str = "sdpa", tolerance: float = 1e
         items = [None if isinstance(i, tuple) and i[0] == "video" else i for i in items]
     seqs = sample_sequences(model, lengths, items)
     expected = [model(**stock_inputs(r, model, s), use_cache=False).logits[0] for s in seqs]
-    packed = pack(model, seqs)
+    packed = packed_inputs(model, seqs)
     with patch(model, remove_padding=True):
         got = model(**packed, use_cache=False).logits[0]
     diff = max(float((g - e).abs().max()) for g, e in zip(got.split([e.shape[0] for e in expected]), expected))
