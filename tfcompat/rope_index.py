@@ -49,6 +49,15 @@ def rope_index(
         mrope = REFERENCES[name].compute(owner.config, input_ids.cpu(), image_grid_thw, video_grid_thw,
                                          second_per_grid_ts, attention_mask)
         return torch.cat([text[None].cpu(), mrope], dim=0).to(input_ids.device)
+    if ("video_grid_unsplit" in r.entry.rope_index_deviations and video_grid_thw is not None
+            and bool((video_grid_thw[:, 0] > 1).any())):
+        raise InvalidInputError(
+            f"the installed {r.family} get_rope_index cannot place videos of more than one frame",
+            family=r.family, transformers_version=r.transformers_version,
+            why=REFERENCES[str(r.spec.reference_rope_index)].deviations["video_grid_unsplit"],
+            supported=f"impl='installed' with images and one-frame videos on {r.entry.versions}",
+            fix="use impl='reference' (the model's own semantics), or another transformers release",
+        )
     kwargs = dict(image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw, attention_mask=attention_mask)
     if second_per_grid_ts is not None:
         if "second_per_grid_ts" not in inspect.signature(owner.get_rope_index).parameters:

@@ -8,7 +8,9 @@ the text model; ``get_image_features`` returns ``(features, deepstack list)``. 5
 ``rope_parameters`` and returns an output with ``pooler_output`` / ``deepstack_features``; 5.3 makes
 ``get_rope_index`` require ``mm_token_type_ids``; 5.17 renames the interleave to
 ``recomposition_frequencies``; 5.24 renames the cache kwarg to ``cache``. Decoder layers forward
-``**kwargs`` to attention throughout.
+``**kwargs`` to attention throughout. 5.3's rewritten ``get_rope_index`` drops the split of ``video_grid_thw``
+into frames, so every video of more than one frame fails (``StopIteration``) in it and in the stock forward
+(``video_grid_unsplit``, ``videos_rejected``); 5.4 restores the split.
 
 Videos: the processor writes each frame as its own item, ``<t seconds>`` text then vision start, the frame's
 tokens, vision end; ``get_rope_index`` splits ``video_grid_thw`` into one ``(1, h, w)`` item per frame.
@@ -22,6 +24,7 @@ from typing import Any
 from ..records import Entry, Family, Rotary, VisionItem, VisionTower
 from ..versions import VersionRange
 from ._qwen_vl import mm_token_types
+from ._table import overlay
 
 INTERLEAVED = Rotary("apply_rotary_pos_emb", "folded", marker="apply_interleaved_mrope")
 RECOMPOSED = Rotary("apply_rotary_pos_emb", "folded", marker="recomposition_frequencies")
@@ -57,7 +60,7 @@ def qwen3_vl_entries(family: str, prefix: str) -> tuple[Entry, ...]:
     )
     v5 = replace(base, rope_config_key="rope_parameters",
                  vision=VisionTower(owner="model", attr="visual", output="model_output", deepstack=True))
-    return (
+    entries = (
         base,
         replace(v5, versions=VersionRange("5.0", "5.3"),
                 why="rope_parameters; get_image_features returns an output with deepstack_features"),
@@ -68,6 +71,9 @@ def qwen3_vl_entries(family: str, prefix: str) -> tuple[Entry, ...]:
         replace(v5, versions=VersionRange("5.24", "5.25"), rope_index_mm_token_types=True, rotary=RECOMPOSED,
                 cache_kwarg="cache", why="cache kwarg renamed past_key_values -> cache"),
     )
+    entries = overlay(entries, VersionRange("5.3", "5.4"), "get_rope_index rewritten, requires mm_token_type_ids",
+                      rope_index_deviations=("video_grid_unsplit",), known_issues=("videos_rejected",))
+    return overlay(entries, VersionRange("5.4"), "get_rope_index splits video grids into frames again")
 
 
 def vision_placeholder(config: Any, kind: str, grid: tuple[int, int, int]) -> list[int]:

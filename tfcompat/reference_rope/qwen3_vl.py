@@ -18,7 +18,10 @@ from ..errors import InvalidInputError
 
 __all__ = ["DEVIATIONS", "rope_index"]
 
-DEVIATIONS: dict[str, str] = {}
+DEVIATIONS = {
+    "video_grid_unsplit": "a video's grid is not split into frames: the first frame's run takes the whole video's "
+    "grid, so a video of more than one frame cannot be placed (the installed index raises StopIteration)",
+}
 
 
 def rope_index(
@@ -43,6 +46,9 @@ def rope_index(
                                 fix="drop the argument")
     merge = config.vision_config.spatial_merge_size
     out = torch.ones(3, *input_ids.shape, dtype=torch.long)
+    if "video_grid_unsplit" in deviations and video_grid_thw is not None and bool((video_grid_thw[:, 0] > 1).any()):
+        raise InvalidInputError("a video of more than one frame cannot be placed with 'video_grid_unsplit'",
+                                why=DEVIATIONS["video_grid_unsplit"], fix="use the reference without the deviation")
     frames = {config.image_token_id: _items(image_grid_thw), config.video_token_id: _items(video_grid_thw)}
     for b, row in enumerate(input_ids.tolist()):
         keep = [True] * len(row) if attention_mask is None else attention_mask[b].bool().tolist()
