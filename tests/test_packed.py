@@ -13,7 +13,7 @@ from tfcompat.context import ForwardContext
 from tfcompat.hf_attention import ATTENTION_KEY
 from tfcompat.packing import from_lengths
 from tfcompat.registry import installed_families
-from tfcompat.selfcheck import pack, sample_case, sample_sequences, stock_inputs, tiny_model
+from tfcompat.selfcheck import Sequence, pack, packed_inputs, sample_case, sample_sequences, stock_inputs, tiny_model
 from tests.helpers import max_token_diff, skip_if_stock_rejects_videos
 
 FAMILY = "glm4v"  # lifecycle and bad-input tests
@@ -44,9 +44,9 @@ def _packed_and_stock(family, case, impl, one_sequence=False):
     model = tiny_model(family, impl)
     seqs = sample_sequences(model, *CASES[family, case], seed=1)
     expected = _stock_logits(resolved, model, seqs)
-    inputs = pack(model, seqs)
+    inputs = packed_inputs(model, seqs)
     if one_sequence:
-        inputs["tfcompat_context"] = ForwardContext(from_lengths([inputs["input_ids"].shape[1]]))
+        inputs["tfcompat_context"] = ForwardContext(from_lengths([inputs["position_ids"].shape[-1]]))
     with tfcompat.patch(model, remove_padding=True):
         return model(**inputs, use_cache=False).logits[0], expected
 
@@ -80,7 +80,7 @@ class TestPackedEqualsStock:
         model.zero_grad(set_to_none=True)
 
         with tfcompat.patch(model, remove_padding=True):
-            (model(**pack(model, seqs), use_cache=False).logits[0] @ weight).sum().backward()
+            (model(**packed_inputs(model, seqs), use_cache=False).logits[0] @ weight).sum().backward()
         got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
         assert got.keys() == expected.keys()
@@ -252,3 +252,22 @@ def test_declared_stock_video_rejection_is_real(family):
             model(**stock_inputs(r, model, seq), use_cache=False)
     else:
         model(**stock_inputs(r, model, seq), use_cache=False)
+
+
+@pytest.mark.parametrize("family", VIDEO_FAMILIES)
+def test_declared_stock_mixed_rejection_is_real(family):
+    """Rule: a release declared to reject images and videos in one forward does (GLM counts both with the image
+    token); one that is not declared accepts them."""
+    r = tfcompat.resolve(family)
+    model = tiny_model(family, "sdpa")
+    seqs = sample_sequences(model, [6, 6], [("image", (1, 2, 4)), ("video", (2, 2, 2))])
+    if "videos_rejected" in r.entry.known_issues:
+        pytest.skip(f"transformers {r.entry.versions} {family}: the stock forward rejects every video (known issue)")
+    joined = pack(model, seqs)
+    del joined["position_ids"]
+    inputs = stock_inputs(r, model, Sequence(**joined))  # one sequence holding an image and a video
+    if "images_with_videos_rejected" in r.entry.known_issues:
+        with pytest.raises(ValueError, match="[Ii]mage features and image tokens do not match"):
+            model(**inputs, use_cache=False)
+    else:
+        model(**inputs, use_cache=False)
