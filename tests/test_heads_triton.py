@@ -142,15 +142,17 @@ class TestTritonHalfPrecision:
 
 
 class TestAlignedTiles:
+    @pytest.mark.parametrize("chunk_size", [None, 512])
     @pytest.mark.parametrize("tokens", [1, 127, 1000, 8191, 20205, 65535])
-    def test_tiles_are_aligned(self, tokens: int) -> None:
-        """Rows and columns of every tile are multiples of 128 (or the whole axis), at most TOKEN_BLOCK rows,
-        about chunk_size * V logits."""
-        vocab = 152064
-        rows, columns = heads._triton_tiles(tokens, vocab, 512)
+    def test_tiles_are_aligned(self, tokens: int, chunk_size: int | None) -> None:
+        """Rows are a multiple of 128 (or all tokens), at most TOKEN_BLOCK; columns a multiple of the kernels'
+        column block (or the whole vocabulary); the tile holds about T * H logits, or chunk_size * V."""
+        vocab, hidden_size, block = 152064, 3584, _triton_heads.COLUMN_BLOCK
+        rows, columns = heads._triton_tiles(tokens, hidden_size, vocab, chunk_size)
         assert rows == tokens or (rows % 128 == 0 and rows <= _triton_heads.TOKEN_BLOCK)
-        assert columns == vocab or columns % 128 == 0
-        assert columns == vocab or 512 * vocab <= rows * columns < 512 * vocab + 128 * rows
+        assert columns == vocab or columns % block == 0
+        budget = tokens * hidden_size if chunk_size is None else chunk_size * vocab
+        assert columns == vocab or budget <= rows * columns < budget + block * rows
 
 
 class TestAuto:

@@ -8,9 +8,10 @@ tiles. What the kernels here replace is the float32 arithmetic between the matmu
 does in several passes over float32 copies of each tile: here each tile of logits (in the input dtype, as
 cuBLAS rounded it, the reference's rounding) is read once and never copied.
 
-Tiles are ``(R, C)``: ``R`` tokens (a token block, at most `TOKEN_BLOCK`) by ``C`` vocabulary columns, both
-multiples of 128 (or a whole axis), holding about ``chunk_size * V`` logits. Forward and backward walk the
-vocabulary tiles in the outer loop and the token blocks in the inner one:
+Tiles are ``(R, C)``: ``R`` tokens (a token block, at most `TOKEN_BLOCK`, a multiple of 128 or all of T) by
+``C`` vocabulary columns (a multiple of `COLUMN_BLOCK`, or all of V), about ``T * H`` logits by default (the
+size of the hidden states) or ``chunk_size * V``. Forward and backward walk the vocabulary tiles in the outer
+loop and the token blocks in the inner one:
 
 - forward: `_tile_stats_kernel` (one program per token) streams the token's ``C`` logits and merges them into
   the token's running max, sum of exponentials and sum of ``exp * z`` (an online log-sum-exp across tiles),
@@ -33,9 +34,8 @@ import triton.language as tl
 
 from .heads import IGNORE_INDEX, _accumulate_mm, _spans
 
-TOKEN_BLOCK = 16384  # the most tokens in a tile: bounds its size when T is large, at columns >= chunk_size * V / R
-_STATS_BLOCK = 4096  # columns per step of a _tile_stats_kernel program
-_GRAD_BLOCK = 2048  # columns per _grad_logits_kernel program
+TOKEN_BLOCK = 16384  # the most tokens in a tile: bounds its size when T is large
+COLUMN_BLOCK = 1024  # columns per step of both kernels; tile widths are multiples of it, so no lane idles
 
 
 @triton.jit
@@ -46,14 +46,14 @@ def _tile_stats_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * row_stride
-    tau = tl.load(temperature_ptr + row * temperature_stride)
+    inv_tau = 1.0 / tl.load(temperature_ptr + row * temperature_stride)
     m = tl.load(max_ptr + row)  # running max of z over the tiles so far (-inf before the first)
     s = tl.load(sumexp_ptr + row)  # sum exp(z - m)
     w = tl.load(sumexpz_ptr + row)  # sum exp(z - m) * z
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n_cols
-        z = tl.math.div_rn(tl.load(base + cols, mask=mask, other=0.0).to(tl.float32), tau)  # 0 where masked
+        z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32) * inv_tau  # 0 where masked
         z_max = tl.where(mask, z, float("-inf"))
         m_new = tl.maximum(m, tl.max(z_max, 0))
         scale = tl.exp(m - m_new)
@@ -66,7 +66,7 @@ def _tile_stats_kernel(
     tl.store(sumexpz_ptr + row, w)
     column = tl.load(labels_ptr + row) - first_column  # ignored labels (-100) fall in no tile
     in_tile = (column >= 0) & (column < n_cols)
-    z_label = tl.math.div_rn(tl.load(base + tl.where(in_tile, column, 0)).to(tl.float32), tau)
+    z_label = tl.load(base + tl.where(in_tile, column, 0)).to(tl.float32) * inv_tau
     tl.store(label_logit_ptr + row, z_label, mask=in_tile)
 
 
@@ -81,13 +81,13 @@ def _grad_logits_kernel(
     mask = cols < n_cols
     ptrs = logits_ptr + row * row_stride + cols
     x = tl.load(ptrs, mask=mask, other=0.0)
-    tau = tl.load(temperature_ptr + row * temperature_stride)
+    inv_tau = 1.0 / tl.load(temperature_ptr + row * temperature_stride)
     lse = tl.load(lse_ptr + row)
     entropy_coef = tl.load(entropy_coef_ptr + row)
     shift = tl.load(shift_ptr + row)
     label_coef = tl.load(label_coef_ptr + row)
     label = tl.load(labels_ptr + row)
-    logp = tl.math.div_rn(x.to(tl.float32), tau) - lse
+    logp = x.to(tl.float32) * inv_tau - lse
     grad = tl.exp(logp) * (-entropy_coef * logp - shift)
     grad = tl.where(cols == label - first_column, grad + label_coef, grad)  # ignored labels match no column
     tl.store(ptrs, grad.to(x.dtype), mask=mask)
@@ -101,7 +101,7 @@ def _tile_stats(logits: torch.Tensor, first_column: int, labels: torch.Tensor, t
     _tile_stats_kernel[(rows,)](
         logits, logits.stride(0), columns, first_column, labels, temperature, temperature.stride(0),
         running[0], running[1], running[2], running[3],
-        BLOCK=min(_STATS_BLOCK, triton.next_power_of_2(columns)), num_warps=8,
+        BLOCK=min(COLUMN_BLOCK, triton.next_power_of_2(columns)), num_warps=4,
     )
 
 
@@ -110,11 +110,11 @@ def _grad_logits(logits: torch.Tensor, first_column: int, labels: torch.Tensor, 
     """The loss's gradient with respect to ``logits`` ``(R, C)``, written over them and returned. coefs
     ``(4, R)`` float32: logsumexp, label_coef, entropy_coef, shift (see ``heads._RowStats``)."""
     rows, columns = logits.shape
-    block = min(_GRAD_BLOCK, triton.next_power_of_2(columns))
+    block = min(COLUMN_BLOCK, triton.next_power_of_2(columns))
     _grad_logits_kernel[(rows, triton.cdiv(columns, block))](
         logits, logits.stride(0), columns, first_column, labels, temperature, temperature.stride(0),
         coefs[0], coefs[1], coefs[2], coefs[3],
-        BLOCK=block, num_warps=8,
+        BLOCK=block, num_warps=4,
     )
     return logits
 

@@ -36,7 +36,6 @@ __all__ = ["IGNORE_INDEX", "BACKENDS", "LogprobsEntropy", "logprobs_entropy", "m
 
 IGNORE_INDEX = -100
 BACKENDS = ("auto", "torch", "triton", "logits")
-CHUNK_SIZE = {"torch": 1024, "triton": 512}  # default chunk_size of the chunked backends
 
 
 class LogprobsEntropy(NamedTuple):
@@ -69,8 +68,9 @@ def logprobs_entropy(
     backend: ``"torch"`` or ``"triton"`` (chunked, never hold the ``(T, V)`` logits), ``"auto"`` (``"triton"``
       on CUDA when Triton is installed, else ``"torch"``) or ``"logits"`` (the reference).
     chunk_size: the size of a tile of the chunked backends, about ``chunk_size * V`` logits (rows and columns
-      rounded up to multiples of 128): float32 (a few copies) for ``"torch"`` (default 1024), in the input
-      dtype for ``"triton"`` (default 512; it also keeps a ``(T, H)`` float32 accumulator).
+      rounded up to multiples of 128): float32 (a few copies) for ``"torch"`` (default 1024); in the input dtype
+      for ``"triton"``, whose default tile is about ``T * H`` logits (the size of ``hidden``; it also keeps a
+      ``(T, H)`` float32 accumulator), so that its memory grows with T like the hidden states'.
     lm_head_bias: ``(V,)`` or None.
     Returns `LogprobsEntropy`, each field float32 and shaped like ``labels``.
 
@@ -89,13 +89,12 @@ def logprobs_entropy(
         logprobs, entropy = _reference(tokens, lm_head_weight, lm_head_bias, flat_labels, column)
     elif backend == "torch":
         logprobs, entropy = _ChunkedLogprobsEntropy.apply(
-            tokens, lm_head_weight, lm_head_bias, flat_labels, column, chunk_size or CHUNK_SIZE["torch"]
+            tokens, lm_head_weight, lm_head_bias, flat_labels, column, chunk_size or 1024
         )
     else:
         from ._triton_heads import TritonLogprobsEntropy
 
-        tile_rows, tile_columns = _triton_tiles(tokens.shape[0], lm_head_weight.shape[0],
-                                                chunk_size or CHUNK_SIZE["triton"])
+        tile_rows, tile_columns = _triton_tiles(*tokens.shape, lm_head_weight.shape[0], chunk_size)
         logprobs, entropy = TritonLogprobsEntropy.apply(
             tokens, lm_head_weight, lm_head_bias, flat_labels, column, tile_rows, tile_columns
         )
@@ -360,13 +359,17 @@ def _torch_grad_logits(
     return grad.scatter_add_(1, columns.clamp(0, grad.shape[1] - 1).unsqueeze(1), onehot)
 
 
-def _triton_tiles(tokens: int, vocab: int, chunk_size: int) -> tuple[int, int]:
-    """Backend ``"triton"``'s tile: at most ``TOKEN_BLOCK`` tokens by enough columns for about
-    ``chunk_size * V`` logits, both aligned."""
-    from ._triton_heads import TOKEN_BLOCK
+def _triton_tiles(tokens: int, hidden_size: int, vocab: int, chunk_size: int | None) -> tuple[int, int]:
+    """Backend ``"triton"``'s tile ``(rows, columns)``: at most ``TOKEN_BLOCK`` tokens (a multiple of `_ALIGN`)
+    by enough columns for about ``T * H`` logits (``chunk_size * V`` when given), a multiple of the kernels'
+    column block (8 * `_ALIGN` by default)."""
+    from ._triton_heads import COLUMN_BLOCK, TOKEN_BLOCK
 
     rows = _aligned(min(tokens, TOKEN_BLOCK), tokens)
-    return rows, _aligned(-(-chunk_size * vocab // max(rows, 1)), vocab)
+    logits = tokens * hidden_size if chunk_size is None else chunk_size * vocab
+    block = min(COLUMN_BLOCK, 8 * _ALIGN)
+    columns = -(-logits // max(rows, 1))  # enough for the budget, rounded up to whole column blocks
+    return rows, min(-(-columns // block) * block, vocab)
 
 
 _HAS_ADDMM_OUT_DTYPE = hasattr(torch.ops.aten.addmm, "dtype_out")
