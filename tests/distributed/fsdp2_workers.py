@@ -72,7 +72,11 @@ def _to(seqs: list[Sequence], device: torch.device) -> list[Sequence]:
 
 def reference_run(family: str, dp: int, device: torch.device) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Stock model, no patch, no FSDP: loss per step = mean over the dp batches of the batch's mean next-token
-    cross-entropy, every sequence run alone; returns the losses and the gradients of step 1."""
+    cross-entropy, every sequence run alone; returns the losses and the gradients of step 1.
+
+    A parameter the step did not reach gets a zero gradient, not None: in the sharded run every rank runs the
+    vision tower (`tfcompat.embed_inputs` adds ``0 *`` a dummy image's features to a text-only batch), so on a step
+    whose batches are all text-only the tower's gradients are zeros, and AdamW still moves it (momentum, decay)."""
     model = tiny_model(family, "sdpa").to(device).train()
     r = tfcompat.resolve(family)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -86,6 +90,9 @@ def reference_run(family: str, dp: int, device: torch.device) -> tuple[list[floa
                 total = total + F.cross_entropy(logits[:-1].float(), s.input_ids[0, 1:], reduction="sum")
             loss = loss + total / _targets(seqs) / dp
         loss.backward()
+        for p in model.parameters():  # a text-only step: the sharded run's vision tower got zeros, not None
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         if step == 0:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
         opt.step()
