@@ -191,11 +191,15 @@ class TestBadInputs:
             model(**inputs)
         assert info.value.family == FAMILY
 
-    def test_missing_position_ids(self, patched):
-        model, inputs, _ = patched
-        inputs = {"input_ids": inputs["input_ids"][:, :6]}  # text only: 5.3+ raises its own error for images
-        with pytest.raises(tfcompat.InvalidInputError, match="text row|position_ids"):
-            model(**inputs)
+    def test_missing_position_ids_is_an_ordinary_call(self, patched):
+        """No position ids: not a packed row, so the stock forward answers (tests/test_ordinary_calls.py)."""
+        model, inputs, handle = patched
+        ids = inputs["input_ids"][:, :6]
+        with torch.no_grad():
+            got = model(input_ids=ids, use_cache=False).logits
+            handle.undo()
+            expected = model(input_ids=ids, use_cache=False).logits
+        assert torch.equal(got, expected)
 
     def test_length_mismatch(self, patched):
         model, inputs, _ = patched

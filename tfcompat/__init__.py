@@ -10,6 +10,7 @@ from . import heads, ulysses
 from .embedding import embed_inputs
 from .errors import (
     InvalidInputError,
+    PatchedModelError,
     PatchError,
     SymbolProbeError,
     TfcompatError,
@@ -28,6 +29,7 @@ __all__ = [
     "InvalidInputError",
     "PatchError",
     "PatchHandle",
+    "PatchedModelError",
     "Resolved",
     "SymbolProbeError",
     "TfcompatError",

@@ -6,13 +6,13 @@ decoder layer drops kwargs, a pre-hook stores it on the attention module under `
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from .a2a import Transport
 from .attention import Backend
 from .packing import PackedSeqs
 
-__all__ = ["CONTEXT_KWARG", "BRIDGE_ATTR", "ForwardContext"]
+__all__ = ["CONTEXT_KWARG", "BRIDGE_ATTR", "ForwardContext", "StockContext"]
 
 CONTEXT_KWARG = "tfcompat_context"
 BRIDGE_ATTR = "_tfcompat_context"
@@ -30,3 +30,14 @@ class ForwardContext(NamedTuple):
     backend: Backend = "auto"
     group: Any = None
     transport: Transport = "all_to_all"
+
+
+class StockContext(NamedTuple):
+    """An ordinary (not packed) forward of a patched model: attention runs the stock implementation.
+
+    impl: the ``_attn_implementation`` the config named before the patch; eager: the family module's
+    ``eager_attention_forward`` (the function of ``"eager"``, which transformers does not register by name).
+    """
+
+    impl: str
+    eager: Callable[..., Any] | None = None

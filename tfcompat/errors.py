@@ -13,6 +13,7 @@ __all__ = [
     "SymbolProbeError",
     "PatchError",
     "InvalidInputError",
+    "PatchedModelError",
     "TransportError",
 ]
 
@@ -84,6 +85,11 @@ class PatchError(TfcompatError):
 
 class InvalidInputError(TfcompatError, ValueError):
     """Inputs violate the contract: shapes, dtypes, position-id layout, sequence-parallel sizes."""
+
+
+class PatchedModelError(TfcompatError, RuntimeError):
+    """A patched model was changed or used in a way its patch cannot follow (its attention implementation
+    replaced after ``patch()``, the model pickled); raised by the call that finds it."""
 
 
 class TransportError(TfcompatError, RuntimeError):

@@ -17,10 +17,10 @@ import torch
 
 from . import ulysses
 from .attention import varlen_attention
-from .context import BRIDGE_ATTR, CONTEXT_KWARG
-from .errors import PatchError
+from .context import BRIDGE_ATTR, CONTEXT_KWARG, StockContext
+from .errors import PatchedModelError
 
-__all__ = ["ATTENTION_KEY", "packed_attention", "register", "unregister"]
+__all__ = ["ATTENTION_KEY", "packed_attention", "register", "stock_function", "unregister"]
 
 ATTENTION_KEY = "tfcompat_packed"
 
@@ -39,12 +39,15 @@ def packed_attention(
 
     query: ``(B, Hq, L, D)``; key, value: ``(B, Hkv, L, D)`` (already rotated by the stock forward).
     Returns ``(B, L, Hq, D)`` and no weights. ``attention_mask`` is ignored: causality and sequence
-    boundaries come from the context. Under Ulysses (``B == 1``, ``L = T / sp``), q/k/v are traded for a
+    boundaries come from the context. A `tfcompat.context.StockContext` (an ordinary call recomputed under
+    gradient checkpointing) goes to the stock function instead, with the stock mask. Under Ulysses (``B == 1``, ``L = T / sp``), q/k/v are traded for a
     head split before the core and back after it.
     """
     ctx = kwargs.get(CONTEXT_KWARG) or module.__dict__.get(BRIDGE_ATTR)
+    if isinstance(ctx, StockContext):  # an ordinary call, recomputed under gradient checkpointing after its forward
+        return stock_function(ctx)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     if ctx is None:
-        raise PatchError(
+        raise PatchedModelError(
             f"{type(module).__name__} runs tfcompat's packed attention without packed boundaries",
             why="the attention was called outside the patched text model's forward",
             fix="call the patched model (or its text model) rather than a decoder layer directly, or undo() the patch",
@@ -64,6 +67,13 @@ def packed_attention(
     q, k, v = (ulysses.seq_to_heads(x, ctx.group, ctx.transport) for x in (q, k, v))
     out = varlen_attention(q, k, v, ctx.seqs, scale=scaling, backend=ctx.backend)
     return ulysses.heads_to_seq(out, ctx.group, ctx.transport).view(b, length, hq, d), None
+
+
+def stock_function(ctx: StockContext) -> Any:
+    """The attention function of the implementation named by ``ctx`` (``"eager"``: the family's own)."""
+    if ctx.impl == "eager" and ctx.eager is not None:
+        return ctx.eager
+    return importlib.import_module("transformers.modeling_utils").ALL_ATTENTION_FUNCTIONS[ctx.impl]
 
 
 def _interface() -> Any:

@@ -24,8 +24,8 @@ from typing import Any, Callable, Literal, NamedTuple, get_args
 import torch
 
 from . import _linear_kernels
-from .context import BRIDGE_ATTR, CONTEXT_KWARG
-from .errors import PatchError
+from .context import BRIDGE_ATTR, CONTEXT_KWARG, StockContext
+from .errors import PatchedModelError, PatchError
 from .linear_attention import ConvBackend, RuleBackend, check_linear_heads, linear_attention, linear_attention_params
 from .records import LinearAttention
 from .registry import Resolved
@@ -118,8 +118,11 @@ def packed_linear_forward(module: torch.nn.Module, spec: LinearAttention, backen
 
     def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         ctx = kwargs.get(CONTEXT_KWARG) or module.__dict__.get(BRIDGE_ATTR)
+        if isinstance(ctx, StockContext):  # an ordinary call (tfcompat.routing): the stock layer, cache and all
+            kwargs.pop(CONTEXT_KWARG, None)
+            return type(module).forward(module, hidden_states, *args, **kwargs)
         if ctx is None:
-            raise PatchError(
+            raise PatchedModelError(
                 f"{type(module).__name__} runs tfcompat's packed linear attention without packed boundaries",
                 why="the layer was called outside the patched text model's forward",
                 fix="call the patched model (or its text model) rather than a decoder layer directly, or undo() the patch",

@@ -14,6 +14,7 @@ function is replaced; removed again when the last patched model is undone). Per 
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from dataclasses import dataclass
@@ -23,12 +24,12 @@ import torch
 
 from . import hf_attention, hf_linear_attention
 from .attention import Backend
-from .errors import InvalidInputError, PatchError
-from .context import BRIDGE_ATTR, CONTEXT_KWARG, ForwardContext
+from .errors import InvalidInputError, PatchedModelError, PatchError
+from .context import BRIDGE_ATTR, CONTEXT_KWARG, ForwardContext, StockContext
 from .extras import VISUAL_KWARG, VisualExtras
-from .packing import from_text_positions
 from .registry import Resolved, resolve
 from .position_ids import split_positions, to_text_model_layout
+from .routing import Router, mask_labels, mask_shift_labels
 from .ulysses import check_heads
 
 __all__ = ["PatchHandle", "Record", "patch"]
@@ -73,6 +74,9 @@ class PatchHandle:
         self.records.append(Record(scope, target, attr, old, new, was_set, note))
 
         def restore() -> None:
+            current = vars(target).get(attr, _MISSING) if scope == "instance" else getattr(target, attr)
+            if current is not new and current != new:  # changed after the patch: keep the later choice
+                return
             if was_set:
                 setattr(target, attr, old)
             else:
@@ -85,7 +89,8 @@ class PatchHandle:
         self._undo.append(restore)
 
     def undo(self) -> None:
-        """Restore every original object, newest change first. Idempotent."""
+        """Restore every original object, newest change first. Idempotent. An attribute changed again after
+        the patch (``set_attn_implementation``, a forward replaced by someone else) keeps its later value."""
         while self._undo:
             self._undo.pop()()
         self.active = False
@@ -105,7 +110,7 @@ def patch(
     model: torch.nn.Module,
     *,
     remove_padding: bool = True,
-    ulysses_group: Any = None,
+    ulysses_group: Any = _MISSING,
     backend: Backend = "auto",
     linear_backend: hf_linear_attention.LinearBackend = "auto",
 ) -> PatchHandle:
@@ -132,6 +137,7 @@ def patch(
     if backend not in get_args(Backend):
         raise PatchError(f"unknown attention backend {backend!r}", supported=", ".join(get_args(Backend)),
                          fix="pass one of the supported backends")
+    ulysses_group = _check_group(ulysses_group)
     options = {"remove_padding": remove_padding, "ulysses_group": ulysses_group, "backend": backend,
                "linear_backend": linear_backend}
     existing = vars(model).get(_HANDLE_ATTR)
@@ -160,12 +166,19 @@ def patch(
                f"registered attention key {hf_attention.ATTENTION_KEY!r} (reference counted)"),
         hf_attention.unregister,
     )
+    router = Router(resolved, hf_attention.ATTENTION_KEY, [(c, c._attn_implementation) for c in plan.configs],
+                    getattr(resolved.module, "eager_attention_forward", None), ulysses_group,
+                    vision_config=model.config if resolved.spec.is_vision else None)
     for config in plan.configs:
         handle._set("config", config, "_attn_implementation", hf_attention.ATTENTION_KEY,
                     f"{config._attn_implementation!r} -> {hf_attention.ATTENTION_KEY!r}")
     for text_model in plan.text_models:
-        forward = _packed_text_forward(text_model.forward, resolved, backend, ulysses_group)
-        handle._set("instance", text_model, "forward", forward, "packed position ids -> boundaries once per forward")
+        forward = _packed_text_forward(text_model.forward, resolved, backend, ulysses_group, router)
+        handle._set("instance", text_model, "forward", forward, "packed position ids -> boundaries once per forward; "
+                    "ordinary calls -> the stock attention")
+    if all(model is not m for m in plan.text_models) and _takes_kwargs(model.forward):
+        handle._set("instance", model, "forward", _top_forward(model.forward, router),
+                    "packed or stock decided once per forward; labels per sequence on packed rows")
     for layer, attn in plan.bridges:
         hook = layer.register_forward_pre_hook(_bridge(attn), with_kwargs=True)
 
@@ -177,8 +190,128 @@ def patch(
                            "hands packed boundaries to self-attention (layer drops **kwargs)"), remove)
     for module, forward in plan.linear:
         handle._set("instance", module, "forward", forward, "packed Gated DeltaNet (conv and state restart per sequence)")
+    handle._set("instance", model, "__deepcopy__", _deepcopy(handle), "copy.deepcopy gives a copy patched alike")
+    handle._set("instance", model, "__reduce_ex__", _refuse_pickle(handle), "pickling raises PatchedModelError")
     handle._set("instance", model, _HANDLE_ATTR, handle, "the active handle (idempotence)")
     return handle
+
+
+def _check_group(group: Any) -> Any:
+    """The Ulysses group of ``patch(ulysses_group=...)``, or None; `PatchError` for anything else."""
+    if group is _MISSING:
+        return None
+    import torch.distributed as dist
+
+    initialized = dist.is_available() and dist.is_initialized()
+    if group is None and not initialized:
+        raise PatchError(
+            "ulysses_group=None while torch.distributed is not initialized",
+            why="dist.group.WORLD is None until init_process_group runs, so patch(model, ulysses_group=dist.group.WORLD) "
+            "would silently become a single-process patch",
+            fix="call torch.distributed.init_process_group(...) before patch(); for a single-process patch leave "
+            "ulysses_group out")
+    if group is not None and not (initialized and isinstance(group, dist.ProcessGroup)):
+        raise PatchError(
+            "ulysses_group is not a process group of an initialized torch.distributed",
+            why=f"got {type(group).__name__}" + ("" if initialized else " and torch.distributed is not initialized"),
+            supported="a torch.distributed.ProcessGroup (dist.group.WORLD, dist.new_group(ranks), device_mesh['sp'].get_group())",
+            fix="init_process_group first, then pass the sequence-parallel group")
+    return group
+
+
+def _takes_kwargs(fn: Callable[..., Any]) -> bool:
+    return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
+
+
+def _top_forward(original: Callable[..., Any], router: Router) -> Callable[..., Any]:
+    """Wrap the bound forward of the model given to `patch` (when it is not the text model): decide packed or
+    stock once for the whole call (`tfcompat.routing`) and, on a packed row, make the loss per sequence
+    (`tfcompat.routing.mask_labels`)."""
+    sig = inspect.signature(original)
+    var_kw = next(p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD)
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        a = sig.bind(*args, **kwargs).arguments
+        extra = a.setdefault(var_kw, {})
+        ctx = extra.get(CONTEXT_KWARG)
+        if ctx is None:
+            router.check_key()
+            ctx = extra[CONTEXT_KWARG] = router.decide({**extra, **a}, user_call=True)
+        if isinstance(ctx, ForwardContext):
+            _per_sequence_labels(a, extra, ctx, router)
+        return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
+
+    return forward
+
+
+def _per_sequence_labels(a: dict[str, Any], extra: dict[str, Any], ctx: ForwardContext, router: Router) -> None:
+    """Labels of a packed row: ignored at each sequence start (``labels``) or end (``shift_labels``)."""
+    tokens = a.get("inputs_embeds") if a.get("inputs_embeds") is not None else a.get("input_ids")
+    ignore = extra.get("ignore_index", -100)
+    for name, where, fn in (("labels", a, mask_labels), ("shift_labels", extra, mask_shift_labels)):
+        labels = where.get(name)
+        if labels is None:
+            continue
+        if ctx.group is not None and name == "labels":
+            raise router.error(
+                "labels passed to a sequence-parallel forward",
+                "each rank holds a slice of the packed row; transformers would shift the labels inside the slice",
+                "compute the loss from tfcompat.ulysses.gather_outputs(out.logits, shard) and shard.labels (already "
+                "shifted on the whole row), or pass shift_labels=shard.labels")
+        if ctx.group is not None:
+            continue  # shard.labels are shifted and masked on the whole row already
+        if tokens is not None and tuple(labels.shape) != tuple(tokens.shape[:2]):
+            raise router.error(f"{name} and the input tokens differ in shape",
+                               f"{name} {tuple(labels.shape)}, tokens {tuple(tokens.shape[:2])}",
+                               f"pass one {name[:-1]} per token, (B, L) like input_ids")
+        where[name] = fn(labels, ctx.seqs, ignore)
+
+
+def _deepcopy(handle: PatchHandle) -> Callable[[dict], torch.nn.Module]:
+    """The patched model's ``__deepcopy__``: copy it without the patch, then patch the copy with the same
+    options (its own handle: ``tfcompat.patch(copy, **options)`` returns it)."""
+    def deepcopy(memo: dict) -> torch.nn.Module:
+        model = handle.model
+        own = {k: vars(model).pop(k) for k in ("__deepcopy__", "__reduce_ex__") if k in vars(model)}
+        memo[id(handle)] = None
+        try:
+            clone = copy.deepcopy(model, memo)
+        finally:
+            vars(model).update(own)
+        for rec in reversed(handle.records):
+            target = memo.get(id(rec.target))
+            if target is None or target is rec.target:
+                continue
+            if rec.scope == "hook":
+                for hooks in (target._forward_pre_hooks, target._forward_pre_hooks_with_kwargs, target._forward_hooks,
+                              target._forward_hooks_with_kwargs):
+                    hooks.pop(rec.new.id, None)
+            elif rec.scope == "config":
+                setattr(target, rec.attr, rec.old)
+            elif rec.was_set:
+                setattr(target, rec.attr, copy.deepcopy(rec.old, memo))
+            else:
+                vars(target).pop(rec.attr, None)
+        for module in clone.modules():
+            vars(module).pop(BRIDGE_ATTR, None)
+        patch(clone, **{k: v for k, v in handle.options.items() if k != "ulysses_group" or v is not None})
+        return clone
+
+    return deepcopy
+
+
+def _refuse_pickle(handle: PatchHandle) -> Callable[[int], Any]:
+    def reduce_ex(protocol: int) -> Any:
+        raise PatchedModelError(
+            f"cannot pickle a patched {type(handle.model).__name__} (torch.save(model), copy.copy)",
+            family=handle.resolved.family, transformers_version=handle.resolved.transformers_version,
+            why="tfcompat.patch replaced instance forwards and holds process-local state (the attention key, "
+            "process groups); a pickle of them would not run in another process",
+            fix="save the weights: torch.save(model.state_dict()) (the patch changes no parameter), or handle.undo() "
+            "before pickling and patch again after loading; copy.deepcopy(model) works and gives a patched copy")
+
+    return reduce_ex
 
 
 @dataclass
@@ -211,15 +344,20 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) 
         if getattr(cfg, "attention_dropout", 0.0):
             raise error("attention dropout is not supported by the packed core",
                         f"config.attention_dropout = {cfg.attention_dropout}", "set attention_dropout=0.0")
-        if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
-            raise error("sliding-window attention is not supported by the packed core",
-                        f"config.use_sliding_window with sliding_window = {cfg.sliding_window}",
-                        "set use_sliding_window=False")
+        sliding = _sliding(attn, cfg)
+        if sliding:
+            raise error("sliding-window attention is not supported by the packed core", sliding,
+                        "build the model without sliding layers (use_sliding_window=False, every layer_types entry "
+                        "'full_attention')")
         if group is not None:
             import torch.distributed as dist
 
-            check_heads(cfg.num_attention_heads, cfg.num_key_value_heads, dist.get_world_size(group),
-                        family=r.family, transformers_version=r.transformers_version)
+            try:
+                check_heads(cfg.num_attention_heads, cfg.num_key_value_heads, dist.get_world_size(group),
+                            family=r.family, transformers_version=r.transformers_version)
+            except InvalidInputError as exc:
+                raise PatchError(exc.what, family=r.family, transformers_version=r.transformers_version, why=exc.why,
+                                 supported=exc.supported, fix=exc.fix) from None
         if all(cfg is not c for c in configs):
             configs.append(cfg)
     for tm in text_models:
@@ -236,6 +374,19 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) 
     return _Plan(configs, text_models, bridges + linear.bridges, linear.forwards)
 
 
+def _sliding(attn: torch.nn.Module, cfg: Any) -> str:
+    """Why the layer of ``attn`` attends through a window (its module's ``sliding_window``, its entry in
+    ``config.layer_types``), or "" when it attends to the whole sequence."""
+    reasons = []
+    if getattr(attn, "sliding_window", None):
+        reasons.append(f"{type(attn).__name__}.sliding_window = {attn.sliding_window}")
+    types, index = getattr(cfg, "layer_types", None) or (), getattr(attn, "layer_idx", None)
+    kind = types[index] if isinstance(index, int) and index < len(types) else None
+    if isinstance(kind, str) and ("sliding" in kind or "chunked" in kind):
+        reasons.append(f"config.layer_types[{index}] = {kind!r}")
+    return "; ".join(reasons)
+
+
 def _bridge(attn: torch.nn.Module) -> Callable[..., None]:
     def hook(layer: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         attn.__dict__[BRIDGE_ATTR] = kwargs.get(CONTEXT_KWARG)
@@ -244,11 +395,14 @@ def _bridge(attn: torch.nn.Module) -> Callable[..., None]:
 
 
 def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Backend,
-                         group: Any) -> Callable[..., Any]:
+                         group: Any, router: Router) -> Callable[..., Any]:
     """Wrap the text model's bound forward: contract ids in, boundaries computed once, stock forward out.
 
-    Without a caller's context it derives the boundaries from the text row (single process). Under Ulysses
-    the context comes from `tfcompat.ulysses.shard_inputs` (global boundaries) and must name the patch's group.
+    The path (packed or stock, `tfcompat.routing`) comes from the caller's context or is decided here. A packed
+    row without a caller's context takes its boundaries from the text row (single process); under Ulysses the
+    context comes from `tfcompat.ulysses.shard_inputs` (global boundaries) and must name the patch's group. A
+    packed forward builds no KV cache (``use_cache=False``). An ordinary call runs the stock forward with the
+    configs naming the pre-patch attention.
     """
     sig = inspect.signature(original)
     var_kw = next(p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD)
@@ -262,6 +416,12 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         extra = a.setdefault(var_kw, {})
         tokens = a.get("inputs_embeds")
         tokens = a.get("input_ids") if tokens is None else tokens
+        router.check_key()
+        ctx = extra.get(CONTEXT_KWARG)
+        if ctx is None:
+            ctx = router.decide({**extra, **a}, user_call=True)
+        if isinstance(ctx, StockContext):
+            return _stock(a, extra, ctx)
         if a.get("position_ids") is None or tokens is None:
             raise error("a packed forward needs position_ids and input_ids (or inputs_embeds)",
                         "position_ids is None" if tokens is not None else "no input tokens",
@@ -270,14 +430,7 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         if positions.text.shape[0] != tokens.shape[0]:
             raise error("position_ids and the input tokens differ in batch size",
                         f"{positions.text.shape[0]} position rows for {tokens.shape[0]} token rows")
-        ctx = extra.get(CONTEXT_KWARG)
-        if ctx is None and group is not None:
-            raise error("a sequence-parallel forward needs the inputs of tfcompat.ulysses.shard_inputs",
-                        "the model was patched with ulysses_group, and no shard context was passed",
-                        "model(**tfcompat.ulysses.shard_inputs(ids, position_ids, group=group).model_inputs)")
-        if ctx is None:
-            ctx = ForwardContext(from_text_positions(positions.text, attention_mask=a.get("attention_mask"), family=r.family))
-        elif ctx.group is not group:
+        if ctx.group is not group:
             raise error("the shard's group is not the group the model was patched with",
                         f"patched with {_describe(group)}, inputs sharded over {_describe(ctx.group)}",
                         "shard_inputs(..., group=g) with the same g as patch(model, ulysses_group=g)")
@@ -288,8 +441,24 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         a["position_ids"] = to_text_model_layout(positions, r.entry.text_model_positions)
         if "attention_mask" in a:
             a["attention_mask"] = None
+        if "use_cache" in sig.parameters:  # a KV cache of a packed row is of no use to any later call
+            a["use_cache"] = False
         # keywords only: transformers' forward decorators re-inject defaults by name
         return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
+
+    def _stock(a: dict[str, Any], extra: dict[str, Any], ctx: StockContext) -> Any:
+        """An ordinary call: the stock forward, masks and attention of the pre-patch implementation."""
+        extra[CONTEXT_KWARG] = ctx
+        position_ids = a.get("position_ids")
+        if isinstance(position_ids, torch.Tensor) and position_ids.ndim == 3 and position_ids.shape[0] == 4:
+            positions = split_positions(position_ids, seq_len=position_ids.shape[-1], family=r.family)
+            a["position_ids"] = to_text_model_layout(positions, r.entry.text_model_positions)
+        visual = extra.pop(VISUAL_KWARG, None)
+        if visual is not None:
+            tokens = a.get("inputs_embeds") if a.get("inputs_embeds") is not None else a.get("input_ids")
+            _take_visual(a, visual, tokens.shape[:2])
+        with router.stock_attention():
+            return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
 
     def _take_visual(a: dict[str, Any], visual: Any, shape: torch.Size) -> None:
         """Hand `tfcompat.embed_inputs`' DeepStack extras to the stock text model's own parameters."""

@@ -125,7 +125,7 @@ def bad_heads_raise_at_patch(rank: int, world: int) -> None:
     wide = tiny_model("llama", "sdpa", hidden_size=48, num_attention_heads=3, num_key_value_heads=3)
     try:
         tfcompat.patch(wide, ulysses_group=dist.group.WORLD)
-    except tfcompat.InvalidInputError as exc:
+    except tfcompat.PatchError as exc:
         assert "cannot split 3 query / 3 KV heads" in str(exc) and "llama" in str(exc), str(exc)
     else:
         raise AssertionError("3 heads over 2 ranks were not rejected at patch()")

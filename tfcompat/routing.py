@@ -1,0 +1,190 @@
+"""Which path one forward of a patched model takes: tfcompat's packed core, or the stock attention.
+
+A patched model runs a packed row through the varlen core and every other call (a padded batch with an
+attention mask, KV-cache decoding, ``generate()``, a call without position ids) through the attention
+implementation its config named before `tfcompat.patch`, so those calls return what the unpatched model
+returns. The choice is made once per forward, by the outermost patched forward, and travels down in the
+forward's kwargs (`tfcompat.context.CONTEXT_KWARG`):
+
+- packed (`tfcompat.context.ForwardContext`): position ids with a text row are given (``(4, B, L)`` or
+  ``(B, L)``), no cache object is passed, and the attention mask is None or all ones;
+- stock (`tfcompat.context.StockContext`): anything else. The text configs name the stock implementation for
+  the duration of the stock forward (transformers builds that implementation's mask and dispatches to it); a
+  recomputation under gradient checkpointing, which runs after the forward, reaches tfcompat's key and is
+  dispatched to the same stock function by `tfcompat.hf_attention`.
+
+The packed decision and its checks read one host copy of the position ids (and mask): the forward's one sync.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .context import ForwardContext, StockContext
+from .errors import InvalidInputError, PatchedModelError
+from .packing import PackedSeqs, from_host_positions
+from .position_ids import split_positions
+from .registry import Resolved
+
+__all__ = ["CACHE_ARGS", "Router", "mask_labels", "mask_shift_labels"]
+
+# the names transformers' forwards give their cache argument, across releases
+CACHE_ARGS = ("past_key_values", "past_key_value", "cache")
+PER_SEQUENCE_FIX = ("pack the sequences with tfcompat.pack(model, examples), or call tfcompat.rope_index on each "
+                    "sequence alone and concatenate the results on the last dim")
+
+
+def mask_labels(labels: torch.Tensor, seqs: PackedSeqs, ignore_index: int = -100) -> torch.Tensor:
+    """``labels (B, L)`` of a packed batch with ``ignore_index`` at every sequence start.
+
+    transformers' causal-LM loss shifts labels by one over the whole row (``logits[t]`` predicts
+    ``labels[t + 1]``), so ``labels`` at a sequence start is only ever the target of the previous sequence's
+    last token. Ignoring it there makes the row's loss the sum of its sequences' losses, on every release,
+    whether or not the forward passes ``shift_labels`` on to the loss function.
+    """
+    flat = labels.reshape(-1).index_fill(0, seqs.cu_seqlens[:-1].to(labels.device, torch.long), ignore_index)
+    return flat.view_as(labels)  # (B * L,) -> (B, L)
+
+
+def mask_shift_labels(shift_labels: torch.Tensor, seqs: PackedSeqs, ignore_index: int = -100) -> torch.Tensor:
+    """``shift_labels (B, L)`` (already shifted: ``shift_labels[t]`` is the target of token ``t``) with
+    ``ignore_index`` at every sequence's last token, which has no next token inside its sequence."""
+    ends = seqs.cu_seqlens[1:].to(shift_labels.device, torch.long) - 1
+    return shift_labels.reshape(-1).index_fill(0, ends, ignore_index).view_as(shift_labels)  # (B * L,) -> (B, L)
+
+
+class Router:
+    """Decides packed or stock for the forwards of one patched model (built by `tfcompat.patch`).
+
+    stock: ``(config, implementation before the patch)`` for every config the patch set to ``key``.
+    eager: the family module's ``eager_attention_forward`` (the stock function of ``"eager"``).
+    vision_config: the config holding the vision placeholder token ids (the top model's), or None.
+    """
+
+    def __init__(self, r: Resolved, key: str, stock: list[tuple[Any, str]], eager: Callable[..., Any] | None,
+                 group: Any, vision_config: Any = None) -> None:
+        self.r, self.key, self.stock, self.eager, self.group = r, key, stock, eager, group
+        self.vision_config = vision_config
+        self.context = StockContext(stock[0][1] if stock else "eager", eager)
+
+    def error(self, what: str, why: str, fix: str, supported: str = "") -> InvalidInputError:
+        return InvalidInputError(what, family=self.r.family, transformers_version=self.r.transformers_version,
+                                 why=why, supported=supported, fix=fix)
+
+    def check_key(self) -> None:
+        """`PatchedModelError` when a config no longer names tfcompat's key (``set_attn_implementation`` after
+        the patch): the patch cannot tell which attention the caller wants."""
+        changed = [c._attn_implementation for c, _ in self.stock if c._attn_implementation != self.key]
+        if changed:
+            raise PatchedModelError(
+                f"the attention implementation of a patched model was changed to {changed[0]!r} after patch()",
+                family=self.r.family, transformers_version=self.r.transformers_version,
+                why=f"patch() set config._attn_implementation to {self.key!r}; something (set_attn_implementation?) "
+                f"replaced it, so neither packed rows nor ordinary calls would run what the patch promises",
+                fix="undo() the patch, then set_attn_implementation(...), then patch again; ordinary (unpacked) calls "
+                f"on a patched model already run the implementation it had before patch() ({self.context.impl!r})",
+            )
+
+    def decide(self, a: dict[str, Any], *, user_call: bool) -> ForwardContext | StockContext:
+        """The path of the forward whose bound arguments are ``a``.
+
+        user_call: ``a`` are the caller's own arguments (the outermost patched forward): three-row position ids
+        are then refused, since a patched model cannot tell a packed row of them from one sequence. Deeper
+        down they are what a vision-language model computed itself for an ordinary call.
+        """
+        tokens = a.get("inputs_embeds")
+        tokens = a.get("input_ids") if tokens is None else tokens
+        position_ids = a.get("position_ids")
+        cached = any(a.get(name) is not None for name in CACHE_ARGS)
+        if tokens is None or position_ids is None or cached or not isinstance(position_ids, torch.Tensor):
+            return self.context
+        if position_ids.ndim == 3 and position_ids.shape[0] == 3:
+            if user_call:
+                raise self.error(
+                    "3-row position ids have no text row", "(3, B, L) ids are [t; h; w] only; a patched model cannot "
+                    "tell a packed row of them from one sequence, nor find the sequence boundaries",
+                    "pass tfcompat.rope_index(model, ids, ...) (4 rows) per sequence, concatenated (or tfcompat.pack); "
+                    "for an ordinary call pass no position_ids", supported="(4, B, L) [text; t; h; w] or (B, L)")
+            return self.context
+        if tokens.device.type == "meta":
+            raise self.error("a patched forward got meta tensors",
+                             "the packed path reads the position ids to find the sequence boundaries; meta tensors "
+                             "have no values", "materialize the model and the inputs (model.to_empty(device=...), "
+                             "then load the weights) before running it")
+        positions = split_positions(position_ids, seq_len=tokens.shape[1], family=self.r.family)
+        if positions.text.shape[0] != tokens.shape[0]:
+            raise self.error("position_ids and the input tokens differ in batch size",
+                             f"{positions.text.shape[0]} position rows for {tokens.shape[0]} token rows",
+                             "build one row of position ids per row of tokens")
+        mask = a.get("attention_mask")
+        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != positions.text.shape):
+            return self.context  # a 4-D or precomputed mask: the caller asked for the stock masking
+        ids = a.get("input_ids")
+        vision = (self.vision_config is not None and self.r.spec.mm_token_types is not None and ids is not None
+                  and position_ids.ndim == 2)
+        rows = [positions.text[None].long(), positions.mrope.long()]
+        if mask is not None:
+            rows.append(mask[None].to(rows[0].device, torch.long))
+        if vision:  # vision placeholders with text-only ids: M-RoPE positions would be lost
+            rows.append(self.r.spec.mm_token_types(self.vision_config, ids)[None].to(rows[0].device, torch.long))
+        host = torch.cat(rows).cpu()  # (4 [+ 1] [+ 1], B, L): the forward's one host sync
+        text, mrope = host[0], host[1:4]
+        if mask is not None and not bool(host[4].all()):
+            self._check_padded(text, host[4])
+            return self.context
+        if vision and bool(host[-1].any()):
+            raise self.error(
+                "vision placeholders with text-only (B, L) position ids",
+                "image and video tokens take M-RoPE positions [t; h; w] that a (B, L) row cannot carry; the model "
+                "would place every vision token on the text row", PER_SEQUENCE_FIX + " (4-row ids)")
+        self._check_packed(text, mrope if position_ids.ndim == 3 else None)
+        seqs = from_host_positions(text, device=tokens.device, family=self.r.family)
+        if self.group is not None:
+            raise self.error("a sequence-parallel forward needs the inputs of tfcompat.ulysses.shard_inputs",
+                             "the model was patched with ulysses_group, and no shard context was passed",
+                             "model(**tfcompat.ulysses.shard_inputs(ids, position_ids, group=group).model_inputs)")
+        return ForwardContext(seqs)
+
+    def _check_padded(self, text: torch.Tensor, mask: torch.Tensor) -> None:
+        """A padded batch runs stock; a packed row with padding cannot (stock attention would cross sequences)."""
+        attended = mask.bool()
+        first = attended.long().cumsum(-1) == 1  # the first attended token of each row
+        restarts = attended & ~first & (text == 0)
+        if bool(restarts.any()):
+            row, col = (int(i) for i in restarts.nonzero()[0])
+            raise self.error(
+                "a packed row with padding", f"row {row} restarts its position ids at token {col} and its "
+                "attention_mask has zeros; packed rows carry no padding, and a padded batch holds one sequence per row",
+                "drop the padding when packing (attention_mask=None), or pad one sequence per row for an ordinary call")
+
+    def _check_packed(self, text: torch.Tensor, mrope: torch.Tensor | None) -> None:
+        """Position ids that cannot be per-sequence: negative, or M-RoPE rows that do not restart with the text row."""
+        if bool((text < 0).any()):
+            i = int((text.reshape(-1) < 0).nonzero()[0])
+            raise self.error("negative position ids", f"flat index {i} has position {int(text.reshape(-1)[i])}; "
+                             "each sequence's text row counts 0, 1, 2, ...", PER_SEQUENCE_FIX)
+        if mrope is None:
+            return
+        starts = text == 0
+        bad = starts & (mrope != 0).any(0)
+        if bool(bad.any()):
+            row, col = (int(i) for i in bad.nonzero()[0])
+            raise self.error(
+                "position ids are not per sequence",
+                f"at row {row}, token {col} the text row restarts at 0 but [t; h; w] = "
+                f"{[int(x) for x in mrope[:, row, col]]}; a sequence's M-RoPE positions start at 0 too, so these were "
+                "computed over more than one sequence (rope_index on the whole packed row?)", PER_SEQUENCE_FIX)
+
+    @contextlib.contextmanager
+    def stock_attention(self) -> Iterator[None]:
+        """The configs name their pre-patch implementation inside the block (masks and dispatch are stock)."""
+        for config, impl in self.stock:
+            config._attn_implementation = impl
+        try:
+            yield
+        finally:
+            for config, _ in self.stock:
+                config._attn_implementation = self.key
