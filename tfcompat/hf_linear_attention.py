@@ -11,7 +11,8 @@ under Ulysses the head split), then the module's own gated norm and output proje
 
 The context arrives in the forward's ``**kwargs`` where the decoder layer passes them on, else through the
 decoder layer's pre-hook (`tfcompat.context.BRIDGE_ATTR`). The packed forward writes no recurrent or conv state
-to a cache: a packed row is a batch of whole sequences, not a prefix to continue.
+to a cache (a packed row is a batch of whole sequences, not a prefix to continue); calls that `tfcompat.routing`
+sends to the stock path (a `tfcompat.context.StockContext`) run the stock forward, cache and all.
 
 `plan` checks, at `patch()`, that every decoder layer mixes with a class tfcompat packs and that the requested
 kernels exist; it changes nothing.
