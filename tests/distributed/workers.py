@@ -10,7 +10,7 @@ import torch.distributed as dist
 import tfcompat
 from tfcompat import ulysses
 from tfcompat.embedding import embed_inputs
-from tfcompat.selfcheck import pack, sample_sequences, tiny_model
+from tfcompat.selfcheck import pack, packed_inputs, sample_sequences, tiny_model
 
 WATCHED = ("q_proj", "o_proj", "embed_tokens")
 
@@ -59,7 +59,7 @@ def sp_equals_single(rank: int, world: int, family: str, lengths: list[int], ima
     weight = torch.randn(vocab, generator=torch.Generator().manual_seed(9))
 
     with tfcompat.patch(model, remove_padding=True):  # SP = 1 reference, on every rank
-        ref_logits = model(**inputs, use_cache=False).logits[0]
+        ref_logits = model(**packed_inputs(model, seqs), use_cache=False).logits[0]
         _loss(ref_logits, weight).backward()
     ref_grads = _grads(model)
     model.zero_grad(set_to_none=True)
