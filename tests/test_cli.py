@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import tfcompat
 from tfcompat.cli import main
 from tfcompat.registry import families, installed_families
 from tfcompat.versions import installed_transformers
@@ -22,6 +23,12 @@ def test_doctor_json_resolves_and_self_checks_every_family(capsys):
         assert row["status"] == "resolved" and row["ok"], row
         assert {c["attn_implementation"] for c in row["selfcheck"]} == {"eager", "sdpa"}
         assert all(c["max_abs_diff"] <= 1e-5 for c in row["selfcheck"])
+        fam = families()[row["family"]]
+        if fam.is_vision:  # images, and a video wherever the release's stock forward takes one
+            kinds = {k for c in row["selfcheck"] for k in c["vision"]}
+            videos = any(i and i[0] == "video" for i in fam.sample_vision)
+            rejected = "videos_rejected" in tfcompat.resolve(row["family"]).entry.known_issues
+            assert {"image"} | ({"video"} if videos and not rejected else set()) <= kinds, row
 
 
 def test_doctor_text_output_in_a_fresh_process():

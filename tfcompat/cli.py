@@ -51,7 +51,7 @@ def doctor() -> dict[str, Any]:
             checks = [run_check(key, impl) for impl in ("eager", "sdpa")]
             row["selfcheck"] = [
                 {"attn_implementation": c.attn_implementation, "max_abs_diff": c.max_abs_diff, "tokens": c.tokens,
-                 "ok": c.ok, "seconds": round(c.seconds, 3)} for c in checks
+                 "vision": list(c.vision), "ok": c.ok, "seconds": round(c.seconds, 3)} for c in checks
             ]
             row["ok"] = all(c.ok for c in checks)
             row["explain"] = r.explain()
@@ -85,8 +85,9 @@ def _print(report: dict[str, Any]) -> None:
             for w in row["warnings"]:
                 print(f"       warning: {w}")
             for c in row["selfcheck"]:
+                seen = f" ({', '.join(c['vision'])})" if c["vision"] else ""
                 print(f"       self-check {c['attn_implementation']:<5} packed vs stock per-sequence: max abs diff "
-                      f"{c['max_abs_diff']:.2e} over {c['tokens']} tokens ({'pass' if c['ok'] else 'FAIL'}, {c['seconds']} s)")
+                      f"{c['max_abs_diff']:.2e} over {c['tokens']} tokens{seen} ({'pass' if c['ok'] else 'FAIL'}, {c['seconds']} s)")
         else:
             print(f"[{mark}] {row['family']:<12} {row['status']}: " + row["why"].replace("\n", "\n       "))
     print("all self-checks passed" if report["ok"] else "SELF-CHECK FAILED")

@@ -42,12 +42,16 @@ class Sequence:
 
 @dataclass
 class CheckResult:
+    """One self-check: the max per-token logit difference over ``tokens`` packed tokens; vision: the kinds of
+    the vision items in the packed row, in order (e.g. ``("image", "image", "video")``)."""
+
     family: str
     attn_implementation: str
     max_abs_diff: float
     tokens: int
     seconds: float
     tolerance: float
+    vision: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -191,4 +195,5 @@ def run_check(key: str, attn_implementation: str = "sdpa", tolerance: float = 1e
     with patch(model, remove_padding=True):
         got = model(**packed, use_cache=False).logits[0]
     diff = max(float((g - e).abs().max()) for g, e in zip(got.split([e.shape[0] for e in expected]), expected))
-    return CheckResult(key, attn_implementation, diff, got.shape[0], time.perf_counter() - start, tolerance)
+    kinds = tuple(i[0] if isinstance(i[0], str) else "image" for i in items if i is not None)
+    return CheckResult(key, attn_implementation, diff, got.shape[0], time.perf_counter() - start, tolerance, kinds)
