@@ -146,12 +146,12 @@ class TestAlignedTiles:
     @pytest.mark.parametrize("tokens", [1, 127, 1000, 8191, 20205, 65535])
     def test_tiles_are_aligned(self, tokens: int, chunk_size: int | None) -> None:
         """Rows are a multiple of 128 (or all tokens), at most TOKEN_BLOCK; columns a multiple of the kernels'
-        column block (or the whole vocabulary); the tile holds about T * H logits, or chunk_size * V."""
+        column block (or the whole vocabulary); the tile holds about max(T * H, MIN_TILE) logits, or chunk_size * V."""
         vocab, hidden_size, block = 152064, 3584, _triton_heads.COLUMN_BLOCK
         rows, columns = heads._triton_tiles(tokens, hidden_size, vocab, chunk_size)
         assert rows == tokens or (rows % 128 == 0 and rows <= _triton_heads.TOKEN_BLOCK)
         assert columns == vocab or columns % block == 0
-        budget = tokens * hidden_size if chunk_size is None else chunk_size * vocab
+        budget = max(tokens * hidden_size, _triton_heads.MIN_TILE) if chunk_size is None else chunk_size * vocab
         assert columns == vocab or budget <= rows * columns < budget + block * rows
 
 

@@ -69,8 +69,8 @@ def logprobs_entropy(
       on CUDA when Triton is installed, else ``"torch"``) or ``"logits"`` (the reference).
     chunk_size: the size of a tile of the chunked backends, about ``chunk_size * V`` logits (rows and columns
       rounded up to multiples of 128): float32 (a few copies) for ``"torch"`` (default 1024); in the input dtype
-      for ``"triton"``, whose default tile is about ``T * H`` logits (the size of ``hidden``; it also keeps a
-      ``(T, H)`` float32 accumulator), so that its memory grows with T like the hidden states'.
+      for ``"triton"``, whose default tile is about ``T * H`` logits (the size of ``hidden``, at least 2**24; it
+      also keeps a ``(T, H)`` float32 accumulator), so that its memory grows with T like the hidden states'.
     lm_head_bias: ``(V,)`` or None.
     Returns `LogprobsEntropy`, each field float32 and shaped like ``labels``.
 
@@ -361,12 +361,12 @@ def _torch_grad_logits(
 
 def _triton_tiles(tokens: int, hidden_size: int, vocab: int, chunk_size: int | None) -> tuple[int, int]:
     """Backend ``"triton"``'s tile ``(rows, columns)``: at most ``TOKEN_BLOCK`` tokens (a multiple of `_ALIGN`)
-    by enough columns for about ``T * H`` logits (``chunk_size * V`` when given), a multiple of the kernels'
-    column block (8 * `_ALIGN` by default)."""
-    from ._triton_heads import COLUMN_BLOCK, TOKEN_BLOCK
+    by enough columns for about ``max(T * H, MIN_TILE)`` logits (``chunk_size * V`` when given), a multiple of
+    the kernels' column block (8 * `_ALIGN` by default)."""
+    from ._triton_heads import COLUMN_BLOCK, MIN_TILE, TOKEN_BLOCK
 
     rows = _aligned(min(tokens, TOKEN_BLOCK), tokens)
-    logits = tokens * hidden_size if chunk_size is None else chunk_size * vocab
+    logits = max(tokens * hidden_size, MIN_TILE) if chunk_size is None else chunk_size * vocab
     block = min(COLUMN_BLOCK, 8 * _ALIGN)
     columns = -(-logits // max(rows, 1))  # enough for the budget, rounded up to whole column blocks
     return rows, min(-(-columns // block) * block, vocab)
