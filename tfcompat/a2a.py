@@ -1,21 +1,31 @@
-"""The Ulysses all-to-all: trade a sequence split for a head split and back, over one of two transports.
+"""The Ulysses all-to-all: trade a sequence split for a head split and back, for one tensor or for several in one
+exchange (a layer's q, k and v), over one of two transports.
 
-Per rank, with ``sp`` ranks, ``T`` packed tokens and ``H`` heads of ``D``::
+Per rank, with ``sp`` ranks, ``T`` packed tokens, and tensors ``p`` of ``H_p`` heads of ``D_p``::
 
-    seq_to_heads: (T/sp, H, D) -> (T, H/sp, D)        heads_to_seq: (T, H/sp, D) -> (T/sp, H, D)
+    seq_to_heads: (T/sp, H_p, D_p) -> (T, H_p/sp, D_p)        heads_to_seq: (T, H_p/sp, D_p) -> (T/sp, H_p, D_p)
 
-A `Layout` names the chunks: ``send(x)[j]`` is what this rank owes rank ``j``, ``recv(out)[i]`` is where rank
-``i``'s chunk lands. On the sequence-split side the chunks are strided (a head slice of every token), so some pass
-has to change the layout:
+The wire: one exchange moves one ``(sp, T/sp, W)`` buffer, chunk ``j`` for rank ``j``; a token's row of
+``W = sum_p (H_p/sp) D_p`` elements holds that token's heads of every tensor side by side (``[q | k | v]``). On the
+head side the wire layout is the tensors' layout: seq_to_heads returns one ``(T, H_p/sp, D_p)`` view per tensor
+into the received buffer, rows ``W`` apart (no unpack copy). On the sequence side a chunk is strided (a head slice
+of every token), so some pass changes the layout, once per tensor, writing straight to its place in the wire (no
+concatenation first):
 
-- ``"all_to_all"`` (any backend, gloo included): pack the send chunks into one contiguous buffer, one
-  ``all_to_all_single``, unpack. The packing is a local copy the exchange has to wait for.
+- ``"all_to_all"`` (any backend, gloo included): pack each tensor's chunks into one contiguous send buffer (one
+  copy per tensor; none for one contiguous heads_to_seq input), one ``all_to_all_single``, and for heads_to_seq
+  unpack (one copy per tensor). The packing is a local copy the exchange has to wait for.
 - ``"symm_mem"`` (CUDA ranks that reach each other over NVLink; torch symmetric memory): each rank *pushes* the
-  chunk it owes each peer straight into that peer's symmetric workspace, already in the output layout (the
-  strided side of the layout change rides on the NVLink write), while a side stream copies the chunk it keeps;
-  one device-side barrier; then each rank copies what arrived into its output. The workspace is
-  double-buffered, so no second barrier is needed: a rank writes into a half of a peer's workspace again only
-  after the next exchange's barrier, which that peer reaches after its last read of it.
+  chunk it owes each peer straight into that peer's symmetric workspace, already in wire layout (the strided side
+  of the layout change rides on the NVLink write), while a side stream copies the chunk it keeps; one
+  device-side barrier; then each rank copies what arrived into its output (one copy per run of peers before and
+  after itself; whole rows at once on the head side). The workspace is double-buffered, so no second barrier is
+  needed: a rank writes into a half of a peer's workspace again only after the next exchange's barrier, which
+  that peer reaches after its last read of it. Fusing tensors changes none of this: one exchange, one barrier.
+
+GQA with fewer KV heads than ranks: seq_to_heads takes a ``repeat`` per tensor; with ``repeat = sp / H_p`` chunk
+``j`` reads head ``j // repeat`` (an expanded view: the repeated tensor is never built), so each rank receives the
+one copy of the KV head it needs. The backward sums the ``repeat`` gradients of each head.
 """
 
 from __future__ import annotations
@@ -24,119 +34,240 @@ import contextlib
 import importlib
 import inspect
 import math
-from typing import Any, Callable, Iterator, Literal, NamedTuple, Sequence
+from typing import Any, Iterator, Literal, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
 
-from .errors import TransportError
+from .errors import InvalidInputError, TransportError
 
-__all__ = ["HEADS_TO_SEQ", "SEQ_TO_HEADS", "Layout", "Transport", "collect", "exchange", "keep", "push",
-           "symm_mem_reason"]
+__all__ = ["Direction", "Transport", "exchange", "symm_mem_reason"]
 
 Transport = Literal["all_to_all", "symm_mem"]
+Direction = Literal["seq_to_heads", "heads_to_seq"]
+_INVERSE = {"seq_to_heads": "heads_to_seq", "heads_to_seq": "seq_to_heads"}
 
 
-class Layout(NamedTuple):
-    """One direction of the exchange. ``out_shape``, ``send`` and ``recv`` take the group size as ``sp``."""
+def exchange(xs: Sequence[torch.Tensor], direction: Direction, group: dist.ProcessGroup, transport: Transport,
+             repeats: Sequence[int] | None = None) -> tuple[torch.Tensor, ...]:
+    """The all-to-all of ``direction`` on every tensor of ``xs`` at once: one exchange, differentiable (the
+    backward is one exchange of the gradients the other way).
 
-    name: str
-    out_shape: Callable[[torch.Size, int], tuple[int, ...]]
-    send: Callable[[torch.Tensor, int], torch.Tensor]  # x -> (sp, ...) chunks, chunk j for rank j
-    recv: Callable[[torch.Tensor, int], torch.Tensor]  # out -> (sp, ...) chunks, chunk i from rank i
-    inverse: str
-
-
-SEQ_TO_HEADS = Layout(
-    "seq_to_heads",
-    out_shape=lambda s, sp: (s[0] * sp, s[1] // sp, s[2]),
-    send=lambda x, sp: x.unflatten(1, (sp, -1)).transpose(0, 1),  # (T/sp, sp, H/sp, D) -> (sp, T/sp, H/sp, D)
-    recv=lambda out, sp: out.unflatten(0, (sp, -1)),  # (T, H/sp, D) -> (sp, T/sp, H/sp, D)
-    inverse="heads_to_seq",
-)
-HEADS_TO_SEQ = Layout(
-    "heads_to_seq",
-    out_shape=lambda s, sp: (s[0] // sp, s[1] * sp, s[2]),
-    send=SEQ_TO_HEADS.recv,
-    recv=SEQ_TO_HEADS.send,
-    inverse="seq_to_heads",
-)
-_LAYOUTS = {lay.name: lay for lay in (SEQ_TO_HEADS, HEADS_TO_SEQ)}
-
-
-def exchange(x: torch.Tensor, layout: Layout, group: dist.ProcessGroup, transport: Transport) -> torch.Tensor:
-    """The all-to-all of ``layout`` on ``x``, differentiable (the backward runs the inverse layout)."""
-    return _Exchange.apply(x, layout.name, group, transport)
+    xs: seq_to_heads: each ``(T/sp, H_p, D_p)``; heads_to_seq: each ``(T, H_p, D_p)``; one dtype, one device, any
+    strides. repeats: per tensor, seq_to_heads only: ``1``, or ``sp // H_p`` where ``H_p < sp`` (rank ``j`` gets
+    head ``j // repeat``). Returns per tensor, seq_to_heads: ``(T, H_p * repeat / sp, D_p)``, views into one
+    received buffer; heads_to_seq: ``(T/sp, H_p * sp, D_p)``.
+    """
+    repeats = tuple(repeats) if repeats is not None else (1,) * len(xs)
+    return _Exchange.apply(direction, group, transport, repeats, *xs)
 
 
 class _Exchange(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, name: str, group: dist.ProcessGroup, transport: Transport) -> torch.Tensor:
-        ctx.args = (_LAYOUTS[name].inverse, group, transport)
-        return _run(x, _LAYOUTS[name], group, transport)
+    def forward(ctx: Any, direction: Direction, group: dist.ProcessGroup, transport: Transport,
+                repeats: tuple[int, ...], *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.args = (direction, group, transport, repeats)
+        return _run(xs, direction, group, transport, repeats)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        name, group, transport = ctx.args
-        return _run(grad, _LAYOUTS[name], group, transport), None, None, None
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        direction, group, transport, repeats = ctx.args
+        back = _run(grads, _INVERSE[direction], group, transport, (1,) * len(grads))
+        return (None, None, None, None, *sum_repeats(back, repeats))
 
 
-def _run(x: torch.Tensor, layout: Layout, group: dist.ProcessGroup, transport: Transport) -> torch.Tensor:
-    sp = group.size()
-    out = x.new_empty(layout.out_shape(x.shape, sp))
-    send, recv = layout.send(x, sp), layout.recv(out, sp)
+def sum_repeats(grads: Sequence[torch.Tensor], repeats: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    """Gradients of the repeated heads ``(T/sp, H * r, D)`` -> of the heads ``(T/sp, H, D)`` (copy ``c`` of head
+    ``h`` is head ``h * r + c``, as ``repeat_interleave``)."""
+    # (T/sp, H * r, D) -> (T/sp, H, r, D) -> (T/sp, H, D)
+    return tuple(g if r == 1 else g.unflatten(1, (-1, r)).sum(2) for g, r in zip(grads, repeats))
+
+
+def _run(xs: Sequence[torch.Tensor], direction: Direction, group: dist.ProcessGroup, transport: Transport,
+         repeats: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    p = plan(xs, direction, group.size(), repeats)
     if transport == "symm_mem":
-        _symm_mem(send, recv, _workspace(group, x.device), out.shape, layout)
+        _symm_mem(p, _workspace(group, xs[0].device))
     else:
-        _all_to_all(send, recv, group)
-    return out
+        _all_to_all(p, group)
+    return p.outputs
 
 
-def _all_to_all(send: torch.Tensor, recv: torch.Tensor, group: dist.ProcessGroup) -> None:
-    if not send.is_contiguous():
-        send = _copy(torch.empty_like(send, memory_format=torch.contiguous_format), send)
-    if recv.is_contiguous():
-        dist.all_to_all_single(recv, send, group=group)
-    else:
-        received = torch.empty_like(send)
-        dist.all_to_all_single(received, send, group=group)
-        _copy(recv, received)
+class Part(NamedTuple):
+    """Where one tensor sits in the wire: ``heads`` of ``dim`` per rank (head side), elements
+    ``[offset, offset + heads * dim)`` of each token's row; ``repeat``: copies of each head sent (sequence side)."""
+
+    heads: int
+    dim: int
+    repeat: int
+    offset: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.heads * self.dim
 
 
-def push(send: torch.Tensor, targets: Sequence[torch.Tensor], rank: int) -> None:
-    """Write chunk ``send[j]`` straight into ``targets[j]``, its place in peer j's workspace (not j = rank).
+class Plan(NamedTuple):
+    """One rank's exchange: where each chunk it sends comes from, where each chunk it receives goes.
+
+    src, dst: per tensor, its chunks as ``(sp / repeat, repeat, T/sp, heads, dim)``; chunk ``j`` is
+    ``[j // repeat, j % repeat]`` (`chunk`); ``repeat > 1`` only on a sending sequence side, as an expanded
+    dimension. src_wire, dst_wire: that side as one contiguous ``(sp, T/sp, W)`` wire buffer, where it is one.
+    outputs: what the exchange returns once ``dst`` is filled.
+    """
+
+    parts: tuple[Part, ...]
+    rows: int  # T/sp
+    width: int  # W
+    src: tuple[torch.Tensor, ...]
+    dst: tuple[torch.Tensor, ...]
+    src_wire: torch.Tensor | None
+    dst_wire: torch.Tensor | None
+    outputs: tuple[torch.Tensor, ...]
+
+
+def plan(xs: Sequence[torch.Tensor], direction: Direction, sp: int, repeats: Sequence[int]) -> Plan:
+    """The `Plan` of exchanging ``xs`` (as `exchange` takes them) over ``sp`` ranks; allocates the outputs."""
+    _check(xs, direction, sp, repeats)
+    to_heads = direction == "seq_to_heads"
+    parts, offset = [], 0
+    for x, r in zip(xs, repeats):
+        heads = x.shape[1] * r // sp if to_heads else x.shape[1]
+        parts.append(Part(heads, x.shape[2], r, offset))
+        offset += heads * x.shape[2]
+    if to_heads:
+        rows = xs[0].shape[0]
+        wire = xs[0].new_empty(sp, rows, offset)  # what arrives is the output
+        flat = wire.flatten(0, 1)  # (sp, T/sp, W) -> (T, W)
+        outputs = tuple(flat[:, p.offset:p.end].unflatten(1, (p.heads, p.dim)) for p in parts)  # (T, W) -> (T, h, D)
+        return Plan(tuple(parts), rows, offset, tuple(_seq_chunks(x, p, sp) for x, p in zip(xs, parts)),
+                    tuple(wire_chunks(wire, p) for p in parts), None, wire, outputs)
+    rows = xs[0].shape[0] // sp
+    outputs = tuple(x.new_empty(rows, x.shape[1] * sp, x.shape[2]) for x in xs)
+    src = tuple(x.unflatten(0, (sp, rows)).unsqueeze(1) for x in xs)  # (T, h, D) -> (sp, 1, T/sp, h, D)
+    src_wire = xs[0].view(sp, rows, offset) if len(xs) == 1 and xs[0].is_contiguous() else None
+    return Plan(tuple(parts), rows, offset, src, tuple(_seq_chunks(o, p, sp) for o, p in zip(outputs, parts)),
+                src_wire, None, outputs)
+
+
+def _seq_chunks(x: torch.Tensor, part: Part, sp: int) -> torch.Tensor:
+    """``(T/sp, H, D)`` sequence side -> its chunks ``(sp / r, r, T/sp, h, D)``: rank ``j`` gets heads
+    ``[(j // r) h, (j // r + 1) h)`` (with ``r > 1``, ``h = 1``: head ``j // r``)."""
+    r = part.repeat
+    # (T/sp, H, D) -> (T/sp, sp / r, h, D) -> (sp / r, T/sp, h, D) -> (sp / r, r, T/sp, h, D)
+    return x.unflatten(1, (sp // r, part.heads)).transpose(0, 1).unsqueeze(1).expand(-1, r, -1, -1, -1)
+
+
+def wire_chunks(wire: torch.Tensor, part: Part) -> torch.Tensor:
+    """``(sp, T/sp, W)`` wire -> the chunks of ``part`` in it, ``(sp / r, r, T/sp, h, D)``."""
+    # (sp, T/sp, W) -> (sp, T/sp, h * D) -> (sp, T/sp, h, D) -> (sp / r, r, T/sp, h, D)
+    cut = wire[..., part.offset:part.end].unflatten(-1, (part.heads, part.dim))
+    return cut.unflatten(0, (-1, part.repeat))
+
+
+def chunk(chunks: torch.Tensor, j: int) -> torch.Tensor:
+    """Chunk ``j`` ``(T/sp, h, D)`` of ``(sp / r, r, T/sp, h, D)`` chunks."""
+    return chunks[j // chunks.shape[1], j % chunks.shape[1]]
+
+
+def _slot(row: torch.Tensor, part: Part) -> torch.Tensor:
+    """One wire chunk ``(T/sp, W)`` -> the place of ``part`` in it, ``(T/sp, h, D)``."""
+    return row[:, part.offset:part.end].unflatten(1, (part.heads, part.dim))  # (T/sp, h * D) -> (T/sp, h, D)
+
+
+def _check(xs: Sequence[torch.Tensor], direction: Direction, sp: int, repeats: Sequence[int]) -> None:
+    shapes = [tuple(x.shape) for x in xs]
+    why = None
+    if not xs or len(repeats) != len(xs):
+        why = f"{len(xs)} tensors, {len(repeats)} repeats"
+    elif any(len(s) != 3 for s in shapes) or len({s[0] for s in shapes}) != 1:
+        why = f"shapes {shapes}: each (tokens, heads, head_dim), one token count"
+    elif len({(x.dtype, x.device) for x in xs}) != 1:
+        why = f"dtypes and devices {[(str(x.dtype), str(x.device)) for x in xs]} differ"
+    elif direction == "heads_to_seq" and (shapes[0][0] % sp or any(r != 1 for r in repeats)):
+        why = f"shapes {shapes} with repeats {tuple(repeats)}: T must divide by {sp}, nothing is repeated"
+    elif direction == "seq_to_heads" and any((s[1] * r) % sp or (r != 1 and s[1] * r != sp)
+                                             for s, r in zip(shapes, repeats)):
+        why = f"shapes {shapes} with repeats {tuple(repeats)}: heads x repeat must be a multiple of {sp}, " \
+              f"and exactly {sp} where repeat > 1"
+    if why is not None:
+        raise InvalidInputError(f"cannot run the {direction} all-to-all over {sp} ranks", why=why,
+                                supported="tensors (T/sp, H, D) for seq_to_heads, (T, H/sp, D) for heads_to_seq, "
+                                "sharing a dtype and a device",
+                                fix="exchange q, k and v of one layer together, or each tensor alone")
+
+
+def _all_to_all(p: Plan, group: dist.ProcessGroup) -> None:
+    send = pack(p, group.size())
+    recv = p.dst_wire if p.dst_wire is not None else torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    if p.dst_wire is None:
+        unpack(p, recv)
+
+
+def pack(p: Plan, sp: int) -> torch.Tensor:
+    """The send buffer ``(sp, T/sp, W)``: the source side itself where it is one, else one copy per tensor."""
+    if p.src_wire is not None:
+        return p.src_wire
+    wire = torch.empty(sp, p.rows, p.width, dtype=p.src[0].dtype, device=p.src[0].device)
+    for part, chunks in zip(p.parts, p.src):
+        _copy(wire_chunks(wire, part), chunks)
+    return wire
+
+
+def unpack(p: Plan, recv: torch.Tensor) -> None:
+    """Copy the received wire ``(sp, T/sp, W)`` to the destination side, one copy per tensor."""
+    for part, chunks in zip(p.parts, p.dst):
+        _copy(chunks, wire_chunks(recv, part))
+
+
+def push(p: Plan, targets: Sequence[torch.Tensor], rank: int) -> None:
+    """Write what this rank owes peer ``j`` straight into ``targets[j]``, its ``(T/sp, W)`` chunk of peer j's
+    workspace (not j = rank): one copy per tensor, or one per peer from a wire source.
 
     Peers are written in a rotated order, so at any moment each workspace has about one writer.
     """
     sp = len(targets)
     for step in range(1, sp):
         j = (rank + step) % sp
-        _copy(targets[j], send[j])
+        if p.src_wire is not None:
+            _copy(targets[j], p.src_wire[j])
+            continue
+        for part, chunks in zip(p.parts, p.src):
+            _copy(_slot(targets[j], part), chunk(chunks, j))
 
 
-def keep(send: torch.Tensor, recv: torch.Tensor, rank: int) -> None:
-    """Copy the chunk this rank keeps to its place in the output."""
-    _copy(recv[rank], send[rank])
+def keep(p: Plan, rank: int) -> None:
+    """Copy the chunks this rank keeps to their place in the output, one copy per tensor."""
+    for src, dst in zip(p.src, p.dst):
+        _copy(chunk(dst, rank), chunk(src, rank))
 
 
-def collect(recv: torch.Tensor, arrived: torch.Tensor, rank: int) -> None:
-    """After the barrier, copy the peers' chunks from this rank's workspace (``arrived``) into the output."""
-    for i in range(len(recv)):
-        if i != rank:
-            _copy(recv[i], arrived[i])
+def collect(p: Plan, arrived: torch.Tensor, rank: int) -> None:
+    """After the barrier, copy the peers' chunks from this rank's workspace ``arrived`` ``(sp, T/sp, W)`` into the
+    output: per run of peers (those before this rank, those after), whole rows to a wire output, else one copy per
+    tensor."""
+    for a, b in ((0, rank), (rank + 1, len(arrived))):
+        if a == b:
+            continue
+        if p.dst_wire is not None:
+            _copy(p.dst_wire[a:b], arrived[a:b])
+            continue
+        for part, dst in zip(p.parts, p.dst):  # a destination is never repeated: (sp, 1, ...) chunks
+            _copy(dst.flatten(0, 1)[a:b], wire_chunks(arrived, part).flatten(0, 1)[a:b])
 
 
-def _symm_mem(send: torch.Tensor, recv: torch.Tensor, ws: _Workspace, out_shape: torch.Size, layout: Layout) -> None:
+def _symm_mem(p: Plan, ws: _Workspace) -> None:
     """keep (side stream) | push, barrier, collect (current stream)."""
-    targets, arrived = ws.next(out_shape, recv.dtype, layout)
+    targets, arrived = ws.next(p.rows, p.width, p.outputs[0].dtype)
     current, side = torch.cuda.current_stream(ws.device_index), ws.side
     ws.follow(side, current)
-    with _on(side, current):  # the local copy runs beside the NVLink writes
-        keep(send, recv, ws.rank)
-    push(send, targets, ws.rank)
+    with _on(side, current):  # the local copies run beside the NVLink writes
+        keep(p, ws.rank)
+    push(p, targets, ws.rank)
     ws.handle.barrier(channel=0)
-    collect(recv, arrived, ws.rank)
-    ws.follow(current, side)  # send and recv were used on side: freeing them on current waits for it
+    collect(p, arrived, ws.rank)
+    ws.follow(current, side)  # sources and outputs were used on side: freeing them on current waits for it
 
 
 @contextlib.contextmanager
@@ -152,8 +283,8 @@ def _on(stream: torch.cuda.Stream, current: torch.cuda.Stream) -> Iterator[None]
 class _Workspace:
     """Two equal halves of symmetric memory for one group on one device, grown to the largest exchange.
 
-    Each rank's half ``p`` holds, once the exchange's barrier has passed, the chunks its peers pushed, in the
-    output's layout. Views into the halves are built once per (shape, dtype, layout, half) and reused.
+    Each rank's half ``p`` holds, once the exchange's barrier has passed, the chunks its peers pushed, as a
+    ``(sp, T/sp, W)`` wire. Views into the halves are built once per (rows, width, dtype, half) and reused.
     """
 
     ALIGN = 256
@@ -170,20 +301,20 @@ class _Workspace:
         self.parity = 0
         self.views: dict[tuple, tuple[list[torch.Tensor], torch.Tensor]] = {}
 
-    def next(self, shape: torch.Size, dtype: torch.dtype, layout: Layout) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """The next half's ``(push targets by rank, this rank's arrived chunks)``, both ``(sp, ...)`` chunked."""
-        key = (shape, dtype, layout.name, self.parity)
+    def next(self, rows: int, width: int, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The next half's ``(push targets by rank, each (T/sp, W); this rank's wire (sp, T/sp, W))``."""
+        key = (rows, width, dtype, self.parity)
         self.parity ^= 1
         if key not in self.views:
+            shape = (self.sp, rows, width)
             need = -(-math.prod(shape) * dtype.itemsize // self.ALIGN) * self.ALIGN
             if need > self.half_bytes:
                 self._grow(need)
-                key = (shape, dtype, layout.name, 0)
+                key = (rows, width, dtype, 0)
                 self.parity = 1
             offset = key[3] * self.half_bytes // dtype.itemsize
-            halves = [layout.recv(self.handle.get_buffer(i, tuple(shape), dtype, offset), self.sp)
-                      for i in range(self.sp)]
-            self.views[key] = ([h[self.rank] for h in halves], halves[self.rank])
+            wires = [self.handle.get_buffer(i, shape, dtype, offset) for i in range(self.sp)]
+            self.views[key] = ([w[self.rank] for w in wires], wires[self.rank])
         return self.views[key]
 
     def follow(self, waiting: torch.cuda.Stream, done: torch.cuda.Stream) -> None:

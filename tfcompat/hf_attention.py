@@ -60,11 +60,9 @@ def packed_attention(
     if ctx.group is None:
         out = varlen_attention(q, k, v, ctx.seqs, scale=scaling, backend=ctx.backend)
         return out.view(b, length, hq, d), None
-    sp = ulysses.group_size(ctx.group)
-    repeats = ulysses.kv_repeats(k.shape[1], sp)
-    if repeats > 1:  # (T/sp, Hkv, D) -> (T/sp, sp, D): one KV head per rank, not full multi-head
-        k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
-    q, k, v = (ulysses.seq_to_heads(x, ctx.group, ctx.transport) for x in (q, k, v))
+    # one exchange: (T/sp, Hq, D), 2 x (T/sp, Hkv, D) -> (T, Hq/sp, D), 2 x (T, max(Hkv/sp, 1), D); with Hkv < sp
+    # each rank receives its one KV head (repeated sp // Hkv times over the group, not to full multi-head)
+    q, k, v = ulysses.qkv_to_heads(q, k, v, ctx.group, ctx.transport)
     out = varlen_attention(q, k, v, ctx.seqs, scale=scaling, backend=ctx.backend)
     return ulysses.heads_to_seq(out, ctx.group, ctx.transport).view(b, length, hq, d), None
 

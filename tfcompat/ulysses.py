@@ -38,6 +38,7 @@ __all__ = [
     "group_size",
     "heads_to_seq",
     "kv_repeats",
+    "qkv_to_heads",
     "seq_to_heads",
     "shard_inputs",
 ]
@@ -69,12 +70,25 @@ def kv_repeats(num_kv_heads: int, sp: int) -> int:
 
 def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup, transport: Transport = "all_to_all") -> torch.Tensor:
     """``(T/sp, H, D)`` sequence shard -> ``(T, H/sp, D)`` head shard (this rank's heads, every token)."""
-    return a2a.exchange(x, a2a.SEQ_TO_HEADS, group, transport)
+    return a2a.exchange((x,), "seq_to_heads", group, transport)[0]
+
+
+def qkv_to_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup,
+                 transport: Transport = "all_to_all") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`seq_to_heads` of a layer's q, k and v in one exchange (one all-to-all forward, one backward).
+
+    q: ``(T/sp, Hq, D)``; k, v: ``(T/sp, Hkv, D)``. Returns ``(T, Hq/sp, D)`` and twice ``(T, max(Hkv/sp, 1), D)``
+    (views into one received buffer). With ``Hkv < sp`` rank ``r`` receives KV head ``r // kv_repeats(Hkv, sp)``,
+    read where it lies: no repeated K/V is built, and the backward sums each head's gradients over its copies.
+    """
+    repeat = kv_repeats(k.shape[1], group_size(group))
+    q, k, v = a2a.exchange((q, k, v), "seq_to_heads", group, transport, (1, repeat, repeat))
+    return q, k, v
 
 
 def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup, transport: Transport = "all_to_all") -> torch.Tensor:
     """``(T, H/sp, D)`` head shard -> ``(T/sp, H, D)`` sequence shard; the inverse of `seq_to_heads`."""
-    return a2a.exchange(x, a2a.HEADS_TO_SEQ, group, transport)
+    return a2a.exchange((x,), "heads_to_seq", group, transport)[0]
 
 
 @dataclass
