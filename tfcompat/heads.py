@@ -68,7 +68,7 @@ def logprobs_entropy(
     backend: ``"torch"`` or ``"triton"`` (chunked, never hold the ``(T, V)`` logits), ``"auto"`` (``"triton"``
       on CUDA when Triton is installed, else ``"torch"``) or ``"logits"`` (the reference).
     chunk_size: the size of a tile of the chunked backends, about ``chunk_size * V`` logits (rows and columns
-      rounded up to multiples of 128): float32 (a few copies) for ``"torch"`` (default 1024); in the input dtype
+      rounded up to aligned counts): float32 (a few copies) for ``"torch"`` (default 1024); in the input dtype
       for ``"triton"``, whose default tile is about ``T * H`` logits (the size of ``hidden``, at least 2**24; it
       also keeps a ``(T, H)`` float32 accumulator), so that its memory grows with T like the hidden states'.
     lm_head_bias: ``(V,)`` or None.
