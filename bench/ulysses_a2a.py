@@ -1,10 +1,14 @@
 """Ulysses all-to-all: achieved bandwidth of tfcompat's seq_to_heads / heads_to_seq vs a raw all_to_all_single,
-and the K/V bytes each rank sends per layer under GQA (tfcompat's kv_repeats rule vs repeating to full MHA).
+a layer's q, k and v in one exchange (ulysses.qkv_to_heads) vs three separate ones, and the K/V bytes each rank
+sends per layer under GQA (tfcompat's kv_repeats rule vs repeating to full MHA).
 
 Spawns ``--world`` processes (default 2) with torch.multiprocessing, init_method tcp://127.0.0.1:PORT; NCCL with
 one GPU per rank (needs that many GPUs; otherwise prints SKIPPED and exits 0), gloo on CPU in --smoke.
 Bandwidth per rank = bytes of the rank's input tensor / time (the "algorithm bandwidth"; of it, (sp-1)/sp
 leaves the rank). The raw baseline moves a contiguous tensor of the same number of bytes. Target ratio >= 0.95.
+q/k/v: the forward exchange (q, k, v as transformers hands them: (T/sp, H, D) views of (H, T/sp, D) memory; K/V
+repeated sp // Hkv times first where Hkv < sp) and the backward one (three contiguous (T, H/sp, D) gradients, K/V
+copies summed), fused vs three exchanges, both checked bit-exact against each other first.
 
     python bench/ulysses_a2a.py --out ulysses_a2a.json          # 2 GPUs
     python bench/ulysses_a2a.py --smoke                          # CPU, gloo, 2 processes
@@ -163,19 +167,22 @@ def _measure(rank: int, world: int, device: torch.device, cfg: dict) -> dict:
                 bandwidth.append({"tokens": tokens, "heads": heads, "head_dim": d, "bytes_per_rank": nbytes,
                                   "queued": queued, "ms": ms, "gbps": {k: nbytes / (v * 1e-3) / 1e9 for k, v in ms.items()}})
 
-    # GQA: what packed_attention actually hands to seq_to_heads, per layer
-    sent: list[tuple[str, tuple, int]] = []
-    original = ulysses.seq_to_heads
+    qkv = [_measure_qkv(cfg_qkv, world, device, dtype, gen, group, cfg) for cfg_qkv in cfg["qkv_sizes"]]
 
-    def recording(t: torch.Tensor, *args: object) -> torch.Tensor:
-        sent.append((str(t.dtype), tuple(t.shape), t.numel() * t.element_size()))
-        return original(t, *args)
+    # GQA: what packed_attention's one q/k/v exchange delivers to each rank, per layer
+    sent: list[tuple[str, tuple, int]] = []
+    original = ulysses.qkv_to_heads
+
+    def recording(*args: object) -> tuple[torch.Tensor, ...]:
+        outs = original(*args)
+        sent.extend((str(t.dtype), tuple(t.shape), t.numel() * t.element_size()) for t in outs)
+        return outs
 
     verify = []
     tokens, d = cfg["verify_tokens"], cfg["verify_head_dim"]
     lengths = C.random_lengths(tokens, 4, seed=3, min_len=2)
     seqs = from_lengths(lengths, device=device)
-    ulysses.seq_to_heads = recording
+    ulysses.qkv_to_heads = recording
     try:
         for hq, hkv in cfg["verify_heads"]:
             sent.clear()
@@ -186,13 +193,55 @@ def _measure(rank: int, world: int, device: torch.device, cfg: dict) -> dict:
             assert out.shape == (1, tokens // world, hq, d), out.shape
             expect = kv_bytes(hq, hkv, world, tokens, d, elem)
             verify.append({"hq": hq, "hkv": hkv, "sp": world, "tokens": tokens, "head_dim": d,
-                           "passed_shapes": {"q": sent[0][1], "k": sent[1][1], "v": sent[2][1]},
+                           "received_shapes": {"q": sent[0][1], "k": sent[1][1], "v": sent[2][1]},
                            "kv_input_bytes_measured": sent[1][2] + sent[2][2],
                            "kv_input_bytes_expected": expect["kv_input_bytes_tfcompat"],
                            "kv_input_bytes_full_mha": expect["kv_input_bytes_full_mha"]})
     finally:
-        ulysses.seq_to_heads = original
-    return {"rank": rank, "bandwidth": bandwidth, "verify": verify}
+        ulysses.qkv_to_heads = original
+    return {"rank": rank, "bandwidth": bandwidth, "qkv": qkv, "verify": verify}
+
+
+def _measure_qkv(size: list[int], world: int, device: torch.device, dtype: torch.dtype, gen: torch.Generator,
+                 group: dist.ProcessGroup, cfg: dict) -> dict:
+    """One q/k/v shape: the fused exchange vs three, forward and backward, per transport (``_timed``'s modes)."""
+    from tfcompat import a2a, ulysses
+
+    tokens, hq, hkv, d = size
+    rep = ulysses.kv_repeats(hkv, world)
+    # (H, T/sp, D) memory seen as (T/sp, H, D), as transformers hands attention its q, k, v
+    q, k, v = (torch.randn(h, tokens // world, d, generator=gen).to(device, dtype).transpose(0, 1)
+               for h in (hq, hkv, hkv))
+    grads = [torch.randn(tokens, h, d, generator=gen).to(device, dtype) for h in (hq // world, hkv * rep // world,
+                                                                               hkv * rep // world)]
+
+    def three_fwd(t: str) -> list[torch.Tensor]:  # the previous packed_attention: repeat, then one exchange each
+        ks, vs = (k, v) if rep == 1 else (k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1))
+        return [ulysses.seq_to_heads(x, group, t) for x in (q, ks, vs)]
+
+    def three_bwd(t: str) -> list[torch.Tensor]:  # three exchanges, then repeat_interleave's backward (a sum)
+        return list(a2a.sum_repeats([ulysses.heads_to_seq(g, group, t) for g in grads], (1, rep, rep)))
+
+    def fused_bwd(t: str) -> tuple[torch.Tensor, ...]:  # what the fused exchange's backward runs
+        return a2a.sum_repeats(a2a._run(grads, "heads_to_seq", group, t, (1, 1, 1)), (1, rep, rep))
+
+    fns = {}
+    for t in cfg["transports"]:
+        fused, three = ulysses.qkv_to_heads(q, k, v, group, t), three_fwd(t)
+        assert all(torch.equal(a, b) for a, b in zip(fused, three)), f"fused forward differs ({t})"
+        fb, tb = fused_bwd(t), three_bwd(t)
+        assert all(torch.equal(a, b) if rep <= 2 else torch.allclose(a, b) for a, b in zip(fb, tb)), t
+        fns.update({f"fwd fused {t}": lambda t=t: ulysses.qkv_to_heads(q, k, v, group, t),
+                    f"fwd three {t}": lambda t=t: three_fwd(t),
+                    f"bwd fused {t}": lambda t=t: fused_bwd(t), f"bwd three {t}": lambda t=t: three_bwd(t)})
+    nbytes = sum(x.numel() for x in (q, k, v)) * q.element_size()
+    out = {"tokens": tokens, "hq": hq, "hkv": hkv, "head_dim": d, "kv_repeats": rep, "qkv_bytes_per_rank": nbytes,
+           "ms": {}}
+    with torch.no_grad():
+        for queued in cfg["queued"]:
+            ms = _timed(fns, device, cfg["warmup"], cfg["reps"], queued)
+            out["ms"][str(queued)] = {name: C.median(v) for name, v in ms.items()}
+    return out
 
 
 def _all_gather(t: torch.Tensor, group: dist.ProcessGroup) -> list[torch.Tensor]:
@@ -246,9 +295,15 @@ def main() -> None:
         "transports": ["all_to_all"] if smoke else ["all_to_all", "symm_mem"],
         "queued": [0] if smoke else [0, 8],
         "copy_words": ["float32", "int64", "complex128"] if smoke else ["bfloat16", "int64", "complex128"],
+        # (global tokens, q heads, KV heads, head_dim): GQA with Hkv >= sp and with Hkv < sp (K/V repeated)
+        "qkv_sizes": ([(64, 4, 2, 8), (64, 4, 1, 8)] if smoke else
+                      [(8192, 32, 8, 128), (32768, 32, 8, 128), (32768, 28, 4, 128), (131072, 32, 8, 128),
+                       (32768, 32, 1, 128)]),
     }
     cfg["verify_heads"] = [(hq, hkv) for hq, hkv in cfg["verify_heads"] if hq % world == 0
                            and (hkv % world == 0 or world % hkv == 0)]
+    cfg["qkv_sizes"] = [(t, hq, hkv, d) for t, hq, hkv, d in cfg["qkv_sizes"] if hq % world == 0
+                        and (hkv % world == 0 or world % hkv == 0)]
     with tempfile.TemporaryDirectory() as outdir:
         _spawn(world, cfg, outdir, args.timeout)
         ranks = [json.loads(Path(outdir, f"rank{r}.json").read_text()) for r in range(world)]
@@ -288,20 +343,49 @@ def main() -> None:
                   [[f"{e['tokens']}x{e['heads']}x{e['head_dim']}", e["ms_slowest_rank"]["raw"],
                     *(e["ms_slowest_rank"][k] for k in names)] for e in bw_out1]))
 
-    print(f"\nmeasured: bytes packed_attention hands to seq_to_heads for K+V, per layer per rank (sp={world}):")
+    qkv_out = _qkv_report(ranks, cfg, world, dtype)
+
+    print(f"\nmeasured: K+V bytes packed_attention's q/k/v exchange delivers, per layer per rank (sp={world}):")
     vrows = []
     for v in ranks[0]["verify"]:
         ok = v["kv_input_bytes_measured"] == v["kv_input_bytes_expected"]
         v["matches_analytic"] = ok
-        vrows.append([v["hq"], v["hkv"], v["sp"], v["tokens"], str(v["passed_shapes"]["k"]),
+        vrows.append([v["hq"], v["hkv"], v["sp"], v["tokens"], str(v["received_shapes"]["k"]),
                       v["kv_input_bytes_measured"], v["kv_input_bytes_expected"], v["kv_input_bytes_full_mha"],
                       "yes" if ok else "NO"])
-    print(C.table(["q heads", "kv heads", "sp", "tokens", "k shape passed", "measured B", "analytic B",
+    print(C.table(["q heads", "kv heads", "sp", "tokens", "k shape received", "measured B", "analytic B",
                    "full-MHA B", "match"], vrows))
-    payload.update(bandwidth=bw_out, verify=ranks[0]["verify"], config=cfg)
+    payload.update(bandwidth=bw_out, qkv=qkv_out, verify=ranks[0]["verify"], config=cfg)
     C.write_json(args.out, payload)
     if not all(v["matches_analytic"] for v in ranks[0]["verify"]):
         raise SystemExit("measured K/V bytes differ from the analytic rule")
+
+
+def _qkv_report(ranks: list[dict], cfg: dict, world: int, dtype: str) -> list[dict]:
+    """Print and return the fused vs three-exchange q/k/v times (slowest rank)."""
+    out = []
+    for i, e in enumerate(ranks[0]["qkv"]):
+        ms = {queued: {k: max(r["qkv"][i]["ms"][queued][k] for r in ranks) for k in e["ms"][queued]}
+              for queued in e["ms"]}
+        out.append({**{k: e[k] for k in ("tokens", "hq", "hkv", "head_dim", "kv_repeats", "qkv_bytes_per_rank")},
+                    "ms_slowest_rank": ms, "per_rank": [r["qkv"][i] for r in ranks]})
+    print(f"\nq, k, v of one layer in one exchange (fused) vs three, sp={world}, {dtype}, ms (slowest rank, median); "
+          f"fwd: seq_to_heads of strided q/k/v (K/V repeat_interleave first in 'three' where kv_repeats > 1); "
+          f"bwd: heads_to_seq of the three gradients, K/V copies summed; three/fused > 1: fused is faster")
+    for queued in cfg["queued"]:
+        for t in cfg["transports"]:
+            print(f"transport {t!r}, " + ("one call per timing, the host's launch work included" if not queued else
+                                          f"GPU time of {queued} calls queued ahead"))
+            rows = []
+            for e in out:
+                ms = e["ms_slowest_rank"][str(queued)]
+                rows.append([f"{e['tokens']}x{e['hq']}/{e['hkv']}x{e['head_dim']}", e["kv_repeats"],
+                             e["qkv_bytes_per_rank"] / 2 ** 20,
+                             *(ms[f"{way} {kind} {t}"] for way in ("fwd", "bwd") for kind in ("three", "fused")),
+                             *(ms[f"{way} three {t}"] / ms[f"{way} fused {t}"] for way in ("fwd", "bwd"))])
+            print(C.table(["tokens x q/kv heads x dim", "kv_repeats", "q+k+v MiB/rank", "fwd three", "fwd fused",
+                           "bwd three", "bwd fused", "fwd three/fused", "bwd three/fused"], rows))
+    return out
 
 
 def _spawn(world: int, cfg: dict, outdir: str, timeout: float) -> None:
