@@ -128,7 +128,6 @@ def apply_monkey_patch(
     if ulysses_sp_size > 1:
         _verl_ulysses(r.family, r.transformers_version)  # fail now, not in the first forward
     vp = VerlPatch(model, options, patch(model, remove_padding=True))
-    model.forward = vp._forward
     model.__dict__[_ATTR] = vp
     return vp
 
@@ -143,21 +142,30 @@ class VerlPatch:
     def __init__(self, model: torch.nn.Module, options: dict[str, Any], handle: PatchHandle) -> None:
         self.model = model
         self.options = options
-        self.handle = handle
         self.active = True
-        self._original: Callable[..., Any] = model.forward
-        self._had_forward = "forward" in vars(model)
         self._vlm = hasattr(model.config, "vision_config")
+        self._install(handle)
+
+    def _install(self, handle: PatchHandle) -> None:
+        """Put the verl forward over the model's forward as ``handle`` left it (tfcompat's, or the stock one)."""
+        self.handle = handle
+        self._inner = vars(self.model).get("forward")  # the instance forward the tfcompat patch set, if any
+        self._original: Callable[..., Any] = self.model.forward
+        self.model.forward = self._forward
+
+    def _uninstall(self) -> None:
+        """Take the verl forward off, then undo the tfcompat patch (which restores what was there before it)."""
+        if self._inner is None:
+            del self.model.forward
+        else:
+            self.model.forward = self._inner
+        self.handle.undo()
 
     def undo(self) -> None:
         """Restore the model's forward and undo the tfcompat patch. Idempotent."""
         if not self.active:
             return
-        self.handle.undo()
-        if self._had_forward:
-            self.model.forward = self._original
-        else:
-            del self.model.forward
+        self._uninstall()
         del self.model.__dict__[_ATTR]
         self.active = False
 
@@ -193,8 +201,8 @@ class VerlPatch:
 
     def _follow(self, group: dist.ProcessGroup | None) -> None:
         if self.handle.options["ulysses_group"] is not group:
-            self.handle.undo()
-            self.handle = patch(self.model, remove_padding=True, ulysses_group=group)
+            self._uninstall()
+            self._install(patch(self.model, remove_padding=True, ulysses_group=group))
 
     def _forward(
         self,
