@@ -14,6 +14,7 @@ import torch
 from .errors import InvalidInputError, PatchError, SymbolProbeError
 from .extras import VISUAL_KWARG, VisualExtras
 from .registry import Resolved, resolve
+from .vision_inputs import check_token_ids, check_vision_inputs, require_vision
 
 __all__ = ["Embedded", "dummy_image", "embed_inputs", "visual_features"]
 
@@ -55,7 +56,12 @@ def embed_inputs(
     rank of a sharded job runs the same collectives.
     """
     r = resolve(model.config.model_type)
+    require_vision(r, "embed_inputs")
+    check_token_ids(r, input_ids, "embed_inputs")
     owner, tower = r.vision_modules(model, purpose="embed_inputs (the vision tower runs outside the forward)")
+    check_vision_inputs(r, owner.config, input_ids, {"pixel_values": pixel_values, "image_grid_thw": image_grid_thw,
+                        "pixel_values_videos": pixel_values_videos, "video_grid_thw": video_grid_thw},
+                        what="embed_inputs")
     where = r.entry.vision
     embeds = model.get_input_embeddings()(input_ids)
     types = r.spec.mm_token_types(owner.config, input_ids)

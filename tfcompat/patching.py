@@ -237,6 +237,7 @@ def _top_forward(original: Callable[..., Any], router: Router) -> Callable[..., 
         ctx = extra.get(CONTEXT_KWARG)
         if ctx is None:
             router.check_key()
+            router.check_vision({**extra, **a})
             ctx = extra[CONTEXT_KWARG] = router.decide({**extra, **a}, user_call=True)
         if isinstance(ctx, ForwardContext):
             _per_sequence_labels(a, extra, ctx, router)

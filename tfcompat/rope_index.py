@@ -4,7 +4,7 @@ from the family's reference (`tfcompat.reference_rope`)."""
 from __future__ import annotations
 
 import inspect
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -12,8 +12,11 @@ from .errors import InvalidInputError
 from .position_ids import text_row_from_mask
 from .reference_rope import REFERENCES
 from .registry import families, resolve
+from .vision_inputs import check_token_ids, check_vision_inputs, require_vision
 
-__all__ = ["rope_index"]
+__all__ = ["Impl", "rope_index"]
+
+Impl = Literal["installed", "reference"]
 
 
 @torch.no_grad()
@@ -24,7 +27,7 @@ def rope_index(
     video_grid_thw: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
     second_per_grid_ts: torch.Tensor | None = None,
-    impl: Literal["installed", "reference"] = "installed",
+    impl: Impl = "installed",
 ) -> torch.Tensor:
     """Position ids ``(4, B, L)`` = ``[text; t; h; w]`` for ``input_ids (B, L)``, on every transformers version.
 
@@ -34,10 +37,40 @@ def rope_index(
     impl: "installed" (what the stock model of this version computes) or "reference" (tfcompat's own, named by
     ``resolve(family).spec.reference_rope_index``: the original model's semantics, without the installed
     version's known deviations, listed in ``resolve(family).entry.rope_index_deviations``).
-    For packing, call it per sequence and concatenate the results on the last dim.
+    For packing, call it per sequence and concatenate the results on the last dim (or use `tfcompat.pack`).
+
+    Raises `InvalidInputError` for an unknown ``impl``, a text-only family, ids that are not an integer
+    ``(B, L)`` tensor, grids that disagree with the placeholder tokens (one grid row per image / video, in order),
+    and ``second_per_grid_ts`` for a family whose index takes none, or of another length than the videos.
     """
     r = resolve(getattr(getattr(model, "config", None), "model_type", None))
+
+    def error(what: str, why: str, fix: str, supported: str = "") -> InvalidInputError:
+        return InvalidInputError(what, family=r.family, transformers_version=r.transformers_version, why=why,
+                                 supported=supported, fix=fix)
+
+    if impl not in get_args(Impl):
+        raise error(f"unknown rope_index impl {impl!r}", "impl picks whose M-RoPE index runs",
+                    "pass impl='installed' (the stock model's) or impl='reference' (tfcompat's)",
+                    supported=", ".join(map(repr, get_args(Impl))))
+    require_vision(r, "rope_index")
+    check_token_ids(r, input_ids, "rope_index")
     owner = r.vision_modules(model, purpose="rope_index (get_rope_index lives with it)").owner
+    if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise error("attention_mask and input_ids differ in shape",
+                    f"attention_mask {tuple(attention_mask.shape)}, input_ids {tuple(input_ids.shape)}",
+                    "pass one mask entry per token, or no mask")
+    check_vision_inputs(r, owner.config, input_ids, {"image_grid_thw": image_grid_thw, "video_grid_thw": video_grid_thw},
+                        attention_mask=attention_mask, placeholders="always", what="rope_index")
+    if second_per_grid_ts is not None:  # one behaviour for both impls: the installed signature decides
+        if "second_per_grid_ts" not in inspect.signature(owner.get_rope_index).parameters:
+            raise error(f"{r.family} takes no second_per_grid_ts",
+                        "only families with absolute-time video positions (Qwen2.5-VL) use it", "drop the argument")
+        videos = 0 if video_grid_thw is None else video_grid_thw.shape[0]
+        if second_per_grid_ts.ndim != 1 or second_per_grid_ts.shape[0] != videos:
+            raise error("second_per_grid_ts must hold one value per video",
+                        f"second_per_grid_ts {tuple(second_per_grid_ts.shape)}, {videos} videos in video_grid_thw",
+                        "pass the processor's second_per_grid_ts: (n_videos,), seconds per temporal grid step")
     text = text_row_from_mask(attention_mask, *input_ids.shape, device=input_ids.device)
     if impl == "reference":
         name = r.spec.reference_rope_index
@@ -60,11 +93,6 @@ def rope_index(
         )
     kwargs = dict(image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw, attention_mask=attention_mask)
     if second_per_grid_ts is not None:
-        if "second_per_grid_ts" not in inspect.signature(owner.get_rope_index).parameters:
-            raise InvalidInputError(
-                f"{r.family} takes no second_per_grid_ts", family=r.family, transformers_version=r.transformers_version,
-                why="only families with absolute-time video positions (Qwen2.5-VL) use it", fix="drop the argument",
-            )
         kwargs["second_per_grid_ts"] = second_per_grid_ts
     if r.entry.rope_index_mm_token_types:
         kwargs["mm_token_type_ids"] = r.spec.mm_token_types(owner.config, input_ids)

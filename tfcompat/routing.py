@@ -28,6 +28,7 @@ from .errors import InvalidInputError, PatchedModelError
 from .packing import PackedSeqs, from_host_positions
 from .position_ids import split_positions
 from .registry import Resolved
+from .vision_inputs import check_vision_inputs
 
 __all__ = ["CACHE_ARGS", "Router", "mask_labels", "mask_shift_labels"]
 
@@ -87,6 +88,17 @@ class Router:
                 fix="undo() the patch, then set_attn_implementation(...), then patch again; ordinary (unpacked) calls "
                 f"on a patched model already run the implementation it had before patch() ({self.context.impl!r})",
             )
+
+    def check_vision(self, a: dict[str, Any]) -> None:
+        """The call's pixel values, grids and placeholder tokens agree (`tfcompat.vision_inputs`); decoding
+        steps (a cache in use) carry no new pixels and are not checked."""
+        names = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+        inputs = {n: a.get(n) for n in names if a.get(n) is not None}
+        if self.vision_config is None or not inputs or any(a.get(n) is not None for n in CACHE_ARGS):
+            return
+        mask = a.get("attention_mask")
+        check_vision_inputs(self.r, self.vision_config, a.get("input_ids"), inputs,
+                            attention_mask=mask if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None)
 
     def decide(self, a: dict[str, Any], *, user_call: bool) -> ForwardContext | StockContext:
         """The path of the forward whose bound arguments are ``a``.

@@ -4,7 +4,9 @@ Reference: Qwen2-VL (Wang et al. 2024, section 2.1) and transformers 4.57's ``Qw
 Text tokens advance all three rows together; a vision item of grid ``(t, h, w)`` (``h, w`` after the
 spatial merge) gets ``t``/``h``/``w`` coordinates offset by the position after the preceding text, and the
 text after it resumes at ``max + 1``. Qwen2.5-VL scales ``t`` by ``second_per_grid_t * tokens_per_second``
-(images: 0). Padding positions are left at 1.
+(images: 0) in torch arithmetic of the seconds' dtype, as transformers (5.18+) and verl do: ``(arange(t) *
+(tokens_per_second * seconds)).long()``, so float32 seconds such as 0.7 land where theirs do (float64 would
+round 2 * 0.7 * 5 up to 7, float32 gives 6.9999995 -> 6). Padding positions are left at 1.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def rope_index(
     tokens_per_second = getattr(config.vision_config, "tokens_per_second", None)
     out = torch.ones(3, *input_ids.shape, dtype=torch.long)
     grids = {config.image_token_id: _rows(image_grid_thw), config.video_token_id: _rows(video_grid_thw)}
-    seconds = iter(second_per_grid_ts.tolist() if second_per_grid_ts is not None else [])
+    seconds = iter(second_per_grid_ts if second_per_grid_ts is not None else [])  # 0-d tensors: their dtype
     for b, row in enumerate(input_ids.tolist()):
         keep = [True] * len(row) if attention_mask is None else attention_mask[b].bool().tolist()
         tokens = [tok for tok, k in zip(row, keep) if k]
@@ -65,16 +67,17 @@ def rope_index(
             except StopIteration:
                 raise InvalidInputError("more vision placeholder runs than grids", why=f"row {b}, token {i}") from None
             h, w = h // merge, w // merge
-            interval = 1.0  # t steps per frame; an image has one frame, so only videos' matters
+            interval: Any = 1  # t steps per frame; an image has one frame, so only videos' matters
             consumed = tok == config.video_token_id or "seconds_consumed_by_images" in deviations
             if tokens_per_second is not None and consumed:  # Qwen2.5-VL: absolute time
-                second = next(seconds, 1.0)
-                interval = (int(second) if "seconds_truncated" in deviations else second) * tokens_per_second
+                second = next(seconds, 1)
+                interval = tokens_per_second * (int(second) if "seconds_truncated" in deviations else second)
+            steps = (torch.arange(t) * interval).long().tolist()  # t row offsets, in the seconds' dtype
             if "vision_grid_flattened" in deviations:  # token k: t fixed, h = k // (w * t), w = k % w
-                pos += [(int(nxt * interval), nxt + k // (w * t), nxt + k % w) for k in range(t * h * w)]
+                start = int((torch.tensor(nxt) * interval).long())
+                pos += [(start, nxt + k // (w * t), nxt + k % w) for k in range(t * h * w)]
             else:
-                pos += [(nxt + int(ti * interval), nxt + hi, nxt + wi)
-                        for ti in range(t) for hi in range(h) for wi in range(w)]
+                pos += [(nxt + steps[ti], nxt + hi, nxt + wi) for ti in range(t) for hi in range(h) for wi in range(w)]
             i += t * h * w
             nxt = nxt + max(h, w) if "text_after_video_overlaps" in deviations else max(max(p) for p in pos) + 1
         flat = torch.tensor(pos, dtype=torch.long).T if pos else torch.empty(3, 0, dtype=torch.long)
