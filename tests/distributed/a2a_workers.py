@@ -50,3 +50,39 @@ def fused_equals_separate(rank: int, world: int, hq: int, hkv: int, dim: int, t_
             bound = repeat * torch.finfo(dtype).eps * float(b.grad.abs().max()) * repeat
             diff = float((a.grad.float() - b.grad.float()).abs().max())
             assert diff <= bound, f"rank {rank}: grad {i} differs by {diff:.3e} (bound {bound:.3e})"
+
+
+def fused_transports_agree(rank: int, world: int) -> None:
+    """NCCL: the fused exchange over symm_mem is bit-identical to all_to_all, forward and backward, on a burst.
+
+    Shapes grow, shrink and grow again (workspace growth), with KV heads below, at and above the group size;
+    the burst is issued without syncs, and rank 0 stalls its stream before every other exchange, so a rank that
+    rewrote a workspace half too early would corrupt a peer's read.
+    """
+    group, device = dist.group.WORLD, _device()
+    shapes = [(16, 2, 1, 8), (1024, 4, 2, 128), (8, 1, 1, 64), (4096, 8, 1, 128), (3, 2, 2, 16)]  # (T/sp, Hq/sp, Hkv, D)
+    for dtype in (torch.bfloat16, torch.float32):
+        gen = torch.Generator().manual_seed(rank)
+        cases = []
+        for t, hq, hkv, d in shapes:
+            hkv = hkv * world if hkv > 1 else hkv  # > sp (2 per rank) or 1 (< sp: repeated)
+            qkv = [torch.randn(h, t, d, generator=gen).to(device, dtype).transpose(0, 1) for h in (hq * world, hkv, hkv)]
+            rep = ulysses.kv_repeats(hkv, world)
+            grads = [torch.randn(t * world, h * rep // world if i else hq, d, generator=gen).to(device, dtype)
+                     for i, h in enumerate((hq * world, hkv, hkv))]
+            cases.append((qkv, grads))
+        results = {}
+        for transport in ("all_to_all", "symm_mem"):
+            outs = []
+            for i, (qkv, grads) in enumerate(cases):
+                if rank == 0 and i % 2 == 0:
+                    torch.cuda._sleep(2_000_000)  # about a millisecond
+                inputs = [x.detach().requires_grad_() for x in qkv]
+                heads = ulysses.qkv_to_heads(*inputs, group, transport)
+                back = ulysses.heads_to_seq(heads[0], group, transport)
+                torch.autograd.backward([*heads, back], [*grads, torch.ones_like(back)])
+                outs += [h.detach().clone() for h in heads] + [back.detach()] + [x.grad for x in inputs]
+            results[transport] = outs
+        torch.cuda.synchronize()
+        for i, (a, b) in enumerate(zip(results["all_to_all"], results["symm_mem"])):
+            assert torch.equal(a, b), f"rank {rank} {dtype}: tensor {i} differs between the transports"
