@@ -18,6 +18,7 @@ from .errors import (
     UnknownFamilyError,
     UnsupportedVersionError,
 )
+from .packer import Packed, pack
 from .patching import PatchHandle, patch
 from .registry import ForwardCompatWarning, Resolved, resolve
 from .rope_index import rope_index
@@ -27,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ForwardCompatWarning",
     "InvalidInputError",
+    "Packed",
     "PatchError",
     "PatchHandle",
     "PatchedModelError",
@@ -39,6 +41,7 @@ __all__ = [
     "__version__",
     "embed_inputs",
     "heads",
+    "pack",
     "patch",
     "resolve",
     "rope_index",
