@@ -5,6 +5,9 @@ a depthwise causal conv over ``[q | k | v]``, then the gated delta rule), or ``s
 sigmoid output gate (``q_proj`` also yields the gate) and partial rotary (``apply_rotary_pos_emb`` rotates the first
 ``cos.shape[-1]`` dims), as ``config.layer_types`` says. Natively multimodal: a Qwen3-VL-like vision tower
 (no DeepStack) on ``*Model``; M-RoPE interleaved ``[t h w t h w ...]`` inside the rotary embedding.
+``get_rope_index``, ``get_placeholder_mask`` and ``compute_3d_position_ids`` are Qwen3-VL's, line for line, on every
+release 5.2..5.24 (read from the wheels): the Qwen3-VL reference index, placeholder layout (one vision run per
+video frame, after its timestamp text) and known deviations apply.
 
 Boundaries read from the wheels (both families appear in 5.2.0; none before): 5.2 puts ``get_rope_index`` and
 the tower on ``*Model``, lets the text model split 4-row ``[text; t; h; w]`` ids, interleaves in
@@ -14,7 +17,8 @@ layer calls ``linear_attn(hidden_states, cache_params, cache_position, attention
 ``cache_position`` from both mixers (the patched forward takes any keywords). 5.9 passes ``**kwargs`` to
 ``linear_attn``. 5.15 moves the kernels from instance attributes to module functions (the patched forward calls
 none of them). 5.17 renames the interleave to ``recomposition_frequencies``. 5.24 renames the cache kwarg of both
-mixers to ``cache``. Softmax-attention layers forward ``**kwargs`` throughout.
+mixers to ``cache``. Softmax-attention layers forward ``**kwargs`` throughout. As Qwen3-VL's, 5.3's
+``get_rope_index`` does not split video grids into frames (every multi-frame video is rejected); 5.4 splits again.
 """
 
 from __future__ import annotations
@@ -22,14 +26,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..records import Entry, Family, LinearAttention, Rotary, VisionItem, VisionTower
+from ..records import Entry, Family, LinearAttention, VisionTower
 from ..versions import VersionRange
+from ._qwen3_vl import INTERLEAVED, RECOMPOSED, SAMPLE_VISION, vision_placeholder
 from ._qwen_vl import mm_token_types
-
-INTERLEAVED = Rotary("apply_rotary_pos_emb", "folded", marker="apply_interleaved_mrope")
-RECOMPOSED = Rotary("apply_rotary_pos_emb", "folded", marker="recomposition_frequencies")
-# the packed sample of the tests and the self-check: text, then images of three grids
-SAMPLE_VISION: tuple[VisionItem | None, ...] = (None, ("image", (1, 4, 6)), ("image", (1, 2, 4)), ("image", (1, 4, 4)))
+from ._table import overlay
 
 
 def qwen3_5_entries(family: str, prefix: str) -> tuple[Entry, ...]:
@@ -60,7 +61,7 @@ def qwen3_5_entries(family: str, prefix: str) -> tuple[Entry, ...]:
         linear_attention=LinearAttention(attr="linear_attn", projections="qkv_z_b_a", layer_forwards_kwargs=False),
     )
     kwargs_reach = replace(base.linear_attention, layer_forwards_kwargs=True)
-    return (
+    entries = (
         base,
         replace(base, versions=VersionRange("5.3", "5.9"), rope_index_mm_token_types=True,
                 why="get_rope_index rewritten, requires mm_token_type_ids"),
@@ -72,6 +73,9 @@ def qwen3_5_entries(family: str, prefix: str) -> tuple[Entry, ...]:
                 cache_kwarg="cache", linear_attention=kwargs_reach,
                 why="cache kwarg of both mixers renamed to cache"),
     )
+    entries = overlay(entries, VersionRange("5.3", "5.4"), "get_rope_index rewritten, requires mm_token_type_ids",
+                      rope_index_deviations=("video_grid_unsplit",), known_issues=("videos_rejected",))
+    return overlay(entries, VersionRange("5.4"), "get_rope_index splits video grids into frames again")
 
 
 def qwen3_5_tiny_config(config_name: str, **text: Any):
@@ -97,12 +101,15 @@ def qwen3_5_tiny_config(config_name: str, **text: Any):
 
 
 def qwen3_5_family(key: str, prefix: str, config_name: str, **text: Any) -> Family:
-    """A Qwen3.5 family: the table of `qwen3_5_entries`, Qwen's token types, a tiny config (``text``: extra
+    """A Qwen3.5 family: the table of `qwen3_5_entries`, Qwen's token types, Qwen3-VL's reference M-RoPE index,
+    placeholder layout and packed sample (text, two images, a 2-frame video), a tiny config (``text``: extra
     text-config keys)."""
     return Family(
         key=key,
         entries=qwen3_5_entries(key, prefix),
         tiny_config=qwen3_5_tiny_config(config_name, **text),
         mm_token_types=mm_token_types,
+        reference_rope_index="qwen3_vl",
         sample_vision=SAMPLE_VISION,
+        vision_placeholder=vision_placeholder,
     )
