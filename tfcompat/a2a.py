@@ -127,7 +127,10 @@ class Plan(NamedTuple):
 
 
 def plan(xs: Sequence[torch.Tensor], direction: Direction, sp: int, repeats: Sequence[int]) -> Plan:
-    """The `Plan` of exchanging ``xs`` (as `exchange` takes them) over ``sp`` ranks; allocates the outputs."""
+    """The `Plan` of exchanging ``xs`` (as `exchange` takes them) over ``sp`` ranks; allocates the outputs.
+
+    Every view is one ``as_strided`` from the strides at hand (this runs per exchange, on the host's clock).
+    """
     _check(xs, direction, sp, repeats)
     to_heads = direction == "seq_to_heads"
     parts, offset = [], 0
@@ -138,31 +141,46 @@ def plan(xs: Sequence[torch.Tensor], direction: Direction, sp: int, repeats: Seq
     if to_heads:
         rows = xs[0].shape[0]
         wire = xs[0].new_empty(sp, rows, offset)  # what arrives is the output
-        flat = wire.flatten(0, 1)  # (sp, T/sp, W) -> (T, W)
-        outputs = tuple(flat[:, p.offset:p.end].unflatten(1, (p.heads, p.dim)) for p in parts)  # (T, W) -> (T, h, D)
+        outputs = tuple(_head_view(wire, p) for p in parts)
         return Plan(tuple(parts), rows, offset, tuple(_seq_chunks(x, p, sp) for x, p in zip(xs, parts)),
                     tuple(wire_chunks(wire, p) for p in parts), None, wire, outputs)
     rows = xs[0].shape[0] // sp
     outputs = tuple(x.new_empty(rows, x.shape[1] * sp, x.shape[2]) for x in xs)
-    src = tuple(x.unflatten(0, (sp, rows)).unsqueeze(1) for x in xs)  # (T, h, D) -> (sp, 1, T/sp, h, D)
     src_wire = xs[0].view(sp, rows, offset) if len(xs) == 1 and xs[0].is_contiguous() else None
-    return Plan(tuple(parts), rows, offset, src, tuple(_seq_chunks(o, p, sp) for o, p in zip(outputs, parts)),
-                src_wire, None, outputs)
+    return Plan(tuple(parts), rows, offset, tuple(_head_chunks(x, sp) for x in xs),
+                tuple(_seq_chunks(o, p, sp) for o, p in zip(outputs, parts)), src_wire, None, outputs)
 
 
 def _seq_chunks(x: torch.Tensor, part: Part, sp: int) -> torch.Tensor:
-    """``(T/sp, H, D)`` sequence side -> its chunks ``(sp / r, r, T/sp, h, D)``: rank ``j`` gets heads
-    ``[(j // r) h, (j // r + 1) h)`` (with ``r > 1``, ``h = 1``: head ``j // r``)."""
-    r = part.repeat
+    """``(T/sp, H, D)`` sequence side -> its chunks ``(sp / r, r, T/sp, h, D)``: chunk ``j`` is heads
+    ``[(j // r) h, (j // r + 1) h)`` (with ``r > 1``, ``h = 1``: head ``j // r``, the copies a stride-0 dim)."""
+    s_t, s_h, s_d = x.stride()
     # (T/sp, H, D) -> (T/sp, sp / r, h, D) -> (sp / r, T/sp, h, D) -> (sp / r, r, T/sp, h, D)
-    return x.unflatten(1, (sp // r, part.heads)).transpose(0, 1).unsqueeze(1).expand(-1, r, -1, -1, -1)
+    return x.as_strided((sp // part.repeat, part.repeat, x.shape[0], part.heads, part.dim),
+                        (part.heads * s_h, 0, s_t, s_h, s_d))
+
+
+def _head_chunks(y: torch.Tensor, sp: int) -> torch.Tensor:
+    """``(T, h, D)`` head side -> its chunks ``(sp, 1, T/sp, h, D)``: chunk ``i`` is rank i's tokens."""
+    s_t, s_h, s_d = y.stride()
+    # (T, h, D) -> (sp, T/sp, h, D) -> (sp, 1, T/sp, h, D)
+    return y.as_strided((sp, 1, y.shape[0] // sp, *y.shape[1:]), (y.shape[0] // sp * s_t, 0, s_t, s_h, s_d))
 
 
 def wire_chunks(wire: torch.Tensor, part: Part) -> torch.Tensor:
     """``(sp, T/sp, W)`` wire -> the chunks of ``part`` in it, ``(sp / r, r, T/sp, h, D)``."""
+    s_c, s_t, s_w = wire.stride()
+    r = part.repeat
     # (sp, T/sp, W) -> (sp, T/sp, h * D) -> (sp, T/sp, h, D) -> (sp / r, r, T/sp, h, D)
-    cut = wire[..., part.offset:part.end].unflatten(-1, (part.heads, part.dim))
-    return cut.unflatten(0, (-1, part.repeat))
+    return wire.as_strided((wire.shape[0] // r, r, wire.shape[1], part.heads, part.dim),
+                           (r * s_c, s_c, s_t, part.dim * s_w, s_w), wire.storage_offset() + part.offset * s_w)
+
+
+def _head_view(wire: torch.Tensor, part: Part) -> torch.Tensor:
+    """A contiguous ``(sp, T/sp, W)`` wire -> ``part``'s head-side tensor in it, ``(T, h, D)`` with rows ``W`` apart."""
+    # (sp, T/sp, W) -> (T, W) -> (T, h * D) -> (T, h, D)
+    return wire.as_strided((wire.shape[0] * wire.shape[1], part.heads, part.dim), (wire.shape[2], part.dim, 1),
+                           wire.storage_offset() + part.offset)
 
 
 def chunk(chunks: torch.Tensor, j: int) -> torch.Tensor:
@@ -172,7 +190,10 @@ def chunk(chunks: torch.Tensor, j: int) -> torch.Tensor:
 
 def _slot(row: torch.Tensor, part: Part) -> torch.Tensor:
     """One wire chunk ``(T/sp, W)`` -> the place of ``part`` in it, ``(T/sp, h, D)``."""
-    return row[:, part.offset:part.end].unflatten(1, (part.heads, part.dim))  # (T/sp, h * D) -> (T/sp, h, D)
+    s_t, s_w = row.stride()
+    # (T/sp, W) -> (T/sp, h * D) -> (T/sp, h, D)
+    return row.as_strided((row.shape[0], part.heads, part.dim), (s_t, part.dim * s_w, s_w),
+                          row.storage_offset() + part.offset * s_w)
 
 
 def _check(xs: Sequence[torch.Tensor], direction: Direction, sp: int, repeats: Sequence[int]) -> None:

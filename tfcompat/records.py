@@ -145,6 +145,10 @@ class Family:
     vision_placeholder: ``(config, kind, (t, h, w)) -> token ids`` of one vision item as the family's processor
         lays it out (tests and self-check); None: one run of the kind's placeholder token between the kind's
         (or the vision) start and end tokens.
+    text_variants: ``text_config.model_type -> family key`` for a model whose text model follows its text config
+        (GLM-4.6V: ``AutoModel.from_config(config.text_config)``): a model with such a text config takes the
+        text half of its entry (`TEXT_ROLES` and their conventions) from that family's entry on the installed
+        release (`tfcompat.registry.resolve_model`). Text configs not listed use the family's own entries.
     """
 
     key: str
@@ -154,6 +158,7 @@ class Family:
     reference_rope_index: str | None = None
     sample_vision: tuple[VisionItem | None, ...] = ()
     vision_placeholder: Callable[[Any, str, tuple[int, int, int]], list[int]] | None = None
+    text_variants: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_vision(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import functools
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any, Callable, NamedTuple
 
@@ -19,11 +19,11 @@ import torch
 from . import versions
 from .errors import PatchError, UnknownFamilyError, UnsupportedVersionError
 from .probing import Probe, probe
-from .records import Entry, Family
+from .records import TEXT_ROLES, Entry, Family
 from .rotary import ApplyRotary, rope_config, uniform_rotary
 
 __all__ = ["ForwardCompatWarning", "Resolved", "VisionModules", "families", "family", "installed_families", "match",
-           "resolve"]
+           "resolve", "resolve_model"]
 
 
 class ForwardCompatWarning(UserWarning):
@@ -228,6 +228,32 @@ def _resolve(key: str, version: str) -> Resolved:
             stacklevel=3,
         )
     return resolve_entry(family(key), entry, version, forward_compatible)
+
+
+def resolve_model(model: torch.nn.Module) -> Resolved:
+    """`resolve` for a model instance: its ``config.model_type``; where the family's text model follows the text
+    config (`tfcompat.records.Family.text_variants`) and that config names a listed ``model_type``, the text half
+    of the entry (`tfcompat.records.TEXT_ROLES`, rotary, cache kwarg, position layout, kwargs flow) comes from the
+    listed family's entry on the installed release."""
+    config = getattr(model, "config", None)
+    key = getattr(config, "model_type", None)
+    resolved = resolve(key)
+    text_type = getattr(getattr(config, "text_config", None), "model_type", None)
+    text_family = dict(resolved.spec.text_variants).get(text_type)
+    return resolved if text_family is None else _resolve_text_variant(key, text_family, resolved.transformers_version)
+
+
+@functools.cache
+def _resolve_text_variant(key: str, text_family: str, version: str) -> Resolved:
+    base = _resolve(key, version)
+    text, _ = match(text_family, version)
+    entry = replace(
+        base.entry, text_module=text.module, classes={**base.entry.classes, **{r: text.classes[r] for r in TEXT_ROLES}},
+        rotary=text.rotary, rope_config_key=text.rope_config_key, text_model_positions=text.text_model_positions,
+        layer_forwards_kwargs=text.layer_forwards_kwargs, cache_kwarg=text.cache_kwarg,
+        why=f"{base.entry.why}; text model from {text_family}'s {text.versions} entry",
+    )
+    return resolve_entry(base.spec, entry, version, base.forward_compatible)
 
 
 def resolve_entry(fam: Family, entry: Entry, version: str, forward_compatible: bool) -> Resolved:
