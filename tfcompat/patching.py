@@ -27,7 +27,7 @@ from .attention import Backend
 from .errors import InvalidInputError, PatchedModelError, PatchError
 from .context import BRIDGE_ATTR, CONTEXT_KWARG, ForwardContext, StockContext
 from .extras import VISUAL_KWARG, VisualExtras
-from .registry import Resolved, resolve
+from .registry import Resolved, resolve_model
 from .position_ids import split_positions, to_text_model_layout
 from .routing import Router, mask_labels, mask_shift_labels
 from .ulysses import check_heads
@@ -156,7 +156,7 @@ def patch(
     if family is None:
         raise PatchError("model has no config.model_type", why=f"got {type(model).__name__}",
                          fix="pass a transformers PreTrainedModel")
-    resolved = resolve(family)
+    resolved = resolve_model(model)
     plan = _plan(model, resolved, ulysses_group, linear_backend)
 
     handle = PatchHandle(model, resolved, options)

@@ -141,9 +141,11 @@ def glm_vl_tiny_config(config_name: str, **text: Any):
 
 
 def glm_vl_family(key: str, prefix: str, config_name: str, *, first: str = "4.53", first_why: str = "first release",
-                  text_module_of: tuple[str, str] | None = None, timestamp_tokens: int = 1, **text: Any) -> Family:
+                  text_module_of: tuple[str, str] | None = None, timestamp_tokens: int = 1,
+                  text_variants: tuple[tuple[str, str], ...] = (), **text: Any) -> Family:
     """A GLM-V family: the table of `glm_vl_entries` (``text_module_of``: its ``text``), GLM's token types and
-    placeholder layout, the GLM-V reference M-RoPE index, a tiny config (``text``: extra text-config keys)."""
+    placeholder layout, the GLM-V reference M-RoPE index, a tiny config (``text``: extra text-config keys);
+    ``text_variants``: `tfcompat.records.Family.text_variants`."""
     return Family(
         key=key,
         entries=glm_vl_entries(key, prefix, first=first, first_why=first_why, text=text_module_of),
@@ -152,4 +154,5 @@ def glm_vl_family(key: str, prefix: str, config_name: str, *, first: str = "4.53
         reference_rope_index="glm4v",
         sample_vision=SAMPLE_VISION,
         vision_placeholder=glm_vl_placeholder(timestamp_tokens),
+        text_variants=text_variants,
     )
