@@ -285,3 +285,28 @@ class TestHeadSplit:
         assert values == list(range(2 * heads.key_dim, heads.conv_dim))  # every value channel once
         keys = sorted(c for chans in per_rank for c in chans if c < 2 * heads.key_dim)
         assert keys == sorted(list(range(2 * heads.key_dim)) * max(1, sp // hk))  # key heads repeated sp // Hk
+
+
+def test_fla_guarded_backward_is_not_offered(monkeypatch):
+    """fla's own guard (Hopper, Triton >= 3.4, < 3.7.1, no tilelang) makes 'auto' skip fla rather than crash in backward."""
+    import importlib.util
+    import sys
+    import types
+
+    from tfcompat import _linear_kernels as kernels
+
+    env = types.SimpleNamespace(TRITON_ABOVE_3_4_0=True, TRITON_ABOVE_3_7_1=False)
+    hardware = types.SimpleNamespace(IS_NVIDIA_HOPPER=True)
+    for name, mod in {"fla": types.ModuleType("fla"), "fla.utils": types.ModuleType("fla.utils"),
+                      "fla.utils.env": env, "fla.utils.hardware": hardware}.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "tilelang" else real_find_spec(n, *a))
+    kernels.fla_rule_refusal.cache_clear()
+    try:
+        assert "3.7.1" in kernels.fla_rule_refusal()
+        env.TRITON_ABOVE_3_7_1 = True
+        kernels.fla_rule_refusal.cache_clear()
+        assert kernels.fla_rule_refusal() is None
+    finally:
+        kernels.fla_rule_refusal.cache_clear()

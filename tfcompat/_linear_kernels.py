@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import inspect
 from typing import Any, Callable, NamedTuple
 
@@ -223,6 +224,26 @@ def _probe(module: str, name: str, needs: set[str]) -> Probed | None:
 def fla_rule() -> Probed | None:
     return _probe("fla.ops.gated_delta_rule", "chunk_gated_delta_rule",
                   {"scale", "cu_seqlens", "use_qk_l2norm_in_kernel", "output_final_state"})
+
+
+@functools.cache
+def fla_rule_refusal() -> str | None:
+    """Why fla's gated backward would refuse to run here, by fla's own guard, or None.
+
+    fla 0.6 raises in the backward of the gated chunk kernel on Hopper with Triton >= 3.4, < 3.7.1 (wrong results,
+    fla issue #640) unless tilelang serves that kernel; its flags live in ``fla.utils.env`` / ``fla.utils.hardware``.
+    Versions without the flags have no such guard.
+    """
+    try:
+        env = importlib.import_module("fla.utils.env")
+        hardware = importlib.import_module("fla.utils.hardware")
+    except ImportError:
+        return None
+    broken = (getattr(hardware, "IS_NVIDIA_HOPPER", False) and getattr(env, "TRITON_ABOVE_3_4_0", False)
+              and not getattr(env, "TRITON_ABOVE_3_7_1", True))
+    if broken and importlib.util.find_spec("tilelang") is None:
+        return "fla refuses its gated chunk backward on Hopper with Triton >= 3.4, < 3.7.1 (fla issue #640)"
+    return None
 
 
 @functools.cache

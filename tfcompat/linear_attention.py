@@ -215,8 +215,8 @@ def _check_tokens(x: torch.Tensor, seqs: PackedSeqs) -> None:
 
 def available_rule_backends(q: torch.Tensor) -> list[str]:
     """Rule backends that can run ``q``'s device and dtype, fastest first (``"torch"`` always last)."""
-    usable = ["fla"] if q.is_cuda and q.dtype in _FAST_DTYPES and _k.fla_rule() is not None else []
-    return [*usable, "torch"]
+    fla = q.is_cuda and q.dtype in _FAST_DTYPES and _k.fla_rule() is not None and _k.fla_rule_refusal() is None
+    return ["fla", "torch"] if fla else ["torch"]
 
 
 def available_conv_backends(x: torch.Tensor) -> list[str]:
@@ -232,8 +232,10 @@ def available_conv_backends(x: torch.Tensor) -> list[str]:
 
 def select_rule_backend(q: torch.Tensor, backend: RuleBackend = "auto") -> str:
     """The backend `packed_gated_delta_rule` uses for ``q``; an explicit choice that cannot run raises."""
-    return _select("gated delta rule", backend, available_rule_backends(q), q,
-                   "install flash-linear-attention (fla-core) and pass fp16/bf16 CUDA tensors for 'fla'")
+    refusal = _k.fla_rule_refusal() if _k.fla_rule() is not None else None
+    fix = ("upgrade Triton to >= 3.7.1 or install tilelang for 'fla' (" + refusal + ")" if refusal else
+           "install flash-linear-attention (fla-core) and pass fp16/bf16 CUDA tensors for 'fla'")
+    return _select("gated delta rule", backend, available_rule_backends(q), q, fix)
 
 
 def select_conv_backend(x: torch.Tensor, backend: ConvBackend = "auto") -> str:
