@@ -13,8 +13,8 @@ import torch
 from . import versions
 
 __all__ = [
-    "TEXT_ROLES", "CacheKwarg", "Entry", "Family", "RopeConfigKey", "Rotary", "RotaryLayout", "TextModelLayout",
-    "VisionItem", "VisionOutput", "VisionTower",
+    "TEXT_ROLES", "CacheKwarg", "Entry", "Family", "LinearAttention", "LinearProjections", "RopeConfigKey", "Rotary",
+    "RotaryLayout", "TextModelLayout", "VisionItem", "VisionOutput", "VisionTower",
 ]
 
 RotaryLayout = Literal["sectioned", "folded"]

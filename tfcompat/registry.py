@@ -117,6 +117,11 @@ class Resolved:
             f"through transformers' AttentionInterface key {_attention_key()!r}",
             "  kwargs: " + ("flow from the text model to attention" if e.layer_forwards_kwargs
                             else "dropped by the decoder layer; a forward pre-hook on each decoder layer bridges them"),
+            *([] if e.linear_attention is None else [
+                f"  linear attention: {e.classes['linear_attention']} at decoder_layer.{e.linear_attention.attr} "
+                f"({e.linear_attention.projections} projections): its forward is replaced per instance by tfcompat's "
+                "packed Gated DeltaNet (conv and recurrent state restart per sequence); context "
+                + ("in **kwargs" if e.linear_attention.layer_forwards_kwargs else "through the decoder layer's pre-hook")]),
             "  process-wide: registers the key above in transformers' AttentionInterface (a new name; no "
             "existing function is replaced); everything else is set on the patched model's instances",
             "  probes:",
