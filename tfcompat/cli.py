@@ -35,6 +35,9 @@ def doctor() -> dict[str, Any]:
         "torch": _version("torch"),
         "transformers": installed_transformers(),
         "flash_attn": _version("flash-attn") or _version("flash_attn"),
+        # the Gated DeltaNet kernels linear_backend="auto" takes on CUDA where installed (else tfcompat's torch path)
+        "flash_linear_attention": _version("flash-linear-attention") or _version("fla-core"),
+        "causal_conv1d": _version("causal-conv1d") or _version("causal_conv1d"),
         "families": [],
     }
     for key, fam in sorted(families().items()):
@@ -77,7 +80,9 @@ def _module_present(module: str) -> bool:
 
 def _print(report: dict[str, Any]) -> None:
     print(f"tfcompat {report['tfcompat']}  python {report['python']}  torch {report['torch']}  "
-          f"transformers {report['transformers']}  flash-attn {report['flash_attn'] or 'not installed'}")
+          f"transformers {report['transformers']}  flash-attn {report['flash_attn'] or 'not installed'}  "
+          f"flash-linear-attention {report['flash_linear_attention'] or 'not installed'}  "
+          f"causal-conv1d {report['causal_conv1d'] or 'not installed'}")
     for row in report["families"]:
         mark = "ok  " if row["ok"] else "FAIL"
         if row["status"] == "resolved":
