@@ -1,0 +1,57 @@
+"""`tfcompat.integrations.verl.apply_monkey_patch` at patch time: typed errors, idempotence, undo (no verl needed)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import tfcompat
+from tfcompat.integrations.verl import VerlPatch, apply_monkey_patch
+from tfcompat.selfcheck import tiny_model
+
+
+@pytest.fixture()
+def model() -> torch.nn.Module:
+    return tiny_model("qwen2", "sdpa")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"use_remove_padding": False}, "remove-padding batches only"),
+    ({"use_fused_kernels": True}, "unknown fused_kernels_backend None"),
+    ({"use_fused_kernels": True, "fused_kernels_backend": "cuda"}, "unknown fused_kernels_backend 'cuda'"),
+    ({"ulysses_sp_size": 0}, "positive int"),
+])
+def test_bad_options_raise_patch_error(model, kwargs, match):
+    with pytest.raises(tfcompat.PatchError, match=match):
+        apply_monkey_patch(model, **kwargs)
+    assert "forward" not in vars(model)
+
+
+def test_heads_not_divisible_raise(model):
+    with pytest.raises(tfcompat.InvalidInputError, match="cannot split 4 query / 2 KV heads over a sequence-parallel group of 3"):
+        apply_monkey_patch(model, ulysses_sp_size=3)
+
+
+def test_sp_without_verl_raises(model, monkeypatch):
+    monkeypatch.setitem(sys.modules, "verl.utils.ulysses", None)  # import of it raises ImportError
+    with pytest.raises(tfcompat.PatchError, match="verl is not importable"):
+        apply_monkey_patch(model, ulysses_sp_size=2)
+
+
+def test_idempotent_then_undo_restores_the_forward(model):
+    ids, pos = torch.randint(0, 100, (1, 9)), torch.cat([torch.arange(4), torch.arange(5)])[None]
+    vp = apply_monkey_patch(model)
+    assert isinstance(vp, VerlPatch) and apply_monkey_patch(model) is vp
+    with pytest.raises(tfcompat.PatchError, match="other options"):
+        apply_monkey_patch(model, use_fused_kernels=True, fused_kernels_backend="torch")
+    with torch.no_grad():
+        packed = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+        with pytest.raises(tfcompat.InvalidInputError, match="fused-kernel arguments"):
+            model(input_ids=ids, position_ids=pos, temperature=0.5)
+        vp.undo()
+        vp.undo()
+        assert "forward" not in vars(model) and "_tfcompat_verl" not in vars(model)
+        first = model(input_ids=ids[:, :4], use_cache=False).logits
+    assert float((packed[:, :4] - first).abs().max()) <= 1e-5
