@@ -52,7 +52,7 @@ from ..ulysses import check_heads, shard_inputs
 
 __all__ = ["FUSED_BACKENDS", "FusedOutput", "VerlPatch", "apply_monkey_patch"]
 
-FUSED_BACKENDS = ("torch", "triton", "liger")  # verl's names; each runs tfcompat's chunked heads (backend "torch")
+FUSED_BACKENDS = ("torch", "triton", "liger")  # verl's names; each runs tfcompat.heads with its backend "auto"
 VERL_ULYSSES = "verl.utils.ulysses"
 _ATTR = "_tfcompat_verl"
 # vision keys the forward consumes; the rope-index inputs verl's processor already turned into position ids
@@ -87,7 +87,8 @@ def apply_monkey_patch(
         (``verl.utils.ulysses.get_ulysses_sequence_parallel_group()``, read then) must have this many ranks.
     use_remove_padding: must be True (tfcompat's path is the packed one).
     use_fused_kernels: return log-probs and entropy (`FusedOutput`) instead of logits.
-    fused_kernels_backend: ``"torch"``, ``"triton"`` or ``"liger"`` (verl's names; all run tfcompat's chunked heads).
+    fused_kernels_backend: ``"torch"``, ``"triton"`` or ``"liger"`` (verl's names; each runs `tfcompat.heads`,
+        backend ``"auto"``: never the ``(T, V)`` logits).
 
     Everything that cannot apply raises here: unknown family or release, verl not importable while
     ``ulysses_sp_size > 1``, a fused backend verl would skip (`PatchError`); heads not divisible by
