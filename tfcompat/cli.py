@@ -58,14 +58,15 @@ def doctor() -> dict[str, Any]:
             ]
             row["ok"] = all(c.ok for c in checks)
             row["explain"] = r.explain()
-        except TfcompatError as exc:
-            row.update(status="unsupported", why=str(exc), ok=True)
-            if report["transformers"] and not _module_present(fam.entries[-1].module):
-                row["status"] = "not present in this transformers"
+        except TfcompatError as exc:  # unsupported is a failure; a family this transformers predates is not
+            absent = bool(report["transformers"]) and not _module_present(fam.entries[-1].module)
+            row.update(status="not present in this transformers" if absent else "unsupported", why=str(exc),
+                       ok=absent)
         except Exception as exc:  # a self-check crash is a failure to report, not to hide
             row.update(status="selfcheck crashed", why=f"{type(exc).__name__}: {exc}", ok=False)
         report["families"].append(row)
-    report["ok"] = all(row["ok"] for row in report["families"])
+    resolved = [row for row in report["families"] if row["status"] == "resolved"]
+    report["ok"] = bool(resolved) and all(row["ok"] for row in report["families"])
     return report
 
 
@@ -84,7 +85,7 @@ def _print(report: dict[str, Any]) -> None:
           f"flash-linear-attention {report['flash_linear_attention'] or 'not installed'}  "
           f"causal-conv1d {report['causal_conv1d'] or 'not installed'}")
     for row in report["families"]:
-        mark = "ok  " if row["ok"] else "FAIL"
+        mark = "FAIL" if not row["ok"] else "ok  " if row["status"] == "resolved" else "n/a "
         if row["status"] == "resolved":
             print(f"[{mark}] {row['family']:<12} resolved: entry {row['entry']} ({row['why']})")
             for w in row["warnings"]:
@@ -95,7 +96,13 @@ def _print(report: dict[str, Any]) -> None:
                       f"{c['max_abs_diff']:.2e} over {c['tokens']} tokens{seen} ({'pass' if c['ok'] else 'FAIL'}, {c['seconds']} s)")
         else:
             print(f"[{mark}] {row['family']:<12} {row['status']}: " + row["why"].replace("\n", "\n       "))
-    print("all self-checks passed" if report["ok"] else "SELF-CHECK FAILED")
+    if report["ok"]:
+        print("all self-checks passed")
+    elif not any(row["status"] == "resolved" for row in report["families"]):
+        print(f"FAILED: no family resolves on transformers {report['transformers']} (each family's supported range is "
+              "above); install a supported transformers")
+    else:
+        print("SELF-CHECK FAILED: " + ", ".join(f"{r['family']} ({r['status']})" for r in report["families"] if not r["ok"]))
 
 
 def main(argv: list[str] | None = None) -> int:

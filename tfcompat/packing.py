@@ -98,6 +98,14 @@ def from_host_positions(host: torch.Tensor, *, device: torch.device, family: str
     """`from_text_positions` of a ``(B, L)`` text row already copied to the host (no sync); boundaries to ``device``."""
     batch, length = host.shape
     flat = host.reshape(-1)
+    if bool((flat < 0).any()):
+        i = int((flat < 0).nonzero()[0])
+        raise InvalidInputError(
+            "negative position ids", family=family,
+            why=f"at flat index {i} the position is {int(flat[i])}; each sequence's text row counts 0, 1, 2, ... (a negative "
+            "run would split a sequence at its 0)",
+            fix="build each sequence's ids with tfcompat.pack, or tfcompat.rope_index (or arange) per sequence, "
+            "concatenated")
     starts = flat == 0
     starts[::length] = True  # every row starts a sequence
     continues = flat[1:] == flat[:-1] + 1

@@ -173,11 +173,7 @@ class Router:
                 "drop the padding when packing (attention_mask=None), or pad one sequence per row for an ordinary call")
 
     def _check_packed(self, text: torch.Tensor, mrope: torch.Tensor | None) -> None:
-        """Position ids that cannot be per-sequence: negative, or M-RoPE rows that do not restart with the text row."""
-        if bool((text < 0).any()):
-            i = int((text.reshape(-1) < 0).nonzero()[0])
-            raise self.error("negative position ids", f"flat index {i} has position {int(text.reshape(-1)[i])}; "
-                             "each sequence's text row counts 0, 1, 2, ...", PER_SEQUENCE_FIX)
+        """M-RoPE rows that do not restart with the text row (negative ids: `tfcompat.packing.from_host_positions`)."""
         if mrope is None:
             return
         starts = text == 0

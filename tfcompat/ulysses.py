@@ -142,8 +142,16 @@ def shard_inputs(
     rank on one host with peer access), ``"all_to_all"`` (any backend), or ``"auto"``, which takes ``"symm_mem"``
     where every rank can. The choice travels in the forward context.
     """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise InvalidInputError("shard_inputs needs an initialized torch.distributed",
+                                why="it gathers every rank's length and boundaries over the sequence-parallel group",
+                                fix="call torch.distributed.init_process_group(...) first (and patch with ulysses_group)")
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise InvalidInputError("shard_inputs: group is not a torch.distributed ProcessGroup",
+                                why=f"got {type(group).__name__}", fix="pass the group given to patch(ulysses_group=...)")
     if (input_ids is None) == (inputs_embeds is None):
-        raise InvalidInputError("shard_inputs takes exactly one of input_ids and inputs_embeds")
+        raise InvalidInputError("shard_inputs takes exactly one of input_ids and inputs_embeds",
+                                fix="pass input_ids (1, T), or inputs_embeds (1, T, H) / the embed_inputs result")
     visual = None
     if isinstance(inputs_embeds, Embedded):
         inputs_embeds, visual = inputs_embeds.inputs_embeds, inputs_embeds.visual
@@ -162,6 +170,10 @@ def shard_inputs(
     sp, rank = dist.get_world_size(group), dist.get_rank(group)
     total = tokens.shape[1]
     positions = split_positions(position_ids, seq_len=total, family=None)
+    if labels is not None and tuple(labels.shape) != (1, total):
+        raise InvalidInputError("labels and the packed row differ in shape",
+                                why=f"labels {tuple(labels.shape)}, row (1, {total})",
+                                fix="pass one label per token of the row, (1, T) like input_ids (unshifted)")
     if visual is not None and tuple(visual.visual_pos_masks.shape) != (1, total):
         raise InvalidInputError("the visual extras do not match the packed row",
                                 why=f"visual_pos_masks {tuple(visual.visual_pos_masks.shape)}, row (1, {total})",
@@ -173,7 +185,7 @@ def shard_inputs(
     text = torch.cat([positions.text, pad_pos[None]], dim=-1)
     check_text_positions(text)
     reason = a2a.symm_mem_reason(group, tokens.device) if transport != "all_to_all" else "not asked for"
-    table = _gather_rank_rows(total, reason is None, tokens.device, group)
+    table = _gather_rank_rows(total, reason is None, tokens.device, group, _boundary_checksum(text))
     rows = [table.flatten().to(text.device), text.flatten().long()]
     if visual is not None:  # the visual mask rides along: DeepStack rows are sliced by visual counts
         rows.append(visual.visual_pos_masks.flatten().to(text.device, torch.long))
@@ -243,12 +255,25 @@ class _AllGather(torch.autograd.Function):
         return grad.contiguous().narrow(ctx.dim, ctx.rank * ctx.n, ctx.n), None, None
 
 
-def _gather_rank_rows(total: int, usable: bool, device: torch.device, group: dist.ProcessGroup) -> torch.Tensor:
-    """``(sp, 4)`` rows ``[T, host id, symm_mem usable, GPU index]`` of every rank, left on the device (no sync)."""
+def _boundary_checksum(text: torch.Tensor) -> torch.Tensor:
+    """A 0-d int64 hash of where the sequences of the ``(1, T)`` text row start, computed on its device (no sync):
+    the sum of fixed pseudo-random weights at the starts. Equal boundaries give equal sums."""
+    flat = text.reshape(-1)  # (1, T) -> (T,)
+    starts = flat == 0
+    starts[0] = True
+    weights = (torch.arange(flat.numel(), device=flat.device, dtype=torch.long) * 2654435761 + 12345) % 2147483647
+    return (weights * starts).sum()
+
+
+def _gather_rank_rows(total: int, usable: bool, device: torch.device, group: dist.ProcessGroup,
+                      checksum: torch.Tensor) -> torch.Tensor:
+    """``(sp, 5)`` rows ``[T, host id, symm_mem usable, GPU index, boundary checksum]`` of every rank, left on the
+    device (no sync, except a CUDA row gathered over gloo)."""
     host = int.from_bytes(hashlib.blake2b(socket.gethostname().encode(), digest_size=6).digest(), "little")
     index = device.index if device.type == "cuda" and device.index is not None else -1
     gather_on = device if dist.get_backend(group) != "gloo" else torch.device("cpu")
     mine = torch.tensor([total, host, usable, index]).to(gather_on, non_blocking=True)  # as from_lengths: no sync
+    mine = torch.cat([mine, checksum.view(1).to(gather_on)])
     everyone = mine.new_empty(dist.get_world_size(group), mine.numel())
     dist.all_gather(list(everyone.unbind()), mine, group=group)
     return everyone
@@ -265,6 +290,14 @@ def _agree(table: list[list[int]], transport: str, reason: str | None, rank: int
             "ranks disagree on the packed sequence length",
             why=f"lengths by rank: {lengths}",
             fix="give every rank of the sequence-parallel group the same packed row",
+        )
+    if len({row[4] for row in table}) != 1:
+        raise InvalidInputError(
+            "ranks agree on the packed length but not on the sequence boundaries",
+            why="the text rows of the position ids restart at different tokens on different ranks "
+            f"(boundary checksums by rank: {[row[4] for row in table]})",
+            fix="give every rank of the sequence-parallel group the same packed row and position ids (the same "
+            "tfcompat.pack output)",
         )
     if transport == "all_to_all":
         return "all_to_all"
