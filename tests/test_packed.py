@@ -252,7 +252,8 @@ def test_declared_stock_video_rejection_is_real(family):
     model = tiny_model(family, "sdpa")
     seq = sample_sequences(model, [6], [("video", (2, 4, 4))])[0]
     if "videos_rejected" in r.entry.known_issues:
-        with pytest.raises(ValueError, match="[Vv]ideo features and video tokens do not match"):
+        # 4.54 Qwen2-VL: "Video features and video tokens do not match"; 5.3 Qwen3-VL: StopIteration in get_rope_index
+        with pytest.raises((ValueError, StopIteration)):
             model(**stock_inputs(r, model, seq), use_cache=False)
     else:
         model(**stock_inputs(r, model, seq), use_cache=False)

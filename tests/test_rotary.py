@@ -72,8 +72,11 @@ class TestUniformRotary:
                 text_model(input_ids=ids, position_ids=rows, attention_mask=torch.ones_like(ids), use_cache=False)
                 hidden = captured["hidden"]
                 b, length, _ = hidden.shape
-                q = attn.q_proj(hidden).view(b, length, -1, attn.head_dim).transpose(1, 2)
-                k = attn.k_proj(hidden).view(b, length, -1, attn.head_dim).transpose(1, 2)
+                q = attn.q_proj(hidden).view(b, length, -1, attn.head_dim)  # (B, L, H, D)
+                k = attn.k_proj(hidden).view(b, length, -1, attn.head_dim)
+                if hasattr(attn, "q_norm"):  # Qwen3-style attention normalizes each head before the rotary
+                    q, k = attn.q_norm(q), attn.k_norm(k)
+                q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, L, H, D) -> (B, H, L, D)
                 cos, sin = captured["pe"]
                 q_rot, k_rot = r.apply_rotary(q, k, cos, sin, model.config)
         finally:

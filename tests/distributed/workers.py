@@ -39,6 +39,9 @@ def sharded_logits(model: torch.nn.Module, inputs: dict, group: dist.ProcessGrou
                                      transport=transport)
     else:
         shard = ulysses.shard_inputs(inputs["input_ids"], inputs["position_ids"], group=group, transport=transport)
+    visual = shard.model_inputs.get("tfcompat_visual")
+    if visual is not None:  # DeepStack rows: exactly this rank's visual tokens
+        assert all(x.shape[0] == int(visual.visual_pos_masks.sum()) for x in visual.deepstack_visual_embeds)
     chosen = shard.model_inputs["tfcompat_context"].transport
     expected = expect_transport or (None if transport == "auto" else transport)
     assert expected is None or chosen == expected, f"transport={transport!r} chose {chosen!r}, expected {expected!r}"
