@@ -102,10 +102,6 @@ class Part(NamedTuple):
     repeat: int
     offset: int
 
-    @property
-    def end(self) -> int:
-        return self.offset + self.heads * self.dim
-
 
 class Plan(NamedTuple):
     """One rank's exchange: where each chunk it sends comes from, where each chunk it receives goes.
