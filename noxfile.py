@@ -37,6 +37,7 @@ TORCH_INDEX = os.environ.get("TFCOMPAT_TORCH_INDEX") or "https://download.pytorc
 TEST_DEPS = ["pytest", "hypothesis", "pyyaml", "packaging"]
 VERL = "verl==0.9.1"  # installed without its dependencies: the tests load only its pure-torch verl/utils/ulysses.py
 VERL_TRANSFORMERS = "5.10.4"  # inside verl 0.9.1's own pin (>=5.5.3, <5.11, !=5.6.0)
+LINT_DEPS = ["ruff==0.17.6", "mypy==2.4.1", "packaging"]
 
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["ci"]
@@ -103,6 +104,17 @@ def triton(session: nox.Session) -> None:
     tests = ["tests/test_heads_triton.py", "tests/test_model_logprobs.py"]
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or tests),
                 env={"TRITON_INTERPRET": "1"})
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff and mypy with their config in pyproject.toml; mypy reads torch's and transformers' own annotations,
+    so both are installed (the newest transformers of the matrix). No formatter runs."""
+    _install_torch(session)
+    session.install(f"transformers=={VERSIONS[-1]}", *LINT_DEPS)
+    session.install("-e", ".", "--no-deps")
+    session.run("ruff", "check", *(session.posargs or ["."]))
+    session.run("mypy")
 
 
 @nox.session(python=PYTHON)

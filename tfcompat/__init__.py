@@ -6,6 +6,8 @@ Importing tfcompat imports neither transformers' model modules nor transformers 
 
 from __future__ import annotations
 
+import importlib.metadata as _metadata
+
 from . import heads, ulysses
 from .embedding import embed_inputs
 from .errors import (
@@ -23,7 +25,10 @@ from .patching import PatchHandle, patch
 from .registry import ForwardCompatWarning, Resolved, resolve
 from .rope_index import rope_index
 
-__version__ = "0.1.0"
+try:  # one source: pyproject.toml's [project] version, read back from the installed package's metadata
+    __version__ = _metadata.version(__name__)
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "ForwardCompatWarning",
