@@ -33,7 +33,8 @@ import functools
 import importlib
 import importlib.util
 import inspect
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F

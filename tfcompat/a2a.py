@@ -34,7 +34,8 @@ import contextlib
 import importlib
 import inspect
 import math
-from typing import Any, Iterator, Literal, NamedTuple, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.distributed as dist

@@ -54,7 +54,8 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F

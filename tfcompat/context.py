@@ -6,7 +6,8 @@ decoder layer drops kwargs, a pre-hook stores it on the attention module under `
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from .a2a import Transport
 from .attention import Backend

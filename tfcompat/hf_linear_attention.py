@@ -20,7 +20,8 @@ kernels exist; it changes nothing.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, NamedTuple, get_args
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple, get_args
 
 import torch
 

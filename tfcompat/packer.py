@@ -10,7 +10,8 @@ rejects images and videos together: the row is embedded with `tfcompat.embed_inp
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
 

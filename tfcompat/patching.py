@@ -17,18 +17,19 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, get_args
+from typing import Any, get_args
 
 import torch
 
 from . import hf_attention, hf_linear_attention
 from .attention import Backend
-from .errors import InvalidInputError, PatchedModelError, PatchError
 from .context import BRIDGE_ATTR, CONTEXT_KWARG, ForwardContext, StockContext
+from .errors import InvalidInputError, PatchedModelError, PatchError
 from .extras import VISUAL_KWARG, VisualExtras
-from .registry import Resolved, resolve_model
 from .position_ids import split_positions, to_text_model_layout
+from .registry import Resolved, resolve_model
 from .routing import Router, mask_labels, mask_shift_labels
 from .ulysses import check_heads
 

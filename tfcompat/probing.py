@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from .errors import SymbolProbeError
 from .records import Entry, Family

@@ -5,8 +5,9 @@ transformers, the lookup (`tfcompat.registry`) or the probing (`tfcompat.probing
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import difflib
 import functools
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from types import ModuleType
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 

@@ -19,7 +19,8 @@ The packed decision and its checks read one host copy of the position ids (and m
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 

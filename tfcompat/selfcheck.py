@@ -65,7 +65,7 @@ def tiny_model(key: str, attn_implementation: str = "sdpa", seed: int = 0, **tex
     """
     r = resolve(key)
     config_name, kwargs = r.spec.tiny_config(r.entry)
-    (kwargs["text_config"] if "text_config" in kwargs else kwargs).update(text)
+    kwargs.get("text_config", kwargs).update(text)
     config_cls = getattr(importlib.import_module("transformers"), config_name)
     torch.manual_seed(seed)
     model_cls = r.classes["for_causal_lm"]

@@ -6,8 +6,21 @@ Family modules import `tfcompat.records` (and their builders here) only; `tfcomp
 from __future__ import annotations
 
 from ..records import Family
-from . import glm4v, glm4v_moe, glm46v, llama, qwen2, qwen2_5_vl, qwen2_vl, qwen3, qwen3_vl, qwen3_vl_moe
-from . import qwen3_5, qwen3_5_moe, qwen3_next  # hybrid: Gated DeltaNet + gated attention
+from . import (
+    glm4v,
+    glm4v_moe,
+    glm46v,
+    llama,
+    qwen2,
+    qwen2_5_vl,
+    qwen2_vl,
+    qwen3,
+    qwen3_5,  # hybrid: Gated DeltaNet + gated attention
+    qwen3_5_moe,  # hybrid: Gated DeltaNet + gated attention
+    qwen3_next,  # hybrid: Gated DeltaNet + gated attention
+    qwen3_vl,
+    qwen3_vl_moe,
+)
 
 __all__ = ["FAMILIES"]
 

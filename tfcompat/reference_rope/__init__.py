@@ -7,7 +7,8 @@ release's bugs; a release's known departures are declared on its registry entry 
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple, Protocol
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Protocol
 
 import torch
 

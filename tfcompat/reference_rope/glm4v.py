@@ -13,7 +13,8 @@ an item resumes at ``max + 1``. Padding positions are left at 1.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 

@@ -10,7 +10,8 @@ resumes at ``max + 1``. Time lives in the timestamp text, never in the ``t`` row
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
