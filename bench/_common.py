@@ -14,8 +14,9 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -51,7 +52,7 @@ def machine(device: torch.device | None = None) -> dict[str, Any]:
     import transformers
 
     info: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
         "python": platform.python_version(),
         "torch": torch.__version__,

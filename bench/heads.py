@@ -41,8 +41,9 @@ import importlib
 import importlib.util
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 

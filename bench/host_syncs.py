@@ -116,11 +116,11 @@ def main() -> None:
 
         def fwd() -> torch.Tensor:
             with torch.no_grad():
-                return model(input_ids=ids, position_ids=pos, use_cache=False).logits
+                return model(input_ids=ids, position_ids=pos, use_cache=False).logits  # noqa: F821 (see `del model`)
 
         def fwd_bwd() -> None:
-            model.zero_grad(set_to_none=True)
-            model(input_ids=ids, position_ids=pos, use_cache=False).logits.float().mean().backward()
+            model.zero_grad(set_to_none=True)  # noqa: F821 (as above)
+            model(input_ids=ids, position_ids=pos, use_cache=False).logits.float().mean().backward()  # noqa: F821
 
         res: dict[str, object] = {"layers": n_layers}
         for path in ("patched", "stock"):

@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from host_syncs import count_steady  # noqa: E402
 
 import _common as C  # noqa: E402
-from host_syncs import count_steady  # noqa: E402
 from tfcompat.linear_attention import (  # noqa: E402
     available_conv_backends,
     available_rule_backends,

@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from host_syncs import count_steady  # noqa: E402
+from linear_attention import stock_kernels  # noqa: E402
 
 import _common as C  # noqa: E402
 import tfcompat  # noqa: E402
-from host_syncs import count_steady  # noqa: E402
-from linear_attention import stock_kernels  # noqa: E402
 from tfcompat.context import ForwardContext  # noqa: E402
 from tfcompat.linear_attention import available_conv_backends, available_rule_backends  # noqa: E402
 from tfcompat.packing import from_lengths  # noqa: E402

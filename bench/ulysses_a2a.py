@@ -260,7 +260,6 @@ def main() -> None:
     info = C.machine(device if device is not None else torch.device("cpu"))
     print(C.machine_line(info))
     dtype = "float32" if smoke else "bfloat16"
-    elem = torch.empty((), dtype=getattr(torch, dtype)).element_size()
 
     # analytic K/V traffic (always printed)
     t_an, d_an = 32768, 128

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import tfcompat
+from tests.helpers import skip_if_stock_rejects_videos
 from tfcompat.registry import installed_families
 from tfcompat.selfcheck import pack, sample_case, sample_sequences, tiny_model
-from tests.helpers import skip_if_stock_rejects_videos
 
 
 @pytest.mark.parametrize("family", sorted(installed_families()))

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import assert_close
-from tfcompat.errors import InvalidInputError
 from tfcompat import heads
+from tfcompat.errors import InvalidInputError
 from tfcompat.heads import IGNORE_INDEX, LogprobsEntropy, logprobs_entropy
 
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -15,10 +15,12 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import assert_close
 from tfcompat import _linear_kernels
 from tfcompat.errors import InvalidInputError
 from tfcompat.linear_attention import (
     LinearHeads,
+    _conv_channels,
     available_conv_backends,
     available_rule_backends,
     check_linear_heads,
@@ -30,9 +32,7 @@ from tfcompat.linear_attention import (
     select_conv_backend,
     select_rule_backend,
 )
-from tfcompat.linear_attention import _conv_channels
 from tfcompat.packing import from_lengths
-from tests.helpers import assert_close
 
 ATOL = 1e-5
 LENGTHS = [[37], [5, 70, 1, 130, 64], [1, 1, 2], [63, 65, 128, 3]]
@@ -102,7 +102,7 @@ class TestRuleEqualsStock:
         got = packed_gated_delta_rule(*inputs, seqs)
         want = _per_sequence(lambda *s: _stock_rule(stock, *s), lengths, inputs)
         assert_close(got, want, atol=ATOL, what="output")
-        _assert_grads(_grads(got, inputs), _grads(want, inputs), "q k v g beta".split())
+        _assert_grads(_grads(got, inputs), _grads(want, inputs), ["q", "k", "v", "g", "beta"])
 
     def test_chunk_grid_restarts_per_sequence(self, stock):
         """With 16-token chunks, every sequence spans several chunks and most end inside one."""

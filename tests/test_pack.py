@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import tfcompat
+from tests.helpers import max_token_diff, skip_if_stock_rejects_videos
 from tfcompat.registry import installed_families
 from tfcompat.selfcheck import sample_case, sample_sequences, stock_inputs, tiny_model
-from tests.helpers import max_token_diff, skip_if_stock_rejects_videos
 
 FAMILIES = list(installed_families())
 

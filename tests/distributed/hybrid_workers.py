@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 
 import tfcompat
-from tfcompat.selfcheck import pack, sample_sequences, tiny_model
 from tests.distributed.workers import sharded_logits
+from tfcompat.selfcheck import pack, sample_sequences, tiny_model
 
 
 def _all_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:

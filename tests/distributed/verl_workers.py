@@ -137,15 +137,14 @@ def verl_convention(rank: int, world: int, out_path: str | None) -> None:
         stock_lp, stock_ent = stock_lp.detach(), stock_ent.detach()
 
         diffs: dict[str, float] = {}
-        with apply_monkey_patch(model, ulysses_sp_size=world, use_fused_kernels=False):
-            with torch.no_grad():
-                lp, ent = verl_actor_logprobs(model, vu, inputs, world, fused=False)
-                diffs["logits_logprobs"] = _max_diff(lp, stock_lp)
-                diffs["logits_entropy"] = _max_diff(ent, stock_ent)
-                text = inputs["position_ids"].clone()
-                text.view(-1, text.shape[-1])[0] = torch.arange(text.shape[-1])  # text row: one long sequence
-                control, _ = verl_actor_logprobs(model, vu, {**inputs, "position_ids": text}, world, fused=False)
-                diffs["control_one_sequence"] = _max_diff(control, stock_lp)
+        with apply_monkey_patch(model, ulysses_sp_size=world, use_fused_kernels=False), torch.no_grad():
+            lp, ent = verl_actor_logprobs(model, vu, inputs, world, fused=False)
+            diffs["logits_logprobs"] = _max_diff(lp, stock_lp)
+            diffs["logits_entropy"] = _max_diff(ent, stock_ent)
+            text = inputs["position_ids"].clone()
+            text.view(-1, text.shape[-1])[0] = torch.arange(text.shape[-1])  # text row: one long sequence
+            control, _ = verl_actor_logprobs(model, vu, {**inputs, "position_ids": text}, world, fused=False)
+            diffs["control_one_sequence"] = _max_diff(control, stock_lp)
         with apply_monkey_patch(model, ulysses_sp_size=world, use_fused_kernels=True, fused_kernels_backend="torch"):
             lp, ent = verl_actor_logprobs(model, vu, inputs, world, fused=True)
             (lp * weight).sum().backward()

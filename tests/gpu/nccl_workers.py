@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 
 import tfcompat
+from tests.distributed.workers import sharded_logits
 from tfcompat import ulysses
 from tfcompat.selfcheck import pack, sample_sequences, tiny_model
-from tests.distributed.workers import sharded_logits
 
 WATCHED = ("q_proj", "o_proj", "embed_tokens")
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.gpu import nccl_workers
 from tests.distributed.harness import run_world
+from tests.gpu import nccl_workers
 
 pytestmark = [
     pytest.mark.gpu,
