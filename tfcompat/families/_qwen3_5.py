@@ -36,6 +36,7 @@ from ._table import overlay
 def qwen3_5_entries(family: str, prefix: str) -> tuple[Entry, ...]:
     """Entries for classes ``{prefix}Attention``, ``{prefix}GatedDeltaNet``, ``{prefix}TextModel``, ``{prefix}Model``,
     ... in ``transformers.models.{family}.modeling_{family}``."""
+    gated_deltanet = LinearAttention(attr="linear_attn", projections="qkv_z_b_a", layer_forwards_kwargs=False)
     base = Entry(
         family=family,
         versions=VersionRange("5.2", "5.3"),
@@ -58,10 +59,10 @@ def qwen3_5_entries(family: str, prefix: str) -> tuple[Entry, ...]:
         why="first release: hybrid Gated DeltaNet / gated attention; the decoder layer calls linear_attn without "
         "**kwargs",
         vision=VisionTower(owner="model", attr="visual", output="model_output"),
-        linear_attention=LinearAttention(attr="linear_attn", projections="qkv_z_b_a", layer_forwards_kwargs=False),
+        linear_attention=gated_deltanet,
     )
-    kwargs_reach = replace(base.linear_attention, layer_forwards_kwargs=True)
-    entries = (
+    kwargs_reach = replace(gated_deltanet, layer_forwards_kwargs=True)
+    entries: tuple[Entry, ...] = (
         base,
         replace(base, versions=VersionRange("5.3", "5.9"), rope_index_mm_token_types=True,
                 why="get_rope_index rewritten, requires mm_token_type_ids"),

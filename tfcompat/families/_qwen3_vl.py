@@ -60,7 +60,7 @@ def qwen3_vl_entries(family: str, prefix: str) -> tuple[Entry, ...]:
     )
     v5 = replace(base, rope_config_key="rope_parameters",
                  vision=VisionTower(owner="model", attr="visual", output="model_output", deepstack=True))
-    entries = (
+    entries: tuple[Entry, ...] = (
         base,
         replace(v5, versions=VersionRange("5.0", "5.3"),
                 why="rope_parameters; get_image_features returns an output with deepstack_features"),

@@ -63,7 +63,7 @@ def qwen_vl_entries(family: str, prefix: str, *, takes_seconds: bool, videos_rej
     v5 = replace(v4, cache_kwarg="past_key_values", rope_config_key="rope_parameters",
                  vision=VisionTower(owner="model", attr="visual", output="model_output"))
     folded = replace(v5, rotary=RECOMPOSED, rope_index_mm_token_types=True)
-    entries = (
+    entries: tuple[Entry, ...] = (
         base,
         replace(v4, versions=VersionRange("4.54", "4.56"), why="the text model splits 4-row [text; t; h; w] ids"),
         replace(v4, versions=VersionRange("4.56", "5.0"), cache_kwarg="past_key_values",

@@ -18,8 +18,7 @@ def overlay(entries: tuple[Entry, ...], span: VersionRange, why: str, *,
     out: list[Entry] = []
     for entry in entries:
         cuts = [c for c in (span.low, span.high) if c and _inside(c, entry.versions)]
-        bounds = [entry.versions.low, *cuts, entry.versions.high]
-        for low, high in zip(bounds, bounds[1:]):
+        for low, high in zip([entry.versions.low, *cuts], [*cuts, entry.versions.high]):
             piece = replace(entry, versions=VersionRange(low, high))
             if _covers(span, piece.versions):
                 piece = replace(

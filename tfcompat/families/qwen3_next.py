@@ -16,6 +16,7 @@ from typing import Any
 from ..records import Entry, Family, LinearAttention, Rotary
 from ..versions import VersionRange
 
+_GATED_DELTANET = LinearAttention(attr="linear_attn", projections="qkvz_ba", layer_forwards_kwargs=False)
 _BASE = Entry(
     family="qwen3_next",
     versions=VersionRange("4.57", "5.0"),
@@ -35,9 +36,9 @@ _BASE = Entry(
     rope_index_mm_token_types=False,
     cache_kwarg="past_key_values",
     why="first release: hybrid Gated DeltaNet / gated attention; the decoder layer calls linear_attn without **kwargs",
-    linear_attention=LinearAttention(attr="linear_attn", projections="qkvz_ba", layer_forwards_kwargs=False),
+    linear_attention=_GATED_DELTANET,
 )
-_KWARGS_REACH = replace(_BASE.linear_attention, layer_forwards_kwargs=True)
+_KWARGS_REACH = replace(_GATED_DELTANET, layer_forwards_kwargs=True)
 
 ENTRIES: tuple[Entry, ...] = (
     _BASE,
