@@ -68,7 +68,7 @@ def probe(family: Family, entry: Entry, version: str, forward_compatible: bool) 
             raise fail("", f"text module {entry.text_module} cannot be imported ({exc})") from None
         probes.append(Probe(f"import {entry.text_module} (text model)", True, "ok"))
 
-    classes: dict[str, type] = {}
+    classes: dict[str, Any] = {}  # classes by role; Any: their methods (forward, get_rope_index) are probed
     for role, name in entry.classes.items():
         obj = getattr(text_module if entry.module_of(role) != entry.module else module, name, None)
         if not isinstance(obj, type):
@@ -103,8 +103,8 @@ def probe(family: Family, entry: Entry, version: str, forward_compatible: bool) 
     linear = entry.linear_attention
     if linear is not None:
         name, linear_cls = entry.classes["linear_attention"], classes["linear_attention"]
-        params = inspect.signature(linear_cls.forward).parameters.values()
-        takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
+        linear_params = inspect.signature(linear_cls.forward).parameters.values()
+        takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in linear_params)
         if takes_kwargs != linear.layer_forwards_kwargs:
             raise fail(f"{name}.forward", f"takes **kwargs: {takes_kwargs}; the entry says the decoder layer passes "
                        f"them: {linear.layer_forwards_kwargs}")
