@@ -7,7 +7,7 @@ this is the step that does it, outside the model's forward.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -55,7 +55,8 @@ def embed_inputs(
     ``0 * its mean`` (and its DeepStack features'): the tower gets zero gradients rather than none, and every
     rank of a sharded job runs the same collectives.
     """
-    r = resolve(model.config.model_type)
+    config: Any = model.config  # a transformers PretrainedConfig
+    r = resolve(config.model_type)
     require_vision(r, "embed_inputs")
     check_token_ids(r, input_ids, "embed_inputs")
     owner, tower = r.vision_modules(model, purpose="embed_inputs (the vision tower runs outside the forward)")
@@ -63,12 +64,12 @@ def embed_inputs(
                         "pixel_values_videos": pixel_values_videos, "video_grid_thw": video_grid_thw},
                         what="embed_inputs")
     where = r.entry.vision
-    embeds = model.get_input_embeddings()(input_ids)
-    types = r.spec.mm_token_types(owner.config, input_ids)
+    embeds = cast(Any, model).get_input_embeddings()(input_ids)
+    types = r.spec.mm_token_types(owner.config, input_ids)  # type: ignore[misc]  # require_vision: not None
     deepstack = where is not None and where.deepstack
     if pixel_values is None and pixel_values_videos is None and not bool(types.any()):
-        pixels, grid = dummy_image(owner.config.vision_config, embeds.device)
-        features, layers = visual_features(owner, "image", pixels.to(next(tower.parameters()).dtype), grid, r)
+        dummy, dummy_grid = dummy_image(owner.config.vision_config, embeds.device)
+        features, layers = visual_features(owner, "image", dummy.to(next(tower.parameters()).dtype), dummy_grid, r)
         for x in (features, *layers):
             embeds = embeds + 0 * x.mean().to(embeds.dtype)
         if not deepstack:
@@ -84,6 +85,7 @@ def embed_inputs(
                 raise InvalidInputError(f"input_ids hold {kind} tokens but no {kind} pixels were given", family=r.family,
                                         transformers_version=r.transformers_version, fix=f"pass the {kind}'s pixel values and grid")
             continue
+        grid = cast(torch.Tensor, grid)  # check_vision_inputs: pixels come with their grid
         features, layers = visual_features(owner, kind, pixels, grid, r)
         n_slots = int(slots.sum())
         if n_slots != features.shape[0]:

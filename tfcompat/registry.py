@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -34,7 +34,7 @@ class ForwardCompatWarning(UserWarning):
 class VisionModules(NamedTuple):
     """owner: the module holding the vision tower (``get_image_features``, ``get_rope_index``); tower: the tower."""
 
-    owner: torch.nn.Module
+    owner: Any  # a transformers model: its config and methods are read by name
     tower: torch.nn.Module
 
 
@@ -242,10 +242,10 @@ def resolve_model(model: torch.nn.Module) -> Resolved:
     of the entry (`tfcompat.records.TEXT_ROLES`, rotary, cache kwarg, position layout, kwargs flow) comes from the
     listed family's entry on the installed release."""
     config = getattr(model, "config", None)
-    key = getattr(config, "model_type", None)
+    key = cast(str, getattr(config, "model_type", None))  # None: resolve's UnknownFamilyError says so
     resolved = resolve(key)
     text_type = getattr(getattr(config, "text_config", None), "model_type", None)
-    text_family = dict(resolved.spec.text_variants).get(text_type)
+    text_family = dict(resolved.spec.text_variants).get(cast(str, text_type))
     return resolved if text_family is None else _resolve_text_variant(key, text_family, resolved.transformers_version)
 
 
