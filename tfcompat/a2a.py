@@ -46,7 +46,7 @@ __all__ = ["Direction", "Transport", "exchange", "symm_mem_reason"]
 
 Transport = Literal["all_to_all", "symm_mem"]
 Direction = Literal["seq_to_heads", "heads_to_seq"]
-_INVERSE = {"seq_to_heads": "heads_to_seq", "heads_to_seq": "seq_to_heads"}
+_INVERSE: dict[Direction, Direction] = {"seq_to_heads": "heads_to_seq", "heads_to_seq": "seq_to_heads"}
 
 
 def exchange(xs: Sequence[torch.Tensor], direction: Direction, group: dist.ProcessGroup, transport: Transport,

@@ -11,7 +11,7 @@ rejects images and videos together: the row is embedded with `tfcompat.embed_inp
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -61,7 +61,7 @@ def pack(model: torch.nn.Module, examples: Sequence[Mapping[str, Any]], *, ignor
     Raises `InvalidInputError` naming the example for anything `tfcompat.rope_index` or the vision checks
     refuse, unknown keys, padding, labels of another shape or given for only some examples.
     """
-    r = resolve(getattr(getattr(model, "config", None), "model_type", None))
+    r = resolve(cast(str, getattr(getattr(model, "config", None), "model_type", None)))  # None: UnknownFamilyError
     if not examples:
         raise _error(r, "tfcompat.pack got no examples", "an empty list packs no row", "pass at least one example")
     rows = [_example(r, model, i, ex, impl) for i, ex in enumerate(examples)]

@@ -4,7 +4,7 @@ from the family's reference (`tfcompat.reference_rope`)."""
 from __future__ import annotations
 
 import inspect
-from typing import Literal, get_args
+from typing import Literal, cast, get_args
 
 import torch
 
@@ -43,7 +43,7 @@ def rope_index(
     ``(B, L)`` tensor, grids that disagree with the placeholder tokens (one grid row per image / video, in order),
     and ``second_per_grid_ts`` for a family whose index takes none, or of another length than the videos.
     """
-    r = resolve(getattr(getattr(model, "config", None), "model_type", None))
+    r = resolve(cast(str, getattr(getattr(model, "config", None), "model_type", None)))  # None: UnknownFamilyError
 
     def error(what: str, why: str, fix: str, supported: str = "") -> InvalidInputError:
         return InvalidInputError(what, family=r.family, transformers_version=r.transformers_version, why=why,
@@ -71,7 +71,7 @@ def rope_index(
             raise error("second_per_grid_ts must hold one value per video",
                         f"second_per_grid_ts {tuple(second_per_grid_ts.shape)}, {videos} videos in video_grid_thw",
                         "pass the processor's second_per_grid_ts: (n_videos,), seconds per temporal grid step")
-    text = text_row_from_mask(attention_mask, *input_ids.shape, device=input_ids.device)
+    text = text_row_from_mask(attention_mask, input_ids.shape[0], input_ids.shape[1], device=input_ids.device)
     if impl == "reference":
         name = r.spec.reference_rope_index
         if name is None:
@@ -95,6 +95,6 @@ def rope_index(
     if second_per_grid_ts is not None:
         kwargs["second_per_grid_ts"] = second_per_grid_ts
     if r.entry.rope_index_mm_token_types:
-        kwargs["mm_token_type_ids"] = r.spec.mm_token_types(owner.config, input_ids)
+        kwargs["mm_token_type_ids"] = r.spec.mm_token_types(owner.config, input_ids)  # type: ignore[misc]  # vision
     mrope, _ = owner.get_rope_index(input_ids, **kwargs)
     return torch.cat([text[None].to(mrope.dtype), mrope], dim=0)

@@ -142,7 +142,8 @@ class Router:
         if mask is not None:
             rows.append(mask[None].to(rows[0].device, torch.long))
         if vision:  # vision placeholders with text-only ids: M-RoPE positions would be lost
-            rows.append(self.r.spec.mm_token_types(self.vision_config, ids)[None].to(rows[0].device, torch.long))
+            rows.append(self.r.spec.mm_token_types(self.vision_config, ids)[None].to(  # type: ignore[misc, arg-type]
+                rows[0].device, torch.long))  # `vision` checked both for None
         host = torch.cat(rows).cpu()  # (4 [+ 1] [+ 1], B, L): the forward's one host sync
         text, mrope = host[0], host[1:4]
         if mask is not None and not bool(host[4].all()):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -68,7 +68,7 @@ def tiny_model(key: str, attn_implementation: str = "sdpa", seed: int = 0, **tex
     kwargs.get("text_config", kwargs).update(text)
     config_cls = getattr(importlib.import_module("transformers"), config_name)
     torch.manual_seed(seed)
-    model_cls = r.classes["for_causal_lm"]
+    model_cls: Any = r.classes["for_causal_lm"]  # a transformers PreTrainedModel class
     return model_cls._from_config(config_cls(**kwargs), attn_implementation=attn_implementation).eval()
 
 
@@ -92,8 +92,8 @@ def sample_sequences(model: torch.nn.Module, lengths: list[int], items: list[Ite
     items[i]: None (text only), a grid ``(t, h, w)`` (an image), ``("image", (t, h, w))`` or ``("video", (t, h, w))``;
     its tokens are laid out as the family's processor does (`vision_placeholder`).
     """
-    cfg = model.config
-    vision = getattr(cfg, "vision_config", None)
+    cfg: Any = model.config
+    vision: Any = getattr(cfg, "vision_config", None)
     gen = torch.Generator().manual_seed(seed)
     special = min(getattr(cfg, k, cfg.get_text_config().vocab_size)
                   for k in ("image_token_id", "video_token_id", "image_start_token_id", "vision_start_token_id"))
@@ -146,7 +146,7 @@ def stock_inputs(r: Resolved, model: torch.nn.Module, seq: Sequence) -> dict[str
 
 def positions(model: torch.nn.Module, seq: Sequence) -> torch.Tensor:
     """Contract position ids of one sequence: ``(4, 1, L)`` for M-RoPE families, ``(1, L)`` otherwise."""
-    if resolve(model.config.model_type).entry.vision is not None:
+    if resolve(cast(Any, model.config).model_type).entry.vision is not None:
         return rope_index(model, seq.input_ids, image_grid_thw=seq.image_grid_thw, video_grid_thw=seq.video_grid_thw)
     return torch.arange(seq.input_ids.shape[1])[None]
 
@@ -172,7 +172,7 @@ def packed_inputs(model: torch.nn.Module, seqs: list[Sequence]) -> dict[str, Any
     take) and ``input_ids`` and the pixels give way to its ``inputs_embeds``."""
     inputs = pack(model, seqs)
     mixed = "pixel_values" in inputs and "pixel_values_videos" in inputs
-    if not mixed or "images_with_videos_rejected" not in resolve(model.config.model_type).entry.known_issues:
+    if not mixed or "images_with_videos_rejected" not in resolve(cast(Any, model.config).model_type).entry.known_issues:
         return inputs
     vision = {k: inputs.pop(k) for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")}
     embedded = embed_inputs(model, inputs.pop("input_ids"), **vision)

@@ -83,12 +83,12 @@ def check_vision_inputs(r: Resolved, config: Any, input_ids: torch.Tensor | None
             patches = int(rows.prod(-1).sum())
         if pixels is not None and isinstance(pixels, torch.Tensor) and pixels.ndim == 2 and pixels.shape[0] != patches:
             raise error(f"{pixel_name} and {grid_name} disagree",
-                        f"{pixels.shape[0]} pixel rows, the grids {grid.tolist()} hold {patches} patches (sum of t * h * w)",
+                        f"{pixels.shape[0]} pixel rows, the grids {grid.tolist()} hold {patches} patches (sum of t * h * w)",  # type: ignore[union-attr]  # grid given
                         f"pass the {pixel_name} and {grid_name} of the same {kind}s, in the same order")
         if input_ids is None or (placeholders == "with_pixels" and pixels is None):
             continue
         if types is None:
-            types = r.spec.mm_token_types(config, input_ids)
+            types = r.spec.mm_token_types(config, input_ids)  # type: ignore[misc]  # a vision family
             if attention_mask is not None and attention_mask.shape == types.shape:
                 types = types * attention_mask.to(types.device).bool()
         tokens, expected = int((types == code).sum()), patches // merge**2

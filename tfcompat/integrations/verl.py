@@ -39,7 +39,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -124,7 +124,7 @@ def apply_monkey_patch(
         raise error(f"unknown fused_kernels_backend {fused_kernels_backend!r}",
                     "verl's own patch would skip the fused forward, and its actor would then find no log_probs",
                     "set model.fused_kernel_options.impl_backend=torch", supported=", ".join(FUSED_BACKENDS))
-    text = model.config.get_text_config()
+    text = cast(Any, model.config).get_text_config()
     check_heads(text.num_attention_heads, text.num_key_value_heads, ulysses_sp_size, family=r.family,
                 transformers_version=r.transformers_version)
     if ulysses_sp_size > 1:

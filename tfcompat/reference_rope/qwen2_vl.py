@@ -11,6 +11,7 @@ round 2 * 0.7 * 5 up to 7, float32 gives 6.9999995 -> 6). Padding positions are 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -50,7 +51,7 @@ def rope_index(
     tokens_per_second = getattr(config.vision_config, "tokens_per_second", None)
     out = torch.ones(3, *input_ids.shape, dtype=torch.long)
     grids = {config.image_token_id: _rows(image_grid_thw), config.video_token_id: _rows(video_grid_thw)}
-    seconds = iter(second_per_grid_ts if second_per_grid_ts is not None else [])  # 0-d tensors: their dtype
+    seconds: Iterator[torch.Tensor] = iter(second_per_grid_ts if second_per_grid_ts is not None else [])  # 0-d tensors: their dtype
     for b, row in enumerate(input_ids.tolist()):
         keep = [True] * len(row) if attention_mask is None else attention_mask[b].bool().tolist()
         tokens = [tok for tok, k in zip(row, keep) if k]
