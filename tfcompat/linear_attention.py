@@ -61,7 +61,7 @@ three families share the module's attribute names: ``num_k_heads``, ``num_v_head
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -137,9 +137,10 @@ class LinearAttentionParams(NamedTuple):
 def linear_attention_params(module: torch.nn.Module) -> LinearAttentionParams:
     """The `LinearAttentionParams` of a stock GatedDeltaNet module (attribute names shared by qwen3_5,
     qwen3_5_moe and qwen3_next on 5.2..5.24); the tensors are the module's own parameters (gradients flow)."""
-    heads = LinearHeads(module.num_k_heads, module.num_v_heads, module.head_k_dim, module.head_v_dim)
-    return LinearAttentionParams(heads, module.conv1d.weight.squeeze(1), module.conv1d.bias, module.activation,
-                                 module.A_log, module.dt_bias)
+    gdn: Any = module  # its attributes are read by name
+    heads = LinearHeads(gdn.num_k_heads, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim)
+    return LinearAttentionParams(heads, gdn.conv1d.weight.squeeze(1), gdn.conv1d.bias, gdn.activation,
+                                 gdn.A_log, gdn.dt_bias)
 
 
 # ---------------------------------------------------------------------------------------------- packed ops
