@@ -14,11 +14,11 @@ import torch
 import torch.distributed as dist
 
 import tfcompat
+from tests.distributed import misuse_workers
+from tests.distributed.harness import run_world
 from tfcompat.reference_rope import REFERENCES
 from tfcompat.registry import installed_families
 from tfcompat.selfcheck import sample_sequences, stock_inputs, tiny_model
-from tests.distributed import misuse_workers
-from tests.distributed.harness import run_world
 
 FAMILIES = list(installed_families())
 VISION = [k for k, f in installed_families().items() if f.is_vision]
