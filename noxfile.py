@@ -81,7 +81,8 @@ def tests(session: nox.Session, transformers: str) -> None:
 
 @nox.session(python=False)
 def ci(session: nox.Session) -> None:
-    """The CI subset of matrix.yaml (ci: true): first and last release of every registry range."""
+    """The CI subset of matrix.yaml (ci: true): first and last release of every registry range; lint first."""
+    session.notify("lint")
     for version in CI_VERSIONS:
         session.notify(_session_name(version), posargs=session.posargs)
     session.notify("integrations")
