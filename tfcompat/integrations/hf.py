@@ -18,7 +18,8 @@ sequences that a per-sequence loop computes. Text models need no collator of tfc
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import torch
 
@@ -66,7 +67,7 @@ class PackedCollator:
         self.model = model
         self.ignore_index = ignore_index
         self.impl = impl
-        self.resolved = resolve(getattr(getattr(model, "config", None), "model_type", None))
+        self.resolved = resolve(cast(str, getattr(getattr(model, "config", None), "model_type", None)))  # None: typed error
 
     def __call__(self, features: Sequence[Mapping[str, Any]], return_tensors: str | None = None) -> dict[str, Any]:
         r = self.resolved
