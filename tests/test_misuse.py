@@ -54,6 +54,8 @@ def test_answers_labels_per_sequence(family):
     """Raw labels over a packed row: the loss is the per-sequence loss, not one crossing the boundary."""
     r = tfcompat.resolve(family)
     model = tiny_model(family, "sdpa")
+    if not hasattr(model.config, "vocab_size"):  # 4.53's Qwen-VL loss reads it; real checkpoints carry it
+        model.config.vocab_size = model.config.get_text_config().vocab_size
     packed, seqs = _packed_rows(model, family)
     stock = [model(**stock_inputs(r, model, s), use_cache=False).logits[0] for s in seqs]
     total = sum(torch.nn.functional.cross_entropy(lg[:-1], s.input_ids[0, 1:], reduction="sum") for lg, s in zip(stock, seqs))
