@@ -8,7 +8,7 @@ import torch
 import tfcompat
 from tests.helpers import skip_if_stock_rejects_videos
 from tfcompat.registry import installed_families
-from tfcompat.selfcheck import pack, sample_case, sample_sequences, tiny_model
+from tfcompat.selfcheck import pack, packed_inputs, sample_case, sample_sequences, tiny_model
 
 
 @pytest.mark.parametrize("family", sorted(installed_families()))
@@ -20,7 +20,7 @@ def test_checkpointed_backward_equals_plain_backward(family):
         model = tiny_model(family, "sdpa").train()
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        inputs = pack(model, sample_sequences(model, lengths, items, seed=6))
+        inputs = packed_inputs(model, sample_sequences(model, lengths, items, seed=6))  # as this release takes them
         with tfcompat.patch(model):
             model(**inputs, use_cache=False).logits.float().pow(2).mean().backward()
             # a second, differently packed forward before nothing else: boundaries must not leak between calls
