@@ -365,7 +365,8 @@ def test_sft_trainer_padding_free(family, tmp_path):
     gen = torch.Generator().manual_seed(0)
     lengths = [7, 12, 5, 9, 6]
     rows = [{"input_ids": torch.randint(2, 100, (n,), generator=gen).tolist()} for n in lengths * STEPS]
-    args = _args(SFTConfig, tmp_path, len(lengths), padding_free=True, max_length=None, bf16=False)
+    args = _args(SFTConfig, tmp_path, len(lengths), padding_free=True, max_length=None, bf16=False,
+                 router_aux_loss_coef=0.0)
     trainer = _recording_trainer(SFTTrainer)(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
                                              processing_class=_tokenizer(model.config.get_text_config().vocab_size))
     assert trainer.args.gradient_checkpointing
@@ -377,7 +378,8 @@ def test_sft_trainer_padding_free(family, tmp_path):
 @pytest.mark.parametrize("family", VISION)
 def test_sft_trainer_with_packed_collator(family, tmp_path):
     """Rule: TRL's SFTTrainer fed by PackedCollator (images; TRL's own padding-free mode refuses vision datasets and
-    custom collators) on a patched vision-language model reports the per-sequence loss and follows the reference."""
+    custom collators) on a patched vision-language model reports the per-sequence loss and follows the reference.
+    The MoE load-balancing loss TRL adds by default (a batch statistic, not a per-sequence loss) is turned off."""
     _need("trl", "datasets", "accelerate")
     import datasets
     from trl import SFTConfig, SFTTrainer
@@ -388,7 +390,7 @@ def test_sft_trainer_with_packed_collator(family, tmp_path):
     features = _features(model, groups=STEPS)
     keys = sorted({k for f in features for k in f})
     rows = [{k: (f[k].tolist() if k in f else None) for k in keys} for f in features]  # every row holds every column
-    args = _args(SFTConfig, tmp_path, len(_items(family)[1]), max_length=None, bf16=False,
+    args = _args(SFTConfig, tmp_path, len(_items(family)[1]), max_length=None, bf16=False, router_aux_loss_coef=0.0,
                  remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True})
     recorder = _Recording(PackedCollator(model))
     trainer = _recording_trainer(SFTTrainer)(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
