@@ -64,7 +64,7 @@ class TestPackedEqualsPerSequence:
         with tfcompat.patch(model):
             got = model(**pack(model, seqs), use_cache=False).logits[0]
             (got @ weight).sum().backward()
-        scale = max(1.0, float(torch.cat(expected).abs().max()))
+        scale = float(torch.cat(expected).abs().max())  # the logit scale (about 0.6 on these tiny models)
         assert max_token_diff(got.detach(), expected) <= 1e-5 * scale
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         assert grads.keys() == expected_grads.keys()
