@@ -4,6 +4,7 @@
     nox -s ci                                     # default: the CI subset (ci: true), one venv per version
     nox -s matrix                                 # every version in matrix.yaml
     nox -s "tests(transformers='5.9.0')"          # one version; extra args after -- go to pytest
+    nox -s trainers                               # Hugging Face Trainer / TRL SFTTrainer (trl, accelerate, datasets)
 
 Torch is always the CPU build, pinned ``torch==2.13.0+cpu``: from the local wheel folder ($PIP_FIND_LINKS,
 default /opt/wheels) when it holds that wheel, else from PyTorch's CPU index ($TFCOMPAT_TORCH_INDEX, default
@@ -38,6 +39,9 @@ TEST_DEPS = ["pytest", "hypothesis", "pyyaml", "packaging"]
 VERL = "verl==0.9.1"  # installed without its dependencies: the tests load only its pure-torch verl/utils/ulysses.py
 VERL_TRANSFORMERS = "5.10.4"  # inside verl 0.9.1's own pin (>=5.5.3, <5.11, !=5.6.0)
 LINT_DEPS = ["ruff==0.17.6", "mypy==2.4.1", "packaging"]
+# Hugging Face Trainer / TRL: trl 1.16.0 requires transformers>=4.56.2; its floor and the newest release of the matrix
+TRAINER_DEPS = ["trl==1.16.0", "accelerate==1.15.0", "datasets==5.2.0"]
+TRAINER_TRANSFORMERS = ["4.56.2", VERSIONS[-1]]
 
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["ci"]
@@ -130,3 +134,16 @@ def integrations(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                 *(session.posargs or ["tests/distributed/test_verl.py"]),
                 env={"TFCOMPAT_EXPECT_TRANSFORMERS": VERL_TRANSFORMERS})
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("transformers", TRAINER_TRANSFORMERS, ids=[f"transformers='{v}'" for v in TRAINER_TRANSFORMERS])
+def trainers(session: nox.Session, transformers: str) -> None:
+    """Hugging Face Trainer (DataCollatorWithFlattening, tfcompat.integrations.hf.PackedCollator) and TRL's SFTTrainer
+    on patched tiny models, against per-sequence stock loops: trl, accelerate and datasets stay out of the matrix
+    (there tests/test_trainer.py runs only its collator tests)."""
+    _install_torch(session)
+    session.install(f"transformers=={transformers}", *TRAINER_DEPS, *TEST_DEPS)
+    session.install("-e", ".", "--no-deps")
+    session.run("python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                *(session.posargs or ["tests/test_trainer.py"]), env={"TFCOMPAT_EXPECT_TRANSFORMERS": transformers})
