@@ -13,9 +13,9 @@ The loss the patched model returns on such a row is the per-sequence loss: the t
 row's sequences that a per-sequence loop computes. Under gradient accumulation the Trainer divides by
 ``num_items_in_batch`` (the targets of every micro-batch of the step; on packed rows it counts exactly the
 per-sequence targets, the label at each sequence start being ignored) where the model class accepts loss
-kwargs; classes that declare ``accepts_loss_kwargs = False`` (Qwen2.5-VL, Qwen3-VL, GLM-4V, Qwen2-VL on 4.x) get
-the mean of the micro-batches' losses instead, as padded batches do, unless ``model.accepts_loss_kwargs = True``
-is set (their forwards pass the count on to the loss). Text models need no collator of tfcompat's:
+kwargs; classes that declare ``accepts_loss_kwargs = False`` (Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4V and their MoE
+variants; not Qwen2-VL) get the mean of the micro-batches' losses instead, as padded batches do, unless
+``model.accepts_loss_kwargs = True`` is set (their forwards pass the count on to the loss). Text models need no collator of tfcompat's:
 ``DataCollatorWithFlattening`` (and TRL's ``padding_free=True``) rows run on a patched model as they are. TRL's
 ``SFTTrainer`` refuses ``padding_free=True`` for vision datasets and custom collators; give it this collator with
 ``padding_free=False``, ``remove_unused_columns=False`` and a processed dataset
