@@ -111,7 +111,9 @@ class Router:
         tokens = a.get("inputs_embeds")
         tokens = a.get("input_ids") if tokens is None else tokens
         position_ids = a.get("position_ids")
-        cached = any(a.get(name) is not None for name in CACHE_ARGS)
+        # generate() passes cache_position from its prefill on; where the model builds its own cache (Qwen3.5 on
+        # 5.2-5.8) the prefill carries no cache object, and a packed forward would leave that cache empty
+        cached = any(a.get(name) is not None for name in CACHE_ARGS) or a.get("cache_position") is not None
         if tokens is None or position_ids is None or cached or not isinstance(position_ids, torch.Tensor):
             return self.context
         if position_ids.ndim == 3 and position_ids.shape[0] == 3:
