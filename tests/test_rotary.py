@@ -72,7 +72,8 @@ class TestUniformRotary:
                 text_model(input_ids=ids, position_ids=rows, attention_mask=torch.ones_like(ids), use_cache=False)
                 hidden = captured["hidden"]
                 b, length, _ = hidden.shape
-                q = attn.q_proj(hidden).view(b, length, -1, attn.head_dim)  # (B, L, H, D)
+                # (B, L, H, D), or (B, L, H, 2D) = [query | output gate] per head (Qwen3.5's gated attention)
+                q = attn.q_proj(hidden).view(b, length, attn.config.num_attention_heads, -1)[..., : attn.head_dim]
                 k = attn.k_proj(hidden).view(b, length, -1, attn.head_dim)
                 if hasattr(attn, "q_norm"):  # Qwen3-style attention normalizes each head before the rotary
                     q, k = attn.q_norm(q), attn.k_norm(k)
