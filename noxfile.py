@@ -12,7 +12,9 @@ https://download.pytorch.org/whl/cpu); each session logs which. PyPI never carri
 session can fall back to PyPI's CUDA wheels (gigabytes).
 
 Tests marked ``dist`` (gloo worker processes, slow to spawn) run on the versions with ``dist: true`` in
-matrix.yaml; the other versions run ``-m "not dist"``.
+matrix.yaml. The CI subset (``nox -s ci``) runs, on those versions, every other test and the dist tests of
+`CI_DIST`; on its other versions the per-entry tests only (not ``broad``: tests/conftest.py). ``nox -s matrix``
+and a plain ``tests(...)`` session run everything. Tests run on two pytest-xdist workers, dist tests serially.
 """
 
 from __future__ import annotations
@@ -35,12 +37,15 @@ TORCH_VERSION = "2.13.0+cpu"  # == 2.13.0, and only the CPU build
 TORCH = f"torch=={TORCH_VERSION}"
 FIND_LINKS = os.environ.get("PIP_FIND_LINKS") or "/opt/wheels"
 TORCH_INDEX = os.environ.get("TFCOMPAT_TORCH_INDEX") or "https://download.pytorch.org/whl/cpu"
-TEST_DEPS = ["pytest", "hypothesis", "pyyaml", "packaging"]
+TEST_DEPS = ["pytest", "pytest-xdist", "hypothesis", "pyyaml", "packaging"]
+# the dist tests of the CI subset: every case at sp 2, and sp 4 for one family of each kind (the matrix runs all)
+CI_DIST = "not sp4 or kv1-sp4 or glm4v-sample-sp4 or qwen3_vl-sample-sp4 or qwen3_5-sample-sp4 or qwen3_5-sp4"
 VERL = "verl==0.9.1"  # installed without its dependencies: the tests load only its pure-torch verl/utils/ulysses.py
 VERL_TRANSFORMERS = "5.10.4"  # inside verl 0.9.1's own pin (>=5.5.3, <5.11, !=5.6.0)
 LINT_DEPS = ["ruff==0.17.6", "mypy==2.4.1", "packaging"]
-# Hugging Face Trainer / TRL: trl 1.16.0 requires transformers>=4.56.2; its floor and the newest release of the matrix
-TRAINER_DEPS = ["trl==1.16.0", "accelerate==1.15.0", "datasets==5.2.0"]
+# Hugging Face Trainer / TRL: trl 1.16.0 requires transformers>=4.56.2; its floor and the newest release of the matrix.
+# datasets is left to the resolver: 5.2 needs huggingface-hub>=1.31, transformers 4.x pins it below 1.0 (5.0.1 then)
+TRAINER_DEPS = ["trl==1.16.0", "accelerate==1.15.0", "datasets>=4.7"]
 TRAINER_TRANSFORMERS = ["4.56.2", VERSIONS[-1]]
 
 nox.options.default_venv_backend = "uv"
@@ -73,12 +78,18 @@ def tests(session: nox.Session, transformers: str) -> None:
     session.install("-e", ".", "--no-deps")
     session.log(f"install took {time.monotonic() - start:.1f} s (transformers=={transformers})")
     start = time.monotonic()
-    default = ["tests"] if transformers in DIST_VERSIONS else ["tests", "-m", "not dist"]
+    ci = session.posargs == ["--ci"]
+    if session.posargs and not ci:
+        runs = [list(session.posargs)]
+    else:
+        full = transformers in DIST_VERSIONS or not ci
+        runs = [["tests", "-n", "2", "-m", "not dist" if full else "not dist and not broad"]]
+        if transformers in DIST_VERSIONS:
+            runs.append(["tests", "-m", "dist", *(["-k", CI_DIST] if ci else [])])
     try:
-        session.run(
-            "python", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *(session.posargs or default),
-            env={"TFCOMPAT_EXPECT_TRANSFORMERS": transformers},
-        )
+        for args in runs:
+            session.run("python", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *args,
+                        env={"TFCOMPAT_EXPECT_TRANSFORMERS": transformers})
     finally:
         session.log(f"pytest took {time.monotonic() - start:.1f} s (transformers=={transformers})")
 
@@ -88,7 +99,7 @@ def ci(session: nox.Session) -> None:
     """The CI subset of matrix.yaml (ci: true): first and last release of every registry range; lint first."""
     session.notify("lint")
     for version in CI_VERSIONS:
-        session.notify(_session_name(version), posargs=session.posargs)
+        session.notify(_session_name(version), posargs=session.posargs or ["--ci"])
     session.notify("integrations")
 
 
@@ -145,5 +156,7 @@ def trainers(session: nox.Session, transformers: str) -> None:
     _install_torch(session)
     session.install(f"transformers=={transformers}", *TRAINER_DEPS, *TEST_DEPS)
     session.install("-e", ".", "--no-deps")
+    session.run("python", "-c", "import accelerate, datasets, transformers, trl; "
+                "print('trainers:', *(f'{m.__name__} {m.__version__}' for m in (transformers, trl, accelerate, datasets)))")
     session.run("python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                 *(session.posargs or ["tests/test_trainer.py"]), env={"TFCOMPAT_EXPECT_TRANSFORMERS": transformers})

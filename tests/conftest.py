@@ -1,4 +1,9 @@
-"""Shared fixtures: the installed transformers must be the one the nox session asked for."""
+"""Shared fixtures: the installed transformers must be the one the nox session asked for; the ``broad`` tier.
+
+Tests in `BROAD` files check what does not change from one registry entry to the next (version-independent
+kernels, property tests, the misuse probes, trainers); they carry the ``broad`` marker, so the CI subset can run
+them on its full versions only (noxfile.py) while every other CI version runs the per-entry tests.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,19 @@ import os
 import pytest
 
 from tfcompat.versions import installed_transformers
+
+
+BROAD = {
+    "test_a2a.py", "test_attention_backends.py", "test_heads.py", "test_heads_triton.py", "test_integrations_verl.py",
+    "test_linear_attention.py", "test_misuse.py", "test_model_logprobs.py", "test_packing.py", "test_trainer.py",
+    "test_versions.py",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in BROAD:
+            item.add_marker(pytest.mark.broad)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
