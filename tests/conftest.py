@@ -1,8 +1,10 @@
 """Shared fixtures: the installed transformers must be the one the nox session asked for; the ``broad`` tier.
 
 Tests in `BROAD` files check what does not change from one registry entry to the next (version-independent
-kernels, property tests, the misuse probes, trainers); they carry the ``broad`` marker, so the CI subset can run
-them on its full versions only (noxfile.py) while every other CI version runs the per-entry tests.
+kernels, property tests, the misuse probes, trainers) or repeat at length what the per-entry tests and the doctor's
+self-check already cover (rotary hypothesis runs, checkpointing every family); they carry the ``broad`` marker, so
+the CI subset runs them on its full versions only (noxfile.py), every other CI version the per-entry tests, and
+``nox -s matrix`` all of them on every release.
 """
 
 from __future__ import annotations
@@ -13,11 +15,10 @@ import pytest
 
 from tfcompat.versions import installed_transformers
 
-
 BROAD = {
-    "test_a2a.py", "test_attention_backends.py", "test_heads.py", "test_heads_triton.py", "test_integrations_verl.py",
-    "test_linear_attention.py", "test_misuse.py", "test_model_logprobs.py", "test_packing.py", "test_trainer.py",
-    "test_versions.py",
+    "test_a2a.py", "test_attention_backends.py", "test_checkpointing.py", "test_heads.py", "test_heads_triton.py",
+    "test_integrations_verl.py", "test_linear_attention.py", "test_misuse.py", "test_model_logprobs.py",
+    "test_packing.py", "test_rotary.py", "test_trainer.py", "test_versions.py",
 }
 
 
