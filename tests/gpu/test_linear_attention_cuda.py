@@ -2,7 +2,10 @@
 
 Stated tolerances (max abs difference per tensor):
 
-- fp32, torch backends on CUDA (TF32 off) vs the same on CPU: ``1e-5 * max(1, |ref|.max())``.
+- fp32, torch backends on CUDA (TF32 off) vs the same on CPU: ``1e-5 * max(1, |ref|.max())`` for the output and the
+  per-token gradients; ``1e-4 * max(1, |ref|.max())`` for the parameter gradients (conv weight, A_log, dt_bias), sums
+  over every token (2,501 here) whose fp32 summation order differs between the devices (measured on an H200:
+  A_log 1.6e-5 at scale 1.1).
 - bf16, fla / causal-conv1d vs the torch backend on the same bf16 inputs: ``3e-2 * max(1, |ref|.max())``. The torch
   path computes the rule in fp32 from bf16 inputs; fla keeps bf16 operands with fp32 accumulation inside its
   chunks, so differences of a few bf16 ulps (2**-8 relative) of the largest entry are expected.
@@ -56,11 +59,13 @@ def _run(device, dtype, **backends):
     return _forward_backward(_case(device, dtype), from_lengths(LENGTHS, device), **backends)
 
 
-def _assert_all_close(got, want, rel, what):
-    for name, a, b in zip(["out", "mixed_qkv", "a", "b", "conv weight", "A_log", "dt_bias"], got, want):
+def _assert_all_close(got, want, rel, what, param_rel=None):
+    names = ["out", "mixed_qkv", "a", "b", "conv weight", "A_log", "dt_bias"]
+    for i, (name, a, b) in enumerate(zip(names, got, want)):
+        bound = (param_rel or rel) if i >= 4 else rel  # parameter gradients sum over every token
         scale = max(1.0, float(b.abs().max()))
         diff = float((a.float().cpu() - b.float().cpu()).abs().max())
-        assert diff <= rel * scale, f"{what}: {name} differs by {diff:.3e} (scale {scale:.2e})"
+        assert diff <= bound * scale, f"{what}: {name} differs by {diff:.3e} (scale {scale:.2e})"
 
 
 def test_torch_backend_on_cuda_equals_cpu_fp32():
@@ -68,7 +73,7 @@ def test_torch_backend_on_cuda_equals_cpu_fp32():
     torch.backends.cudnn.allow_tf32 = False
     cuda = _run(torch.device("cuda"), torch.float32, backend="torch", conv_backend="torch")
     cpu = _run(torch.device("cpu"), torch.float32, backend="torch", conv_backend="torch")
-    _assert_all_close(cuda, cpu, 1e-5, "fp32 CUDA vs CPU")
+    _assert_all_close(cuda, cpu, 1e-5, "fp32 CUDA vs CPU", param_rel=1e-4)
 
 
 @pytest.mark.parametrize("rule,conv", [("fla", "torch"), ("torch", "fla"), ("torch", "causal_conv1d"), ("fla", "auto")])
