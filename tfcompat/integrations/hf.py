@@ -13,13 +13,14 @@ The loss the patched model returns on such a row is the per-sequence loss: the t
 row's sequences that a per-sequence loop computes. Under gradient accumulation the Trainer divides by
 ``num_items_in_batch`` (the targets of every micro-batch of the step; on packed rows it counts exactly the
 per-sequence targets, the label at each sequence start being ignored) where the model class accepts loss
-kwargs; classes that declare ``accepts_loss_kwargs = False`` (Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4V and their MoE
-variants; not Qwen2-VL) get the mean of the micro-batches' losses instead, as padded batches do, unless
-``model.accepts_loss_kwargs = True`` is set (their forwards pass the count on to the loss). Text models need no collator of tfcompat's:
-``DataCollatorWithFlattening`` (and TRL's ``padding_free=True``) rows run on a patched model as they are. TRL's
-``SFTTrainer`` refuses ``padding_free=True`` for vision datasets and custom collators; give it this collator with
-``padding_free=False``, ``remove_unused_columns=False`` and a processed dataset
-(``dataset_kwargs={"skip_prepare_dataset": True}``).
+kwargs; classes that declare ``accepts_loss_kwargs = False`` (Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4V and their
+MoE variants; not Qwen2-VL) get the mean of the micro-batches' losses instead, as padded batches do, unless
+``model.accepts_loss_kwargs = True`` is set (their forwards pass the count on to the loss).
+
+Text models need no collator of tfcompat's: ``DataCollatorWithFlattening`` (and TRL's ``padding_free=True``)
+rows run on a patched model as they are. TRL's ``SFTTrainer`` refuses ``padding_free=True`` for vision datasets
+and custom collators; give it this collator with ``padding_free=False``, ``remove_unused_columns=False`` and a
+processed dataset (``dataset_kwargs={"skip_prepare_dataset": True}``).
 """
 
 from __future__ import annotations
@@ -64,9 +65,9 @@ class PackedCollator:
 
     Raises `InvalidInputError` for what `tfcompat.pack` refuses (naming the example), for features whose
     values are not numeric arrays, and for a batch the installed stock forward cannot take in one call (a known
-    issue of the registry entry: images with videos for GLM-4V, or any video, where `tfcompat.pack` would run the
-    vision tower to embed the row: a collator runs in the data loader, ahead of the optimizer step, so it must
-    not); `PatchedModelError` when the model is not patched.
+    issue of the registry entry: GLM-4V's forward rejects images with videos, Qwen3-VL's on 5.3 every video;
+    `tfcompat.pack` would embed such a row with the vision tower, which a collator must not run: the data loader
+    collates ahead of the optimizer step); `PatchedModelError` when the model is not patched.
     """
 
     def __init__(self, model: torch.nn.Module, *, ignore_index: int = -100, impl: Impl = "installed") -> None:
