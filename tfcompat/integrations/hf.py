@@ -64,10 +64,11 @@ class PackedCollator:
     forward finds the boundaries from the position ids (one host sync per forward).
 
     Raises `InvalidInputError` for what `tfcompat.pack` refuses (naming the example), for features whose
-    values are not numeric arrays, and for a batch the installed stock forward cannot take in one call (a known
-    issue of the registry entry: GLM-4V's forward rejects images with videos, Qwen3-VL's on 5.3 every video;
-    `tfcompat.pack` would embed such a row with the vision tower, which a collator must not run: the data loader
-    collates ahead of the optimizer step); `PatchedModelError` when the model is not patched.
+    values are not numeric arrays, and for a batch the installed stock forward cannot take in one call (known
+    issues of the registry entry): images with videos where the forward rejects the mix (GLM-4V; `tfcompat.pack`
+    would embed the row with the vision tower, which a collator must not run, since the data loader collates
+    ahead of the optimizer step), any video where it rejects every video (Qwen2-VL on 4.54, Qwen3-VL and Qwen3.5
+    on 5.3). `PatchedModelError` when the model is not patched.
     """
 
     def __init__(self, model: torch.nn.Module, *, ignore_index: int = -100, impl: Impl = "installed") -> None:
