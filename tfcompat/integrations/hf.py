@@ -130,9 +130,9 @@ class PackedCollator:
             raise self._error(
                 "PackedCollator got a batch the installed stock forward cannot take in one call",
                 f"known issue {issue!r} of the registry entry {r.entry.versions}: the forward rejects "
-                + ("every video" if issue == "videos_rejected" else "images and videos together")
-                + "; tfcompat.pack would embed the row with the vision tower, which a collator must not run (the data "
-                "loader collates ahead of the optimizer step)",
+                + ("every video" if issue == "videos_rejected" else "images and videos together; tfcompat.pack would "
+                   "embed the row with the vision tower, which a collator must not run (the data loader collates ahead "
+                   "of the optimizer step)"),
                 "keep videos out of the batches" + ("" if issue == "videos_rejected" else " that hold images (group the "
                 "dataset by modality)") + ", or pack inside the training step: override Trainer.compute_loss to call "
                 "tfcompat.pack(model, examples) on the raw features", supported=f"entry {r.entry.versions}")
