@@ -195,10 +195,11 @@ class TestBadInputs:
         """No position ids: not a packed row, so the stock forward answers (tests/test_ordinary_calls.py)."""
         model, inputs, handle = patched
         ids = inputs["input_ids"][:, :6]
+        mask = torch.ones_like(ids)  # GLM-4V's stock mask builder on 4.53-4.55 crashes on 3-row ids without one
         with torch.no_grad():
-            got = model(input_ids=ids, use_cache=False).logits
+            got = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
             handle.undo()
-            expected = model(input_ids=ids, use_cache=False).logits
+            expected = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         assert torch.equal(got, expected)
 
     def test_length_mismatch(self, patched):

@@ -24,7 +24,7 @@ import torch
 
 from ..records import Entry, Family, Rotary, VisionItem, VisionTower
 from ..versions import VersionRange
-from ._table import starting_at
+from ._table import overlay, starting_at
 
 SECTIONED = Rotary("apply_multimodal_rotary_pos_emb", "sectioned")
 FOLDED = Rotary("apply_rotary_pos_emb", "folded")
@@ -87,6 +87,10 @@ def glm_vl_entries(family: str, prefix: str, *, first: str = "4.53", first_why: 
         replace(v5, versions=VersionRange("5.24", "5.25"), rope_index_mm_token_types=True, rotary=RECOMPOSED,
                 cache_kwarg="cache", why="cache kwarg renamed past_key_values -> cache"),
     )
+    # 4.55's placeholder mask counts video tokens by video_token_id, which GLM's processor never writes (its
+    # frames are image tokens inside video start/end): every video is rejected ("tokens: 0"); 4.56 counts them again
+    entries = overlay(entries, VersionRange("4.55", "4.56"), "the placeholder mask counts videos by video_token_id "
+                      "(GLM writes frames as image tokens: every video rejected)", known_issues=("videos_rejected",))
     return entries if first == "4.53" else starting_at(entries, first, first_why)
 
 
