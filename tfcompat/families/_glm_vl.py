@@ -71,7 +71,7 @@ def glm_vl_entries(family: str, prefix: str, *, first: str = "4.53", first_why: 
     v4 = replace(base, layer_forwards_kwargs=True)
     v5 = replace(v4, rotary=FOLDED, rope_config_key="rope_parameters", text_model_positions="text+mrope",
                  cache_kwarg="past_key_values", vision=VisionTower(owner="model", attr="visual", output="model_output"))
-    entries = (
+    entries: tuple[Entry, ...] = (
         base,
         replace(v4, versions=VersionRange("4.54", "4.56"), why="decoder layer forwards **kwargs to attention"),
         replace(v4, versions=VersionRange("4.56", "5.0"), cache_kwarg="past_key_values",
