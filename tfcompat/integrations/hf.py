@@ -67,8 +67,8 @@ class PackedCollator:
     values are not numeric arrays, and for a batch the installed stock forward cannot take in one call (known
     issues of the registry entry): images with videos where the forward rejects the mix (GLM-4V; `tfcompat.pack`
     would embed the row with the vision tower, which a collator must not run, since the data loader collates
-    ahead of the optimizer step), any video where it rejects every video (Qwen2-VL on 4.54, Qwen3-VL and Qwen3.5
-    on 5.3). `PatchedModelError` when the model is not patched.
+    ahead of the optimizer step), any video where it rejects every video (Qwen2-VL on 4.54, GLM-4V on 4.55,
+    Qwen3-VL and Qwen3.5 on 5.3). `PatchedModelError` when the model is not patched.
     """
 
     def __init__(self, model: torch.nn.Module, *, ignore_index: int = -100, impl: Impl = "installed") -> None:
