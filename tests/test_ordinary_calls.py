@@ -85,3 +85,13 @@ class TestOrdinaryCalls:
         assert got.keys() == expected.keys() and got
         for name in got:
             assert torch.allclose(got[name], expected[name], atol=1e-6, rtol=0), name
+
+
+def test_packed_row_with_use_cache_true_is_refused():
+    """A cache continues one sequence per row: asking for one on a packed row is an error, not a silent cache."""
+    model = tiny_model("qwen2", "sdpa")
+    packed = tfcompat.pack(model, [{"input_ids": torch.arange(3, 9)}, {"input_ids": torch.arange(4, 9)}])
+    inputs = {k: v for k, v in packed.model_inputs.items() if k != "tfcompat_context"}
+    with tfcompat.patch(model), pytest.raises(tfcompat.InvalidInputError, match="cannot build a KV cache") as info:
+        model(**inputs, use_cache=True)
+    assert "use_cache=False" in info.value.fix

@@ -158,6 +158,13 @@ class Router:
                 "would place every vision token on the text row", PER_SEQUENCE_FIX + " (4-row ids)")
         self._check_packed(text, mrope if position_ids.ndim == 3 else None)
         seqs = from_host_positions(text, device=tokens.device, family=self.r.family)
+        if a.get("use_cache") is True:  # asked for, not defaulted: generate()'s prefill on 5.4+ passes only this
+            if len(seqs.lengths) == text.shape[0]:  # one sequence per row: the stock forward builds its cache
+                return self.context
+            raise self.error(
+                "a packed row cannot build a KV cache", f"use_cache=True with {len(seqs.lengths)} sequences in "
+                f"{text.shape[0]} row(s); a cache continues one sequence per row",
+                "pass use_cache=False (or leave it unset) for packed rows; generate() with one sequence per row")
         if self.group is not None:
             raise self.error("a sequence-parallel forward needs the inputs of tfcompat.ulysses.shard_inputs",
                              "the model was patched with ulysses_group, and no shard context was passed",
