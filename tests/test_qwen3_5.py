@@ -111,13 +111,17 @@ class TestPackedEqualsPerSequence:
         assert max_token_diff(got, expected) > 1e-3
 
     def test_a_cache_changes_nothing(self, case):
-        """use_cache=True (the config default) gives the same logits: a packed row is whole sequences."""
+        """The config's use_cache default gives the same logits (a packed row is whole sequences, no cache is
+        built); asking for a cache on a packed row is refused (tests/test_ordinary_calls.py)."""
         family, model, seqs, _ = case
         inputs = pack(model, seqs)
         with tfcompat.patch(model), torch.no_grad():
             plain = model(**inputs, use_cache=False).logits
-            cached = model(**inputs, use_cache=True).logits
-        assert torch.equal(plain, cached)
+            default = model(**inputs)
+            assert default.past_key_values is None
+            with pytest.raises(tfcompat.InvalidInputError, match="cannot build a KV cache"):
+                model(**inputs, use_cache=True)
+        assert torch.equal(plain, default.logits)
 
 
 class TestPatch:
