@@ -1,7 +1,7 @@
 """Test sessions over the transformers matrix in matrix.yaml.
 
     nox -l                                        # list sessions
-    nox -s ci                                     # default: the CI subset (ci: true), one venv per version
+    nox -s ci                                     # default: the CI subset (matrix.yaml `ci`), one venv per version
     nox -s matrix                                 # every version in matrix.yaml
     nox -s "tests(transformers='5.9.0')"          # one version; extra args after -- go to pytest
     nox -s trainers                               # Hugging Face Trainer / TRL SFTTrainer (trl, accelerate, datasets)
@@ -13,8 +13,9 @@ session can fall back to PyPI's CUDA wheels (gigabytes).
 
 Tests marked ``dist`` (gloo worker processes, slow to spawn) run on the versions with ``dist: true`` in
 matrix.yaml. The CI subset (``nox -s ci``) runs, on those versions, every other test and the dist tests of
-`CI_DIST`; on its other versions the per-entry tests only (not ``broad``: tests/conftest.py). ``nox -s matrix``
-and a plain ``tests(...)`` session run everything. Tests run on two pytest-xdist workers, dist tests serially.
+`CI_DIST` (the newest) or `CI_DIST_OLDEST`; on its other versions the per-entry tests (not ``broad``:
+tests/conftest.py) of the families matrix.yaml's ``ci`` names there. ``nox -s matrix`` and a plain ``tests(...)``
+session run everything. Tests run on two pytest-xdist workers, dist tests serially.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ ROOT = Path(__file__).resolve().parent
 MATRIX = yaml.safe_load((ROOT / "matrix.yaml").read_text())
 PYTHON = str(MATRIX["python"])
 VERSIONS = [str(item["transformers"]) for item in MATRIX["versions"]]
-CI_VERSIONS = [str(item["transformers"]) for item in MATRIX["versions"] if item.get("ci")]
+# matrix.yaml's `ci`: `all`, or the families whose per-entry tests CI runs on that release ([] = not in CI)
+CI_FAMILIES = {str(item["transformers"]): item["ci"] for item in MATRIX["versions"] if item["ci"]}
+CI_VERSIONS = list(CI_FAMILIES)
 DIST_VERSIONS = {str(item["transformers"]) for item in MATRIX["versions"] if item.get("dist")}
 
 TORCH_VERSION = "2.13.0+cpu"  # == 2.13.0, and only the CPU build
@@ -41,6 +44,8 @@ TEST_DEPS = ["pytest", "pytest-xdist", "hypothesis", "pyyaml", "packaging"]
 # the dist tests of the CI subset: sp 2, one family of each kind (the matrix runs every family at sp 2 and 4)
 CI_DIST = ("not sp4 and not verl_actor and (not fsdp2 or glm4v-fsdp) and (not hybrid or qwen3_5-sp2 or linear_heads) "
            "and (not sample-sp2 or llama-kv1 or qwen2_5_vl-sample or glm4v-sample or qwen3_vl-sample or qwen3_5-sample)")
+# the oldest release's dist tests in CI: sp 2, a Qwen-VL, GLM-4V and a dense family with one KV head
+CI_DIST_OLDEST = "sp2 and (qwen2_5_vl-sample or glm4v-sample or llama-kv1)"
 VERL = "verl==0.9.1"  # installed without its dependencies: the tests load only its pure-torch verl/utils/ulysses.py
 VERL_TRANSFORMERS = "5.10.4"  # inside verl 0.9.1's own pin (>=5.5.3, <5.11, !=5.6.0)
 LINT_DEPS = ["ruff==0.17.6", "mypy==2.4.1", "packaging"]
@@ -80,24 +85,27 @@ def tests(session: nox.Session, transformers: str) -> None:
     session.log(f"install took {time.monotonic() - start:.1f} s (transformers=={transformers})")
     start = time.monotonic()
     ci = session.posargs == ["--ci"]
+    env = {"TFCOMPAT_EXPECT_TRANSFORMERS": transformers}
     if session.posargs and not ci:
         runs = [list(session.posargs)]
     else:
         full = transformers in DIST_VERSIONS or not ci
         runs = [["tests", "-n", "2", "-m", "not dist" if full else "not dist and not broad"]]
         if transformers in DIST_VERSIONS:
-            runs.append(["tests", "-m", "dist", *(["-k", CI_DIST] if ci else [])])
+            subset = CI_DIST if transformers == VERSIONS[-1] else CI_DIST_OLDEST
+            runs.append(["tests", "-m", "dist", *(["-k", subset] if ci else [])])
+        if ci and CI_FAMILIES[transformers] != "all":
+            env["TFCOMPAT_CI_FAMILIES"] = ",".join(CI_FAMILIES[transformers])
     try:
         for args in runs:
-            session.run("python", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *args,
-                        env={"TFCOMPAT_EXPECT_TRANSFORMERS": transformers})
+            session.run("python", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *args, env=env)
     finally:
         session.log(f"pytest took {time.monotonic() - start:.1f} s (transformers=={transformers})")
 
 
 @nox.session(python=False)
 def ci(session: nox.Session) -> None:
-    """The CI subset of matrix.yaml (ci: true): first and last release of every registry range; lint first."""
+    """The CI subset of matrix.yaml (its `ci` lists): every registry entry on one of its releases; lint first."""
     session.notify("lint")
     for version in CI_VERSIONS:
         session.notify(_session_name(version), posargs=session.posargs or ["--ci"])

@@ -5,6 +5,10 @@ kernels, property tests, the misuse probes, trainers) or repeat at length what t
 self-check already cover (rotary hypothesis runs, checkpointing every family); they carry the ``broad`` marker, so
 the CI subset runs them on its full versions only (noxfile.py), every other CI version the per-entry tests, and
 ``nox -s matrix`` all of them on every release.
+
+``TFCOMPAT_CI_FAMILIES`` (set by ``nox -s ci`` from matrix.yaml's ``ci`` lists, comma-separated) deselects the tests
+parametrized with another family (their id starts with a family key): the CI subset runs each registry entry on one
+of its releases, not every family on every release.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import os
 
 import pytest
 
+from tfcompat.registry import families
 from tfcompat.versions import installed_transformers
 
 BROAD = {
@@ -26,6 +31,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.name in BROAD:
             item.add_marker(pytest.mark.broad)
+    only = os.environ.get("TFCOMPAT_CI_FAMILIES")
+    if only is None:
+        return
+    wanted = set(only.split(",")) - {""}
+    known = set(families())
+    kept, dropped = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        family = callspec.id.split("-")[0] if callspec is not None else None
+        (dropped if family in known and family not in wanted else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def pytest_report_header(config: pytest.Config) -> str:
