@@ -181,16 +181,16 @@ class TritonLogprobsEntropy(torch.autograd.Function):
             for rows in token_blocks:
                 logits = F.linear(hidden[rows], tile_weight, tile_bias)  # (R, C)
                 grad = _grad_logits(logits, columns.start, labels[rows], temperature[rows], coefs[:, rows])
-                if need_bias:
+                if grad_bias is not None:
                     grad_bias[columns] += grad.sum(0, dtype=torch.float32)
                 if weight_sum is not None:
                     _accumulate_mm(tile_sum, grad.T, hidden[rows])
-                elif need_weight:
+                elif grad_weight is not None:
                     torch.mm(grad.T, hidden[rows], out=grad_weight[columns])
-                if need_hidden:
+                if grad_hidden is not None:
                     _accumulate_mm(grad_hidden[rows], grad, tile_weight)
                 del logits, grad
-            if weight_sum is not None:
+            if weight_sum is not None and grad_weight is not None:  # weight_sum exists only with grad_weight
                 grad_weight[columns] = tile_sum
         return (
             None if grad_hidden is None else grad_hidden.to(hidden.dtype),

@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -94,7 +94,8 @@ def logprobs_entropy(
     else:
         from ._triton_heads import TritonLogprobsEntropy
 
-        tile_rows, tile_columns = _triton_tiles(*tokens.shape, lm_head_weight.shape[0], chunk_size)
+        token_count, hidden_size = tokens.shape
+        tile_rows, tile_columns = _triton_tiles(token_count, hidden_size, lm_head_weight.shape[0], chunk_size)
         logprobs, entropy = TritonLogprobsEntropy.apply(
             tokens, lm_head_weight, lm_head_bias, flat_labels, column, tile_rows, tile_columns
         )
@@ -116,11 +117,13 @@ def model_logprobs(
     and its head ``model.get_output_embeddings()``. labels: ``(B, L)`` next-token ids aligned with the input
     tokens (already shifted; under Ulysses, ``shard.labels``). inputs: what the model's forward takes.
     """
-    head = model.get_output_embeddings()
-    out = model.model(**inputs)
+    # torch types a Module attribute read `Tensor | Module`: name what these are
+    head = cast(Callable[[], torch.nn.Module], model.get_output_embeddings)()
+    weight, bias = cast(torch.Tensor, head.weight), cast("torch.Tensor | None", head.bias)
+    out = cast(torch.nn.Module, model.model)(**inputs)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    return logprobs_entropy(hidden, head.weight, labels, temperature, backend=backend, chunk_size=chunk_size,
-                            lm_head_bias=head.bias)
+    return logprobs_entropy(hidden, weight, labels, temperature, backend=backend, chunk_size=chunk_size,
+                            lm_head_bias=bias)
 
 
 # ------------------------------------------------------------------------------------------- validation
@@ -189,7 +192,7 @@ def _validate(
             f"labels must be token ids in [0, {vocab}) or {IGNORE_INDEX}",
             why=f"got {labels[bad_label][:8].tolist()!r} among labels {tuple(labels.shape)}",
         )
-    if any_bad_temperature:
+    if any_bad_temperature and isinstance(temperature, torch.Tensor):  # a float was checked above
         raise InvalidInputError(
             "every per-token temperature must be finite and > 0",
             why=f"got {temperature[bad_temperature][:8].tolist()!r} among temperatures {tuple(temperature.shape)}",
@@ -437,11 +440,11 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
             for columns in _spans(vocab, _aligned(-(-ctx.chunk_size * vocab // max(tokens, 1)), vocab)):
                 logits = F.linear(hidden, weight[columns], None if bias is None else bias[columns])  # (T, C)
                 grad = _torch_grad_logits(logits, stats, labels, columns.start)  # (T, C) in the input dtype
-                if need_bias:
+                if grad_bias is not None:
                     grad_bias[columns] = grad.sum(0, dtype=torch.float32)
-                if need_weight:
+                if grad_weight is not None:
                     torch.mm(grad.T, hidden, out=grad_weight[columns])
-                if need_hidden:
+                if grad_hidden is not None:
                     _accumulate_mm(grad_hidden, grad, weight[columns])
                 del logits, grad
         else:
@@ -450,11 +453,11 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
             for rows in _spans(tokens, _aligned(ctx.chunk_size, tokens)):
                 logits = F.linear(hidden[rows], weight, bias)  # (R, V)
                 grad = _torch_grad_logits(logits, stats.rows(rows), labels[rows], 0)  # (R, V) in the input dtype
-                if need_bias:
+                if grad_bias is not None:
                     grad_bias += grad.sum(0, dtype=torch.float32)
-                if need_hidden:
+                if grad_hidden is not None:
                     torch.mm(grad, weight, out=grad_hidden[rows])
-                if need_weight:
+                if grad_weight is not None:
                     _accumulate_mm(grad_weight, grad.T, hidden[rows])
                 del logits, grad
         return (
