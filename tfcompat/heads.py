@@ -25,7 +25,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from typing import Any, Callable, NamedTuple, cast
+from collections.abc import Callable
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
