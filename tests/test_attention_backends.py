@@ -122,11 +122,15 @@ class TestSelection:
             varlen_attention(q, q, q, from_lengths([8]), backend="nope")  # type: ignore[arg-type]
 
     def test_auto_table_switches_to_per_sequence_sdpa_for_long_sequences(self, monkeypatch):
-        """The decision table on a (pretended) Hopper GPU: per-sequence SDPA from Hq * D * mean(L^2) >= 2e10."""
+        """The decision table on a (pretended) Hopper GPU: per-sequence SDPA from Hq * D * mean(L^2) >= 2e10 with a
+        gradient, 8e9 without."""
         monkeypatch.setattr(attention, "_fast_cuda", lambda q: True)
         monkeypatch.setattr(attention, "_hopper_cudnn_sdpa", lambda device: True)
-        q = torch.empty(1, 28, 128)  # 28 * 128 = 3584: the break-even RMS length is about 2362
+        q = torch.empty(1, 28, 128, requires_grad=True)  # 28 * 128 = 3584: the break-even RMS length is about 2362
         assert attention._auto_order(q, None, from_lengths([2300] * 8)) == attention.AUTO_ORDER
+        with torch.no_grad():  # without a gradient from about 1494
+            assert attention._auto_order(q, None, from_lengths([2300] * 8)) == ("flash", "sdpa")
+            assert attention._auto_order(q, None, from_lengths([1400] * 8)) == attention.AUTO_ORDER
         assert attention._auto_order(q, None, from_lengths([2400] * 8)) == ("flash", "sdpa")
         assert attention._auto_order(q, None, from_lengths([615, 3789])) == ("flash", "sdpa")
         assert attention._auto_order(q, None, None) == attention.AUTO_ORDER

@@ -22,29 +22,31 @@ accumulated in fp32, output in the input dtype. Backends (each imported or probe
   the reference the others are tested against.
 
 ``"auto"`` takes the first backend of a decision table that can run the inputs. The table comes from
-``bench/attention_backends.py`` (bf16, forward+backward, one H200, torch 2.11, cuDNN 9.19, no flash-attn; the
-figures are in bench/RESULTS.md). There the per-sequence ``"sdpa"`` loop, which SDPA dispatches to cuDNN's
-Hopper kernels, ran 8 x 4k tokens (28/4 heads, head_dim 128) in 8.97 ms (375 TFLOP/s) against 12.15 ms for
-``varlen_attn`` and 14.13 ms for flex, but pays about 0.27 ms per sequence, so at 8 x 1k ``varlen_attn`` won
-(1.63 ms against 2.59, flex 1.72). Fitting ``time = fixed + FLOPs / rate`` to both backends (per-sequence SDPA:
-0.27 ms per sequence, 495 TFLOP/s; varlen_attn: 0.93 ms per call, 300 TFLOP/s) puts the break-even of 8
-sequences at ``Hq * D * mean(L_i ** 2)`` of about 1.7e10 (ignoring the fixed cost of varlen_attn, 2.4e10); the
-table switches at 2e10, a root-mean-square length of about 2400 tokens at 28 x 128 heads x dims, and uses the
-same FLOP measure for other head counts and dims (an extrapolation from two measured shapes):
+``bench/attention_backends.py`` (bf16, one H200, torch 2.11, cuDNN 9.19, no flash-attn; seven shapes, the
+figures in bench/RESULTS.md section 6). There the per-sequence ``"sdpa"`` loop, which SDPA dispatches to cuDNN's
+Hopper kernels, ran at 340-660 TFLOP/s against 260-350 for ``varlen_attn`` and 170-390 for flex wherever
+sequences were long (8 x 4k at 28/4 heads: 8.5 ms forward+backward against 11.9 and 13.8), but pays about 0.3 ms
+per sequence, so ``varlen_attn`` won at 8 x 1k (1.9 ms against 3.9) and, for forward+backward only, at 8 x 4k
+with 16 heads of 64 (4.1 against 4.3). Measured by ``W = Hq * D * mean(L_i ** 2)``, per-sequence SDPA wins
+forward+backward from ``W`` of about 2e10 and a forward alone (no gradient: reference and old-policy log-probs)
+from about 8e9 (8 x 1k at 28 x 128 is 3.8e9, 8 x 4k at 16 x 64 is 1.7e10):
 
 ==========================================================  ================================================
 inputs                                                      order
 ==========================================================  ================================================
 CUDA fp16/bf16, compute capability 9.x with cuDNN >= 9,     ``flash`` (if installed), ``sdpa``
-``Hq * D * mean(L_i ** 2) >= 2e10``
+``W >= 2e10`` (``W >= 8e9`` without a gradient)
 other CUDA fp16/bf16 (shorter sequences, other GPUs, or      ``flash`` (if installed), ``torch``, ``flex``,
 no boundaries given)                                        ``cudnn``, ``sdpa``
 CUDA fp32, CPU                                              ``sdpa``
 ==========================================================  ================================================
 
-``flash`` leads where installed (FlashAttention-3 on Hopper is expected to beat both; not measured here). flex
-attention was exact but never the fastest; the ``cudnn`` varlen op took 59-89 ms per forward there, nearly all
-of it on the host, and is forward only: auto reaches it only when nothing else can run.
+At every shape of that run the table picked the fastest backend (forward+backward and forward). Reentrant
+checkpointing runs a layer's forward without a gradient and its recomputation with one, so between the two
+thresholds the two passes may run different (each exact) backends. ``flash`` leads where installed
+(FlashAttention-3 on Hopper is expected to beat both; not measured here). flex attention was exact but never the
+fastest; the ``cudnn`` varlen op took 50-76 ms per forward there, nearly all of it on the host, and is forward
+only: auto reaches it only when nothing else can run.
 
 No backend syncs the host in a forward: boundaries and ``max_seqlen`` come from the `PackedSeqs`, built once.
 """
@@ -69,8 +71,10 @@ __all__ = ["Backend", "available_backends", "document_block_mask", "select_backe
 Backend = Literal["auto", "flash", "torch", "cudnn", "flex", "sdpa"]
 AUTO_ORDER: tuple[str, ...] = ("flash", "torch", "flex", "cudnn", "sdpa")
 _LONG_ORDER: tuple[str, ...] = ("flash", "sdpa")
-# Hq * D * mean(L_i ** 2) above which per-sequence SDPA (cuDNN on Hopper) beats varlen_attn: the module docstring
+# Hq * D * mean(L_i ** 2) above which per-sequence SDPA (cuDNN on Hopper) beats varlen_attn, with and without a
+# gradient: the module docstring
 _PER_SEQUENCE_MIN_WORK = 2e10
+_PER_SEQUENCE_MIN_WORK_NO_GRAD = 8e9
 _FAST_DTYPES = (torch.float16, torch.bfloat16)
 _FLEX_BLOCK = 128  # flex attention's sparse block size (tokens per block row and column)
 
@@ -134,7 +138,7 @@ def _auto_order(q: torch.Tensor, k: torch.Tensor | None, seqs: PackedSeqs | None
         return ("sdpa",)
     if seqs is not None and _hopper_cudnn_sdpa(q.device):
         work = q.shape[1] * q.shape[2] * sum(n * n for n in seqs.lengths) / len(seqs.lengths)
-        if work >= _PER_SEQUENCE_MIN_WORK:
+        if work >= (_PER_SEQUENCE_MIN_WORK if _needs_grad(q, k) else _PER_SEQUENCE_MIN_WORK_NO_GRAD):
             return _LONG_ORDER
     return AUTO_ORDER
 
