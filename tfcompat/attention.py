@@ -57,7 +57,7 @@ import functools
 import importlib
 import inspect
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -228,13 +228,14 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs, s
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs, scale: float) -> torch.Tensor:
     cu = seqs.cu_seqlens
-    out = _flash_varlen(q.device)(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=seqs.max_seqlen,
-                                  max_seqlen_k=seqs.max_seqlen, softmax_scale=scale, causal=True)
+    flash = cast(_VarlenFn, _flash_varlen(q.device))  # _can_flash: found
+    out = flash(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=seqs.max_seqlen,
+                max_seqlen_k=seqs.max_seqlen, softmax_scale=scale, causal=True)
     return out[0] if isinstance(out, tuple) else out  # FA3/FA4 releases that also return the log-sum-exp
 
 
 def _torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs, scale: float) -> torch.Tensor:
-    fn, extra = _torch_varlen()
+    fn, extra = cast(_TorchVarlen, _torch_varlen())  # _can_torch: found
     cu = seqs.cu_seqlens
     return fn(q, k, v, cu, cu, seqs.max_seqlen, seqs.max_seqlen, scale=scale, **extra(q, k))
 
@@ -288,7 +289,7 @@ def document_block_mask(seqs: PackedSeqs) -> Any:
 
 
 def _build_document_block_mask(seqs: PackedSeqs) -> Any:
-    _, block_mask_cls = _flex_api()
+    _, block_mask_cls = cast(_FlexApi, _flex_api())  # _can_flex: found
     cu, total = seqs.cu_seqlens, seqs.total
     blocks = -(-total // _FLEX_BLOCK)
     tokens = torch.arange(blocks * _FLEX_BLOCK, device=cu.device, dtype=cu.dtype)
@@ -318,9 +319,14 @@ def _build_document_block_mask(seqs: PackedSeqs) -> Any:
 
 # ----------------------------------------------------------------------------------------------- probes
 
+# What the probes find; a backend reads its probe's result only after its `_CAN_RUN` check found it (not None).
+_VarlenFn = Callable[..., torch.Tensor]
+_TorchVarlen = tuple[_VarlenFn, Callable[..., dict]]  # varlen_attn, the builder of its causal/GQA kwargs
+_FlexApi = tuple[_VarlenFn, Any]  # flex_attention, BlockMask
+
 
 @functools.cache
-def _flash_varlen(device: torch.device) -> Callable[..., torch.Tensor] | None:
+def _flash_varlen(device: torch.device) -> _VarlenFn | None:
     """The newest flash-attn varlen function installed for ``device``'s GPU: FA3/FA4 on Hopper, FA4 on
     Blackwell, else FA2; None if none imports."""
     major = torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0
@@ -339,7 +345,7 @@ def _flash_varlen(device: torch.device) -> Callable[..., torch.Tensor] | None:
 
 
 @functools.cache
-def _torch_varlen() -> tuple[Callable[..., torch.Tensor], Callable[..., dict]] | None:
+def _torch_varlen() -> _TorchVarlen | None:
     """``varlen_attn`` and a builder of its causal/GQA kwargs, from its signature on this torch."""
     try:
         fn = importlib.import_module("torch.nn.attention.varlen").varlen_attn
@@ -374,7 +380,7 @@ def _hopper_cudnn_sdpa(device: torch.device) -> bool:
 
 
 @functools.cache
-def _flex_api() -> tuple[Callable[..., torch.Tensor], Any] | None:
+def _flex_api() -> _FlexApi | None:
     """``flex_attention`` and ``BlockMask``, or None where this torch lacks them."""
     try:
         module = importlib.import_module("torch.nn.attention.flex_attention")
@@ -392,4 +398,5 @@ def _compiled_flex(device_type: str) -> Callable[..., torch.Tensor]:
     """``flex_attention`` under ``torch.compile`` (without it flex materializes the scores). On CUDA dynamo's
     automatic dynamic shapes recompile once when the token count first changes, then reuse the kernel; on CPU
     each shape compiles statically (torch 2.13's C++ flex template fails to build with dynamic shapes)."""
-    return torch.compile(_flex_api()[0], dynamic=False if device_type == "cpu" else None)
+    flex, _ = cast(_FlexApi, _flex_api())  # _can_flex: found
+    return torch.compile(flex, dynamic=False if device_type == "cpu" else None)
