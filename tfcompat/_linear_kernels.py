@@ -34,7 +34,7 @@ import importlib
 import importlib.util
 import inspect
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -260,7 +260,7 @@ def causal_conv1d() -> Probed | None:
 def fla_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                          seqs: PackedSeqs, scale: float, use_qk_l2norm: bool) -> torch.Tensor:
     """Same contract as `torch_gated_delta_rule`, through fla's chunked kernel with ``cu_seqlens``."""
-    probed = fla_rule()
+    probed = cast(Probed, fla_rule())  # select_rule_backend: found
     if k.shape[1] != v.shape[1]:
         reps = v.shape[1] // k.shape[1]
         q, k = q.repeat_interleave(reps, dim=1), k.repeat_interleave(reps, dim=1)  # (T, Hk, Dk) -> (T, Hv, Dk)
@@ -279,7 +279,7 @@ def fla_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
 def fla_causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
                     seqs: PackedSeqs) -> torch.Tensor:
     """Same contract as `torch_conv`, through fla's Triton conv with ``cu_seqlens``."""
-    probed = fla_conv()
+    probed = cast(Probed, fla_conv())  # select_conv_backend: found
     cu, cu_host = long_cu_seqlens(seqs.lengths, x.device)
     kwargs: dict[str, Any] = {"weight": weight, "bias": bias, "activation": activation, "cu_seqlens": cu}
     if "cu_seqlens_cpu" in probed.params:
@@ -294,7 +294,7 @@ def fla_causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 def cuda_causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
                      seqs: PackedSeqs) -> torch.Tensor:
     """Same contract as `torch_conv`, through causal-conv1d's kernel with ``seq_idx``."""
-    probed = causal_conv1d()
+    probed = cast(Probed, causal_conv1d())  # select_conv_backend: found
     idx = seq_index(seqs.lengths, x.device)
     # (T, C) -> (1, C, T) channel-last view, the layout causal-conv1d takes with seq_idx
     out = probed.fn(x.contiguous().t()[None], weight, bias, seq_idx=idx, activation=activation)
