@@ -179,3 +179,60 @@ class TestPatch:
             with tfcompat.patch(model, linear_backend=backend), torch.no_grad():
                 outs.append(model(**inputs, use_cache=False).logits)
         assert torch.equal(*outs)
+
+
+# a tiny hybrid model without softmax-attention layers, as users build for small experiments: every layer_types entry
+# linear, or no layer_types and a full_attention_interval beyond the 2 layers (the config derives all-linear types)
+ALL_LINEAR = {"layer_types": dict(layer_types=["linear_attention", "linear_attention"]),
+              "interval": dict(layer_types=None, full_attention_interval=4)}
+
+
+@pytest.mark.parametrize("config", list(ALL_LINEAR))
+@pytest.mark.parametrize("family", HYBRID)
+class TestAllLinear:
+    """Rule: a hybrid model whose layers are all linear attention patches (its Gated DeltaNet layers still need the
+    packed core), and per token its packed forward and every gradient equal the stock forward of each sequence alone;
+    control: told the row is one sequence, the patched forward leaks."""
+
+    def test_packed_equals_per_sequence(self, family, config):
+        model = tiny_model(family, "sdpa", **ALL_LINEAR[config])
+        r = tfcompat.resolve(family)
+        assert model.config.get_text_config().layer_types == ["linear_attention", "linear_attention"]
+        assert not any(isinstance(m, r.attention_cls) for m in model.modules())
+        assert len(_linear_modules(model, family)) == 2
+        seqs = sample_sequences(model, *sample_case(family), seed=1)
+        weight = torch.randn(model.config.get_text_config().vocab_size, generator=torch.Generator().manual_seed(3))
+        expected, expected_grads = _per_sequence(family, model, seqs, weight)
+        inputs = pack(model, seqs)
+        one = ForwardContext(from_lengths([inputs["input_ids"].shape[1]]))
+        with tfcompat.patch(model):
+            got = model(**inputs, use_cache=False).logits[0]
+            (got @ weight).sum().backward()
+            with torch.no_grad():
+                leaked = model(**inputs, tfcompat_context=one, use_cache=False).logits[0]
+        scale = float(torch.cat(expected).abs().max())
+        assert max_token_diff(got.detach(), expected) <= 1e-5 * scale
+        assert max_token_diff(leaked, expected) > 1e-3
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        assert grads.keys() == expected_grads.keys() and any("linear_attn.conv1d" in n for n in grads)
+        for name, g in grads.items():
+            ref = expected_grads[name]
+            assert float((g - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max())), name
+
+
+@pytest.mark.parametrize("family", ["qwen3", *HYBRID])
+def test_no_mixer_at_all_is_refused(family):
+    """Rule: a model with neither softmax- nor linear-attention modules (dense here: qwen3) has nothing to pack and is
+    refused at patch() with a PatchError saying what it found; nothing is changed."""
+    model = tiny_model(family, "sdpa")
+    r = tfcompat.resolve(family)
+    mixers = tuple(c for c in (r.attention_cls, r.classes.get("linear_attention")) if c is not None)
+    for layer in [m for m in model.modules() if isinstance(m, r.decoder_layer_cls)]:
+        for name, child in list(layer.named_children()):
+            if isinstance(child, mixers):
+                setattr(layer, name, torch.nn.Identity())
+    with pytest.raises(tfcompat.PatchError, match=f"cannot patch {type(model).__name__}") as info:
+        tfcompat.patch(model)
+    names = " or ".join(c.__name__ for c in mixers)
+    assert f"found 1 {r.text_model_cls.__name__} and 0 {names}" in str(info.value)
+    assert info.value.family == family and "_tfcompat_handle" not in vars(model)

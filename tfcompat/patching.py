@@ -332,9 +332,12 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) 
 
     text_models = [m for m in model.modules() if isinstance(m, r.text_model_cls)]
     attentions = [m for m in model.modules() if isinstance(m, r.attention_cls)]
-    if not text_models or not attentions:
+    linear_cls = r.classes.get("linear_attention")  # a hybrid family: its linear layers alone still need the patch
+    linears = [m for m in model.modules() if linear_cls is not None and isinstance(m, linear_cls)]
+    if not text_models or not (attentions or linears):
+        mixers = " or ".join(c.__name__ for c in (r.attention_cls, linear_cls) if c is not None)
         raise error(f"cannot patch {type(model).__name__}",
-                    f"found {len(text_models)} {r.text_model_cls.__name__} and {len(attentions)} {r.attention_cls.__name__}",
+                    f"found {len(text_models)} {r.text_model_cls.__name__} and {len(attentions) + len(linears)} {mixers}",
                     "pass the model built by transformers for this family")
     for tm in text_models:
         params = inspect.signature(tm.forward).parameters.values()
