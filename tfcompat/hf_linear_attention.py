@@ -21,7 +21,7 @@ kernels exist; it changes nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, Protocol, cast, get_args
 
 import torch
 
@@ -85,6 +85,7 @@ def plan(model: torch.nn.Module, r: Resolved, group: Any, backend: str) -> Linea
         name, module = mixers[0]
         if linear_cls is None or not isinstance(module, linear_cls):
             continue
+        linear = cast(LinearAttention, spec)  # a family table names a linear_attention class only with its spec
         if backend == "fla" and _linear_kernels.fla_rule() is None:
             raise error("linear_backend='fla' but flash-linear-attention is not installed",
                         f"{type(module).__name__} layers would run the gated delta rule in fla's kernel",
@@ -95,15 +96,15 @@ def plan(model: torch.nn.Module, r: Resolved, group: Any, backend: str) -> Linea
 
             check_linear_heads(linear_attention_params(module).heads, dist.get_world_size(group), family=r.family,
                                transformers_version=r.transformers_version)
-        forwards.append((module, packed_linear_forward(module, spec, backend)))
-        if not spec.layer_forwards_kwargs:
+        forwards.append((module, packed_linear_forward(module, linear, backend)))
+        if not linear.layer_forwards_kwargs:
             bridges.append((layer, module))
     return LinearPlan(forwards, bridges)
 
 
 def _layer_type(model: torch.nn.Module, index: int) -> str:
     """`` (layer type 'x')`` from the text config's ``layer_types``, or nothing where it has none."""
-    types = getattr(model.config.get_text_config(), "layer_types", None)
+    types = getattr(cast(Any, model.config).get_text_config(), "layer_types", None)  # a PretrainedConfig
     return f" (layer type {types[index]!r})" if types is not None and index < len(types) else ""
 
 
@@ -117,6 +118,7 @@ def packed_linear_forward(module: torch.nn.Module, spec: LinearAttention, backen
     """
     rule_backend, conv_backend = _BACKENDS[backend]
     project = _PROJECTIONS[spec.projections]
+    tail = cast(_GatedDeltaNetTail, module)
 
     def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         ctx = kwargs.get(CONTEXT_KWARG) or module.__dict__.get(BRIDGE_ATTR)
@@ -138,24 +140,48 @@ def packed_linear_forward(module: torch.nn.Module, spec: LinearAttention, backen
             linear_attention_params(module), ctx.seqs, group=ctx.group, transport=ctx.transport,
             backend=rule_backend, conv_backend=conv_backend,
         )
-        head_v_dim = module.head_v_dim
-        out = module.norm(core.reshape(-1, head_v_dim), z.reshape(-1, head_v_dim))  # (B L Hv, Dv) each
-        return module.out_proj(out.reshape(batch, length, -1))  # (B L Hv, Dv) -> (B, L, Hv Dv)
+        head_v_dim = tail.head_v_dim
+        out = tail.norm(core.reshape(-1, head_v_dim), z.reshape(-1, head_v_dim))  # (B L Hv, Dv) each
+        return tail.out_proj(out.reshape(batch, length, -1))  # (B L Hv, Dv) -> (B, L, Hv Dv)
 
     return forward
 
 
 Projected = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+_Layer = Callable[[torch.Tensor], torch.Tensor]
+
+
+# What the packed forward reads of a stock Gated DeltaNet module, typed (torch types every Module attribute read
+# `Tensor | Module`): its tail (after the core), and its projections by `LinearAttention.projections`.
+class _GatedDeltaNetTail(Protocol):
+    head_v_dim: int
+    norm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (N, Dv) core, (N, Dv) gate -> (N, Dv)
+    out_proj: _Layer
+
+
+class _Qwen35Projections(Protocol):  # "qkv_z_b_a"
+    in_proj_qkv: _Layer
+    in_proj_z: _Layer
+    in_proj_b: _Layer
+    in_proj_a: _Layer
+
+
+class _Qwen3NextProjections(Protocol):  # "qkvz_ba"
+    in_proj_qkvz: _Layer
+    in_proj_ba: _Layer
+    fix_query_key_value_ordering: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
 
 
 def _project_qkv_z_b_a(module: torch.nn.Module, hidden: torch.Tensor) -> Projected:
     """Qwen3.5: ``mixed_qkv (B, L, 2 Hk Dk + Hv Dv)``, ``z (B, L, Hv Dv)``, ``b``, ``a (B, L, Hv)``."""
-    return module.in_proj_qkv(hidden), module.in_proj_z(hidden), module.in_proj_b(hidden), module.in_proj_a(hidden)
+    m = cast(_Qwen35Projections, module)
+    return m.in_proj_qkv(hidden), m.in_proj_z(hidden), m.in_proj_b(hidden), m.in_proj_a(hidden)
 
 
 def _project_qkvz_ba(module: torch.nn.Module, hidden: torch.Tensor) -> Projected:
     """Qwen3-Next: the stock regrouping by key-head group, then ``[q | k | v]`` flattened as its forward does."""
-    q, k, v, z, b, a = module.fix_query_key_value_ordering(module.in_proj_qkvz(hidden), module.in_proj_ba(hidden))
+    m = cast(_Qwen3NextProjections, module)
+    q, k, v, z, b, a = m.fix_query_key_value_ordering(m.in_proj_qkvz(hidden), m.in_proj_ba(hidden))
     # (B, L, Hk, Dk), (B, L, Hk, Dk), (B, L, Hv, Dv) -> (B, L, 2 Hk Dk + Hv Dv)
     mixed_qkv = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1)
     return mixed_qkv, z, b, a
