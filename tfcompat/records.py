@@ -150,6 +150,11 @@ class Family:
         (GLM-4.6V: ``AutoModel.from_config(config.text_config)``): a model with such a text config takes the
         text half of its entry (`TEXT_ROLES` and their conventions) from that family's entry on the installed
         release (`tfcompat.registry.resolve_model`). Text configs not listed use the family's own entries.
+    text_only: the family's text-only model, a family of its own keyed by the text config's ``model_type``
+        (Qwen3.5: ``qwen3_5_text``, its ``*ForCausalLM`` on the text config alone, which ``AutoModelForCausalLM``
+        builds from a checkpoint of the family): its entries are the text half of the family's, without vision.
+        `tfcompat.registry.family` finds it by its key; `tfcompat.families.FAMILIES` does not list it (its tests
+        are the parent's). None: the family has none.
     """
 
     key: str
@@ -160,6 +165,7 @@ class Family:
     sample_vision: tuple[VisionItem | None, ...] = ()
     vision_placeholder: Callable[[Any, str, tuple[int, int, int]], list[int]] | None = None
     text_variants: tuple[tuple[str, str], ...] = ()
+    text_only: Family | None = None
 
     @property
     def is_vision(self) -> bool:

@@ -166,8 +166,9 @@ def installed_families() -> dict[str, Family]:
 
 
 def family(key: str) -> Family:
-    """The family for ``key``, or `UnknownFamilyError` with a did-you-mean."""
-    known = families()
+    """The family for ``key`` (a registered family or one's text-only model, `tfcompat.records.Family.text_only`),
+    or `UnknownFamilyError` with a did-you-mean."""
+    known = {**families(), **_text_only_families()}
     if key in known:
         return known[key]
     norm = {k.replace("_", "").replace("-", "").lower(): k for k in known}
@@ -181,6 +182,12 @@ def family(key: str) -> Family:
         supported=", ".join(sorted(known)),
         fix=f"use tfcompat.resolve({guesses[0]!r})" if guesses else "pick one of the supported families",
     )
+
+
+@functools.cache
+def _text_only_families() -> dict[str, Family]:
+    """The families' text-only models (`tfcompat.records.Family.text_only`), by key."""
+    return {f.text_only.key: f.text_only for f in families().values() if f.text_only is not None}
 
 
 def match(key: str, version: str) -> tuple[Entry, bool]:

@@ -1,4 +1,5 @@
-"""Qwen3.5 (``config.model_type == "qwen3_5"``): the table of ``_qwen3_5``."""
+"""Qwen3.5 (``config.model_type == "qwen3_5"``): the table of ``_qwen3_5``; its text-only model ``Qwen3_5ForCausalLM``
+(``qwen3_5_text``) is `tfcompat.records.Family.text_only`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Qwen3.5-MoE (``config.model_type == "qwen3_5_moe"``): the table of ``_qwen3_5``, with tiny MoE sizes (4 experts,
-2 per token, a shared expert)."""
+2 per token, a shared expert); its text-only model ``Qwen3_5MoeForCausalLM`` (``qwen3_5_moe_text``) is
+`tfcompat.records.Family.text_only`."""
 
 from __future__ import annotations
 
