@@ -19,7 +19,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 import torch
 
@@ -33,7 +33,7 @@ from .registry import Resolved, resolve_model
 from .routing import Router, mask_labels, mask_shift_labels
 from .ulysses import check_heads
 
-__all__ = ["PatchHandle", "Record", "patch"]
+__all__ = ["PatchHandle", "Record", "is_patched", "patch"]
 
 _MISSING = object()
 _HANDLE_ATTR = "_tfcompat_handle"
@@ -197,6 +197,16 @@ def patch(
     return handle
 
 
+def is_patched(model: torch.nn.Module) -> bool:
+    """Whether `patch` was applied to ``model`` (the module given to it) and its handle is not undone.
+
+    A ``copy.deepcopy`` of a patched model is patched (with its own handle); a submodule of a patched model is not
+    itself patched.
+    """
+    handle = vars(model).get(_HANDLE_ATTR)
+    return isinstance(handle, PatchHandle) and handle.active
+
+
 def _check_group(group: Any) -> Any:
     """The Ulysses group of ``patch(ulysses_group=...)``, or None; `PatchError` for anything else."""
     if group is _MISSING:
@@ -275,7 +285,7 @@ def _deepcopy(handle: PatchHandle) -> Callable[[dict], torch.nn.Module]:
     options (its own handle: ``tfcompat.patch(copy, **options)`` returns it)."""
     def deepcopy(memo: dict) -> torch.nn.Module:
         model = handle.model
-        own = {k: vars(model).pop(k) for k in ("__deepcopy__", "__reduce_ex__") if k in vars(model)}
+        own: dict[str, Any] = {k: vars(model).pop(k) for k in ("__deepcopy__", "__reduce_ex__") if k in vars(model)}
         memo[id(handle)] = None
         try:
             clone = copy.deepcopy(model, memo)
@@ -345,7 +355,7 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) 
             raise error(f"{type(tm).__name__}.forward takes no **kwargs", "boundaries cannot reach attention")
     configs: list[Any] = []
     for attn in attentions:
-        cfg = attn.config
+        cfg: Any = attn.config  # a PretrainedConfig (torch types a Module attribute read `Tensor | Module`)
         if getattr(cfg, "attention_dropout", 0.0):
             raise error("attention dropout is not supported by the packed core",
                         f"config.attention_dropout = {cfg.attention_dropout}", "set attention_dropout=0.0")
@@ -371,10 +381,10 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) 
     bridges = []
     if not r.entry.layer_forwards_kwargs:
         for layer in (m for m in model.modules() if isinstance(m, r.decoder_layer_cls)):
-            attn = [c for c in layer.children() if isinstance(c, r.attention_cls)]
-            if len(attn) != 1:
-                raise error(f"{type(layer).__name__} has {len(attn)} attention children", "cannot bridge kwargs")
-            bridges.append((layer, attn[0]))
+            children = [c for c in layer.children() if isinstance(c, r.attention_cls)]
+            if len(children) != 1:
+                raise error(f"{type(layer).__name__} has {len(children)} attention children", "cannot bridge kwargs")
+            bridges.append((layer, children[0]))
     linear = hf_linear_attention.plan(model, r, group, linear_backend)
     return _Plan(configs, text_models, bridges + linear.bridges, linear.forwards)
 
@@ -461,7 +471,7 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         visual = extra.pop(VISUAL_KWARG, None)
         if visual is not None:
             tokens = a.get("inputs_embeds") if a.get("inputs_embeds") is not None else a.get("input_ids")
-            _take_visual(a, visual, tokens.shape[:2])
+            _take_visual(a, visual, cast(torch.Tensor, tokens).shape[:2])  # embed_inputs gives inputs_embeds
         with router.stock_attention():
             return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
 
