@@ -21,7 +21,7 @@ from .errors import (
     UnsupportedVersionError,
 )
 from .packer import Packed, pack
-from .patching import PatchHandle, patch
+from .patching import PatchHandle, is_patched, patch
 from .registry import ForwardCompatWarning, Resolved, resolve
 from .rope_index import rope_index
 
@@ -46,6 +46,7 @@ __all__ = [
     "__version__",
     "embed_inputs",
     "heads",
+    "is_patched",
     "pack",
     "patch",
     "resolve",

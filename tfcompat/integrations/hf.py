@@ -33,7 +33,7 @@ import torch
 from ..context import CONTEXT_KWARG
 from ..errors import InvalidInputError, PatchedModelError
 from ..packer import pack
-from ..patching import _HANDLE_ATTR
+from ..patching import is_patched
 from ..registry import resolve
 from ..rope_index import Impl
 
@@ -83,8 +83,7 @@ class PackedCollator:
             raise self._error(f"PackedCollator cannot return {return_tensors!r} tensors",
                               "the packed row feeds a torch model", "leave return_tensors out, or pass 'pt'",
                               supported="'pt'")
-        handle = vars(self.model).get(_HANDLE_ATTR)
-        if handle is None or not handle.active:
+        if not is_patched(self.model):
             raise PatchedModelError(
                 f"PackedCollator's {type(self.model).__name__} is not patched", family=r.family,
                 transformers_version=r.transformers_version,
