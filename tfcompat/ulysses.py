@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import torch
 import torch.distributed as dist
@@ -154,11 +154,12 @@ def shard_inputs(
                                 fix="pass input_ids (1, T), or inputs_embeds (1, T, H) / the embed_inputs result")
     visual = None
     if isinstance(inputs_embeds, Embedded):
-        inputs_embeds, visual = inputs_embeds.inputs_embeds, inputs_embeds.visual
+        # visual first: mypy retypes inputs_embeds as it binds the targets
+        visual, inputs_embeds = inputs_embeds.visual, inputs_embeds.inputs_embeds
     if transport not in ("auto", *get_args(Transport)):
         raise InvalidInputError(f"unknown Ulysses transport {transport!r}", supported=", ".join(("auto", *get_args(Transport))),
                                 fix="pass one of the supported transports")
-    tokens = input_ids if input_ids is not None else inputs_embeds
+    tokens = cast(torch.Tensor, input_ids if input_ids is not None else inputs_embeds)  # exactly one (checked)
     if tokens.shape[0] != 1:
         raise InvalidInputError(
             "Ulysses shards one packed row", why=f"got batch size {tokens.shape[0]}",
@@ -166,7 +167,7 @@ def shard_inputs(
         )
     if position_ids is None:
         raise InvalidInputError("shard_inputs needs position_ids", fix="pass tfcompat.rope_index per sequence, concatenated")
-    group = group if group is not None else dist.group.WORLD
+    group = group if group is not None else cast(dist.ProcessGroup, dist.group.WORLD)  # initialized: not None
     sp, rank = dist.get_world_size(group), dist.get_rank(group)
     total = tokens.shape[1]
     positions = split_positions(position_ids, seq_len=total, family=None)
@@ -203,7 +204,7 @@ def shard_inputs(
         ids = torch.cat([input_ids, input_ids.new_full((1, pad), pad_token_id)], dim=1)
         inputs["input_ids"] = ids[:, local]
     else:
-        embeds = torch.cat([inputs_embeds, inputs_embeds.new_zeros(1, pad, inputs_embeds.shape[-1])], dim=1)
+        embeds = torch.cat([tokens, tokens.new_zeros(1, pad, tokens.shape[-1])], dim=1)  # tokens: inputs_embeds
         inputs["inputs_embeds"] = embeds[:, local]
     if visual is not None:
         counts = host[table.numel() + padded:]
