@@ -8,8 +8,9 @@ Variants (each peer optional: skipped with a note when its package is absent):
 
 - ``logits``: tfcompat's reference (full float32 logits, autograd), the baseline of every ratio;
 - ``torch``, ``triton``: tfcompat's chunked backends at their default tiles (``torch``: 1024 * V float32 logits,
-  ``triton``: T * H logits in bf16); ``triton-c256``, ``triton-c512``, ``triton-c1024``: backend ``triton``
-  with tiles of about 256 * V, 512 * V and 1024 * V logits;
+  ``triton``: T * H logits in bf16); ``torch-c512``, ``torch-c2048``: backend ``torch`` with chunk_size 512 and
+  2048; ``triton-c256``, ``triton-c512``, ``triton-c1024``: backend ``triton`` with tiles of about 256 * V,
+  512 * V and 1024 * V logits;
 - ``liger``: Liger-Kernel's ``LigerFusedLinearCrossEntropyFunction`` with ``reduction="none"`` on
   ``hidden / temperature``: per-token loss = -logprob, no entropy (it computes less);
 - ``verl-triton``: verl's ``verl.utils.kernel.linear_cross_entropy`` (Triton, logprobs and entropy);
@@ -54,8 +55,8 @@ from tfcompat.heads import IGNORE_INDEX, logprobs_entropy
 TOKENS = (1024, 4095, 8191, 8192, 16383, 20205, 32768, 65535)
 VOCAB, HIDDEN, TEMPERATURE = 152064, 3584, 0.7
 SMOKE = dict(tokens=(100, 127, 128), vocab=1000, hidden=64)
-VARIANTS = ("logits", "torch", "triton", "triton-c256", "triton-c512", "triton-c1024", "liger", "verl-triton",
-            "verl-torch")
+VARIANTS = ("logits", "torch", "torch-c512", "torch-c2048", "triton", "triton-c256", "triton-c512", "triton-c1024",
+            "liger", "verl-triton", "verl-torch")
 # the reference holds about 5 float32 (T, V) tensors at its peak (measured: 22.1 GiB at T=8192)
 REFERENCE_BYTES_PER_LOGIT = 20
 TARGETS = dict(triton_vs_liger=0.9, torch_vs_logits=1.05, logprob_error=1e-3)
@@ -166,6 +167,8 @@ def available_variants(wanted: tuple[str, ...], device: torch.device, verl_src: 
     for name in wanted:
         if name in ("logits", "torch"):
             found[name] = tfcompat_head(name)
+        elif name.startswith("torch-c"):
+            found[name] = tfcompat_head("torch", int(name[len("torch-c"):]))
         elif name.startswith("triton"):
             if triton_ok:
                 found[name] = tfcompat_head("triton", int(name[len("triton-c"):]) if "-c" in name else None)
