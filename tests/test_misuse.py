@@ -106,7 +106,7 @@ def test_refuses_packed_row_with_padding(family):
     packed, _ = _packed_rows(model, family)
     inputs = {k: v for k, v in packed.model_inputs.items() if k != "tfcompat_context"}
     mask = torch.ones_like(inputs["input_ids"])
-    mask[0, -1] = 0
+    mask[0, 0] = 0  # left padding (right padding is a batch of packs: tests/test_padded_packs.py)
     with tfcompat.patch(model), pytest.raises(tfcompat.InvalidInputError, match="a packed row with padding") as info:
         model(**inputs, attention_mask=mask)
     _typed(info, family=family)

@@ -58,6 +58,16 @@ def mask_shift_labels(shift_labels: torch.Tensor, seqs: PackedSeqs, ignore_index
     return shift_labels.reshape(-1).index_fill(0, ends, ignore_index).view_as(shift_labels)  # (B * L,) -> (B, L)
 
 
+
+def _pad_tails_as_sequences(text: torch.Tensor, mrope: torch.Tensor, attended: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                                     torch.Tensor]:
+    """Position rows for the boundaries only: each row's right padding renumbered 0, 1, ... as a sequence of its
+    own, whatever positions the caller gave it. Causal attention and the linear-attention recurrences never read
+    forward, so the padding changes no real token. text: ``(B, L)``, mrope: ``(3, B, L)``, attended: ``(B, L)``."""
+    pad = ~attended
+    tail = pad.long().cumsum(-1) - 1  # (B, L): 0, 1, ... over each row's padding
+    return torch.where(pad, tail, text), torch.where(pad, tail, mrope)
+
 class Router:
     """Decides packed or stock for the forwards of one patched model (built by `tfcompat.patch`).
 
@@ -149,8 +159,9 @@ class Router:
         host = torch.cat(rows).cpu()  # (4 [+ 1] [+ 1], B, L): the forward's one host sync
         text, mrope = host[0], host[1:4]
         if mask is not None and not bool(host[4].all()):
-            self._check_padded(text, host[4])
-            return self.context
+            if not self._packed_with_padding(text, host[4]):
+                return self.context
+            text, mrope = _pad_tails_as_sequences(text, mrope, host[4].bool())
         if vision and bool(host[-1].any()):
             raise self.error(
                 "vision placeholders with text-only (B, L) position ids",
@@ -171,17 +182,23 @@ class Router:
                              "model(**tfcompat.ulysses.shard_inputs(ids, position_ids, group=group).model_inputs)")
         return ForwardContext(seqs)
 
-    def _check_padded(self, text: torch.Tensor, mask: torch.Tensor) -> None:
-        """A padded batch runs stock; a packed row with padding cannot (stock attention would cross sequences)."""
+    def _packed_with_padding(self, text: torch.Tensor, mask: torch.Tensor) -> bool:
+        """Whether a batch with padding holds packed rows: some row restarts its position ids on attended tokens.
+        Packed rows may be right-padded (LLaMA-Factory's neat packing, batches of packs padded to the longest); a
+        padded batch of one sequence per row runs stock. text, mask: ``(B, L)`` on the host."""
         attended = mask.bool()
         first = attended.long().cumsum(-1) == 1  # the first attended token of each row
         restarts = attended & ~first & (text == 0)
-        if bool(restarts.any()):
-            row, col = (int(i) for i in restarts.nonzero()[0])
+        if not bool(restarts.any()):
+            return False
+        gaps = ~attended & attended.flip(-1).long().cumsum(-1).flip(-1).bool()  # a zero before an attended token
+        if bool(gaps.any()):
+            row, col = (int(i) for i in gaps.nonzero()[0])
             raise self.error(
-                "a packed row with padding", f"row {row} restarts its position ids at token {col} and its "
-                "attention_mask has zeros; packed rows carry no padding, and a padded batch holds one sequence per row",
-                "drop the padding when packing (attention_mask=None), or pad one sequence per row for an ordinary call")
+                "a packed row with padding before its end", f"row {row} restarts its position ids and its "
+                f"attention_mask is 0 at token {col}, before attended tokens; packed rows may carry padding only at "
+                "their end (right padding)", "pad packed rows on the right, or drop the padding (attention_mask=None)")
+        return True
 
     def _check_packed(self, text: torch.Tensor, mrope: torch.Tensor | None) -> None:
         """M-RoPE rows that do not restart with the text row (negative ids: `tfcompat.packing.from_host_positions`)."""
