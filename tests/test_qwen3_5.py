@@ -41,15 +41,20 @@ def _per_sequence(family: str, model, seqs, weight):
     return logits, grads
 
 
-@pytest.fixture(params=HYBRID)
-def case(request):
-    """(family, tiny model, the family's packed sample (text, images, a video), a readout vector over the vocabulary)."""
-    family = request.param
-    model = tiny_model(family, "sdpa")
+def _sample_case(family: str):
+    """The family's packed sample (text, images, a video), without the video where the stock forward rejects it."""
     lengths, items = sample_case(family)
     if "videos_rejected" in tfcompat.resolve(family).entry.known_issues:  # the stock oracle cannot run them here
         items = [None if item and item[0] == "video" else item for item in items]
-    seqs = sample_sequences(model, lengths, items, seed=1)
+    return lengths, items
+
+
+@pytest.fixture(params=HYBRID)
+def case(request):
+    """(family, tiny model, the family's packed sample (`_sample_case`), a readout vector over the vocabulary)."""
+    family = request.param
+    model = tiny_model(family, "sdpa")
+    seqs = sample_sequences(model, *_sample_case(family), seed=1)
     weight = torch.randn(model.config.get_text_config().vocab_size, generator=torch.Generator().manual_seed(3))
     return family, model, seqs, weight
 
@@ -200,7 +205,7 @@ class TestAllLinear:
         assert model.config.get_text_config().layer_types == ["linear_attention", "linear_attention"]
         assert not any(isinstance(m, r.attention_cls) for m in model.modules())
         assert len(_linear_modules(model, family)) == 2
-        seqs = sample_sequences(model, *sample_case(family), seed=1)
+        seqs = sample_sequences(model, *_sample_case(family), seed=1)
         weight = torch.randn(model.config.get_text_config().vocab_size, generator=torch.Generator().manual_seed(3))
         expected, expected_grads = _per_sequence(family, model, seqs, weight)
         inputs = pack(model, seqs)
