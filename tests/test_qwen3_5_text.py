@@ -122,3 +122,20 @@ class TestPackedEqualsStock:
             ref = expected[name]
             diff = float((g - ref).abs().max())
             assert diff <= 1e-5 * max(1.0, float(ref.abs().max())), f"{name}: max abs diff {diff:.3e}"
+
+
+@pytest.mark.parametrize("parent,text", TEXT_ONLY, ids=IDS)
+@torch.no_grad()
+def test_ordinary_calls_run_stock(parent, text):
+    """Rule: on a patched text-only model, a padded batch and generate() (cache and all) return what they return
+    unpatched (tfcompat.routing sends them to the stock path)."""
+    model = tiny_model(text, "sdpa")
+    ids = torch.randint(3, 200, (2, 6), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # left padding
+    plain = model(input_ids=ids, attention_mask=mask).logits
+    generated = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    with tfcompat.patch(model):
+        assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, plain)
+        assert torch.equal(model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False),
+                           generated)
