@@ -20,10 +20,11 @@ none of them). 5.17 renames the interleave to ``recomposition_frequencies``. 5.2
 mixers to ``cache``. Softmax-attention layers forward ``**kwargs`` throughout. As Qwen3-VL's, 5.3's
 ``get_rope_index`` does not split video grids into frames (every multi-frame video is rejected); 5.4 splits again.
 
-Text-only models (`tfcompat.records.Family.text_only`): ``{prefix}ForCausalLM`` on ``{prefix}TextModel``, built on the
-text config alone (``model_type`` ``qwen3_5_text`` / ``qwen3_5_moe_text``; ``AutoModelForCausalLM`` builds it from a
-checkpoint of the family), in the same module on every release from 5.2. Their table is the text model's boundaries
-above (5.9, 5.17, 5.24) without the vision half; the text model expands ``(B, L)`` position ids to its M-RoPE rows.
+Text-only models (`tfcompat.records.Family.text_only`): ``Qwen3_5ForCausalLM`` / ``Qwen3_5MoeForCausalLM`` on the
+``*TextModel``, built on the text config alone (``model_type`` ``qwen3_5_text`` / ``qwen3_5_moe_text``;
+``AutoModelForCausalLM.from_pretrained`` builds it from a checkpoint of the family on every release, ``from_config``
+from 5.8), in the same module on every release from 5.2. Their table is the text model's boundaries above (5.9, 5.17,
+5.24) without the vision half; the text model expands ``(B, L)`` position ids to its M-RoPE rows.
 """
 
 from __future__ import annotations
