@@ -16,9 +16,14 @@ def test_doctor_json_resolves_and_self_checks_every_family(capsys):
     assert main(["doctor", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["transformers"] == installed_transformers()
-    assert {r["family"] for r in report["families"]} == set(families())
+    text_only = {f.text_only.key: parent for parent, f in families().items() if f.text_only is not None}
+    assert {r["family"] for r in report["families"]} == set(families()) | set(text_only)
     for row in report["families"]:
-        if row["family"] not in installed_families():
+        if text_only.get(row["family"], row["family"]) not in installed_families():
+            continue
+        if row["family"] in text_only:  # a text-only model (Family.text_only): text sequences only
+            assert row["status"] == "resolved" and row["ok"], row
+            assert all(c["max_abs_diff"] <= 1e-5 for c in row["selfcheck"])
             continue
         assert row["status"] == "resolved" and row["ok"], row
         assert {c["attn_implementation"] for c in row["selfcheck"]} == {"eager", "sdpa"}

@@ -40,7 +40,10 @@ def doctor() -> dict[str, Any]:
         "causal_conv1d": _version("causal-conv1d") or _version("causal_conv1d"),
         "families": [],
     }
-    for key, fam in sorted(families().items()):
+    # each family, then its text-only model where it registers one (`Family.text_only`: qwen3_5_text, ...)
+    listed = [f for _, parent in sorted(families().items()) for f in (parent, parent.text_only) if f is not None]
+    for fam in listed:
+        key = fam.key
         row: dict[str, Any] = {"family": key, "supported": fam.supported}
         try:
             if report["transformers"] is None:
@@ -87,7 +90,7 @@ def _print(report: dict[str, Any]) -> None:
     for row in report["families"]:
         mark = "FAIL" if not row["ok"] else "ok  " if row["status"] == "resolved" else "n/a "
         if row["status"] == "resolved":
-            print(f"[{mark}] {row['family']:<12} resolved: entry {row['entry']} ({row['why']})")
+            print(f"[{mark}] {row['family']:<16} resolved: entry {row['entry']} ({row['why']})")
             for w in row["warnings"]:
                 print(f"       warning: {w}")
             for c in row["selfcheck"]:
@@ -95,7 +98,7 @@ def _print(report: dict[str, Any]) -> None:
                 print(f"       self-check {c['attn_implementation']:<5} packed vs stock per-sequence: max abs diff "
                       f"{c['max_abs_diff']:.2e} over {c['tokens']} tokens{seen} ({'pass' if c['ok'] else 'FAIL'}, {c['seconds']} s)")
         else:
-            print(f"[{mark}] {row['family']:<12} {row['status']}: " + row["why"].replace("\n", "\n       "))
+            print(f"[{mark}] {row['family']:<16} {row['status']}: " + row["why"].replace("\n", "\n       "))
     if report["ok"]:
         print("all self-checks passed")
     elif not any(row["status"] == "resolved" for row in report["families"]):
