@@ -74,7 +74,7 @@ def pack(model: torch.nn.Module, examples: Sequence[Mapping[str, Any]], *, ignor
     seqs = from_lengths([row[0].shape[0] for row in rows], device=ids.device)
     inputs: dict[str, Any] = {"input_ids": ids, "position_ids": torch.cat([row[1] for row in rows], dim=-1)}
     for name in (*_VISION, "second_per_grid_ts"):
-        parts = [ex[name] for ex in examples if ex.get(name) is not None]
+        parts = [torch.as_tensor(ex[name]) for ex in examples if ex.get(name) is not None]  # seconds may be a list
         if parts:
             inputs[name] = torch.cat(parts)
     if r.entry.rope_index_mm_token_types and r.spec.mm_token_types is not None:

@@ -4,6 +4,7 @@ from the family's reference (`tfcompat.reference_rope`)."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Literal, cast, get_args
 
 import torch
@@ -26,14 +27,14 @@ def rope_index(
     image_grid_thw: torch.Tensor | None = None,
     video_grid_thw: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
-    second_per_grid_ts: torch.Tensor | None = None,
+    second_per_grid_ts: torch.Tensor | Sequence[float] | None = None,
     impl: Impl = "installed",
 ) -> torch.Tensor:
     """Position ids ``(4, B, L)`` = ``[text; t; h; w]`` for ``input_ids (B, L)``, on every transformers version.
 
     Calls the installed ``get_rope_index`` with that version's signature (building ``mm_token_type_ids``
     where it is required). The text row counts attended tokens (``attention_mask``), padding gets 1.
-    ``second_per_grid_ts (n_videos,)``: seconds per temporal grid step (Qwen2.5-VL only).
+    ``second_per_grid_ts (n_videos,)``: seconds per temporal grid step (Qwen2.5-VL only; a tensor or a list).
     impl: "installed" (what the stock model of this version computes) or "reference" (tfcompat's own, named by
     ``resolve(family).spec.reference_rope_index``: the original model's semantics, without the installed
     version's known deviations, listed in ``resolve(family).entry.rope_index_deviations``).
@@ -62,6 +63,9 @@ def rope_index(
                     "pass one mask entry per token, or no mask")
     check_vision_inputs(r, owner.config, input_ids, {"image_grid_thw": image_grid_thw, "video_grid_thw": video_grid_thw},
                         attention_mask=attention_mask, placeholders="always", what="rope_index")
+    if second_per_grid_ts is not None and not isinstance(second_per_grid_ts, torch.Tensor):
+        # a processor called without return_tensors="pt" gives a list of floats
+        second_per_grid_ts = torch.tensor(second_per_grid_ts, dtype=torch.float32)
     if second_per_grid_ts is not None:  # one behaviour for both impls: the installed signature decides
         if "second_per_grid_ts" not in inspect.signature(owner.get_rope_index).parameters:
             raise error(f"{r.family} takes no second_per_grid_ts",
