@@ -54,6 +54,10 @@ LINT_DEPS = ["ruff==0.17.6", "mypy==2.4.1", "packaging"]
 TRAINER_DEPS = ["trl==1.16.0", "accelerate==1.15.0", "datasets>=4.7"]
 TRAINER_TRANSFORMERS = ["4.56.2", VERSIONS[-1]]
 
+# Every test process (pytest, its xdist workers, each gloo worker a dist test spawns) imports torch and transformers;
+# with PYTHONDONTWRITEBYTECODE set (as on the CI machines) each one compiles those modules again (~5 s of a 12 s
+# collection). The session venvs are throwaway: let the first process write the bytecode the others read.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["ci"]
 
