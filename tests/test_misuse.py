@@ -132,7 +132,7 @@ def test_refuses_world_group_before_init():
     with pytest.raises(tfcompat.PatchError, match="not a process group") as info:
         tfcompat.patch(model, ulysses_group=object())
     _typed(info, tfcompat.PatchError)
-    assert "_tfcompat_handle" not in vars(model)
+    assert not tfcompat.is_patched(model)
 
 
 def test_refuses_shard_inputs_without_process_group():
@@ -165,7 +165,7 @@ def test_refuses_sliding_layers(family, how):
     with pytest.raises(tfcompat.PatchError, match="sliding-window") as info:
         tfcompat.patch(model)
     _typed(info, tfcompat.PatchError, family)
-    assert "_tfcompat_handle" not in vars(model)
+    assert not tfcompat.is_patched(model)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -121,7 +121,7 @@ class TestPatchLifecycle:
         assert {k: c._attn_implementation for k, c in configs.items()} == before_impl
         assert interface._global_mapping.keys() == before_mapping.keys()
         assert all(interface._global_mapping[k] is v for k, v in before_mapping.items())
-        assert "_tfcompat_handle" not in vars(model)
+        assert not tfcompat.is_patched(model)
         assert not any(layer._forward_pre_hooks for layer in model.modules() if isinstance(layer, resolved.decoder_layer_cls))
         assert not any("_tfcompat_context" in vars(m) for m in model.modules())
         with torch.no_grad():
@@ -171,7 +171,7 @@ class TestPatchLifecycle:
         with pytest.raises(tfcompat.PatchError, match="attention_dropout") as info:
             tfcompat.patch(model)
         assert info.value.family == FAMILY
-        assert "_tfcompat_handle" not in vars(model)
+        assert not tfcompat.is_patched(model)
 
 
 class TestBadInputs:

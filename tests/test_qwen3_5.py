@@ -161,7 +161,7 @@ class TestPatch:
             tfcompat.patch(model)
         assert "Identity" in str(info.value) and "GatedDeltaNet" in str(info.value)
         assert info.value.family == family
-        assert "_tfcompat_handle" not in vars(model)
+        assert not tfcompat.is_patched(model)
 
     def test_unknown_linear_backend(self, case):
         family, model, _, _ = case
@@ -174,7 +174,7 @@ class TestPatch:
         with pytest.raises(tfcompat.PatchError, match="flash-linear-attention is not installed") as info:
             tfcompat.patch(model, linear_backend="fla")
         assert "GatedDeltaNet" in str(info.value)
-        assert "_tfcompat_handle" not in vars(model)
+        assert not tfcompat.is_patched(model)
 
     def test_torch_backend_equals_auto(self, case):
         family, model, seqs, _ = case
@@ -240,4 +240,4 @@ def test_no_mixer_at_all_is_refused(family):
         tfcompat.patch(model)
     names = " or ".join(c.__name__ for c in mixers)
     assert f"found 1 {r.text_model_cls.__name__} and 0 {names}" in str(info.value)
-    assert info.value.family == family and "_tfcompat_handle" not in vars(model)
+    assert info.value.family == family and not tfcompat.is_patched(model)

@@ -57,4 +57,4 @@ def linear_heads_checked_at_patch(rank: int, world: int, family: str) -> None:
         assert "1 key / 3 value heads" in str(exc) and family in str(exc), str(exc)
     else:
         raise AssertionError("3 linear-attention value heads over 2 ranks were not rejected at patch()")
-    assert "_tfcompat_handle" not in vars(model)
+    assert not tfcompat.is_patched(model)

@@ -23,7 +23,7 @@ def group_and_labels_checks(rank: int, world: int) -> None:
     model = tiny_model("qwen2", "sdpa")
     with pytest.raises(tfcompat.PatchError, match="not a process group") as info:
         tfcompat.patch(model, ulysses_group=object())
-    assert info.value.fix and "_tfcompat_handle" not in vars(model)
+    assert info.value.fix and not tfcompat.is_patched(model)
     ids, pos = torch.arange(8)[None] + 3, torch.cat([torch.arange(5), torch.arange(3)])[None]
     with pytest.raises(tfcompat.InvalidInputError, match="labels and the packed row differ in shape") as info:
         tfcompat.ulysses.shard_inputs(ids, pos, labels=ids[:, :-1], group=dist.group.WORLD)
