@@ -128,11 +128,11 @@ def test_seconds_as_a_list_equal_seconds_as_a_tensor():
         pytest.skip("qwen2_5_vl is not in this transformers")
     model = tiny_model("qwen2_5_vl", "sdpa")
     seqs = sample_sequences(model, [7, 12], [None, ("video", (2, 4, 4))], seed=3)
-    as_tensor = [dict(ex, second_per_grid_ts=torch.tensor([1.5])) if "video_grid_thw" in ex else ex
+    as_tensor = [dict(ex, second_per_grid_ts=torch.tensor([2.0])) if "video_grid_thw" in ex else ex
                  for ex in _examples(model, seqs, labels=False)]
-    as_list = [dict(ex, second_per_grid_ts=[1.5]) if "video_grid_thw" in ex else ex for ex in as_tensor]
+    as_list = [dict(ex, second_per_grid_ts=[2.0]) if "video_grid_thw" in ex else ex for ex in as_tensor]
     a, b = tfcompat.pack(model, as_tensor), tfcompat.pack(model, as_list)
     assert torch.equal(a.model_inputs["position_ids"], b.model_inputs["position_ids"])
     assert torch.equal(a.model_inputs["second_per_grid_ts"], b.model_inputs["second_per_grid_ts"])
-    default = tfcompat.pack(model, _examples(model, seqs, labels=False))  # control: the seconds move the time row
+    default = tfcompat.pack(model, _examples(model, seqs, labels=False))  # control: 2 s per grid step, not 1
     assert not torch.equal(a.model_inputs["position_ids"], default.model_inputs["position_ids"])
