@@ -34,6 +34,14 @@ def test_ci_runs_every_entry_on_one_of_its_releases():
             assert any(key in CI[v] for v in inside), f"{key} entry {entry.versions}: CI must run {key} on one of {inside}"
 
 
+def test_ci_runs_the_first_and_last_release_of_the_ci_first_last_families():
+    for key in MATRIX["ci_first_last"]:
+        for entry in families()[key].entries:
+            inside = [v for v in VERSIONS if v in entry.versions]
+            assert key in CI[inside[0]] and key in CI[inside[-1]], f"{key} entry {entry.versions}: CI must run {key} " \
+                f"on {inside[0]} and {inside[-1]}"
+
+
 def test_ci_lists_only_families_of_its_version():
     for item in MATRIX["versions"]:
         assert item["ci"] == "all" or set(item["ci"]) <= set(item["families"]), item["transformers"]
