@@ -43,10 +43,10 @@ _GATED_DELTANET = LinearAttention(attr="linear_attn", projections="qkv_z_b_a", l
 _KWARGS_REACH = replace(_GATED_DELTANET, layer_forwards_kwargs=True)
 
 
-def qwen3_5_entries(family: str, prefix: str) -> tuple[Entry, ...]:
-    """Entries for classes ``{prefix}Attention``, ``{prefix}GatedDeltaNet``, ``{prefix}TextModel``, ``{prefix}Model``,
-    ... in ``transformers.models.{family}.modeling_{family}``."""
-    base = Entry(
+def _first_entry(family: str, prefix: str) -> Entry:
+    """The 5.2 entry of the vision-language model: classes ``{prefix}Attention``, ``{prefix}GatedDeltaNet``,
+    ``{prefix}TextModel``, ``{prefix}Model``, ... in ``transformers.models.{family}.modeling_{family}``."""
+    return Entry(
         family=family,
         versions=VersionRange("5.2", "5.3"),
         module=f"transformers.models.{family}.modeling_{family}",
@@ -70,6 +70,11 @@ def qwen3_5_entries(family: str, prefix: str) -> tuple[Entry, ...]:
         vision=VisionTower(owner="model", attr="visual", output="model_output"),
         linear_attention=_GATED_DELTANET,
     )
+
+
+def qwen3_5_entries(family: str, prefix: str) -> tuple[Entry, ...]:
+    """Entries of the vision-language model (`_first_entry`'s classes) in ``transformers.models.{family}``."""
+    base = _first_entry(family, prefix)
     entries: tuple[Entry, ...] = (
         base,
         replace(base, versions=VersionRange("5.3", "5.9"), rope_index_mm_token_types=True,
@@ -91,28 +96,10 @@ def qwen3_5_text_entries(family: str, prefix: str) -> tuple[Entry, ...]:
     """Entries of the text-only model ``{prefix}ForCausalLM`` (``config.model_type == f"{family}_text"``) in
     ``transformers.models.{family}.modeling_{family}``: `qwen3_5_entries`' text classes and text boundaries, no
     vision half."""
-    base = Entry(
-        family=f"{family}_text",
-        versions=VersionRange("5.2", "5.9"),
-        module=f"transformers.models.{family}.modeling_{family}",
-        classes={
-            "attention": f"{prefix}Attention",
-            "linear_attention": f"{prefix}GatedDeltaNet",
-            "rotary": f"{prefix}TextRotaryEmbedding",
-            "text_model": f"{prefix}TextModel",
-            "decoder_layer": f"{prefix}DecoderLayer",
-            "for_causal_lm": f"{prefix}ForCausalLM",
-        },
-        rotary=INTERLEAVED,
-        rope_config_key="rope_parameters",
-        text_model_positions="text+mrope",
-        layer_forwards_kwargs=True,
-        rope_index_mm_token_types=False,
-        cache_kwarg="past_key_values",
-        why="first release: hybrid Gated DeltaNet / gated attention; the decoder layer calls linear_attn without "
-        "**kwargs",
-        linear_attention=_GATED_DELTANET,
-    )
+    vlm = _first_entry(family, prefix)
+    classes = {role: name for role, name in vlm.classes.items() if role != "model"}
+    base = replace(vlm, family=f"{family}_text", versions=VersionRange("5.2", "5.9"), vision=None,
+                   classes={**classes, "for_causal_lm": f"{prefix}ForCausalLM"})
     return (
         base,
         replace(base, versions=VersionRange("5.9", "5.17"), linear_attention=_KWARGS_REACH,
