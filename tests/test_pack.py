@@ -136,3 +136,14 @@ def test_seconds_as_a_list_equal_seconds_as_a_tensor():
     assert torch.equal(a.model_inputs["second_per_grid_ts"], b.model_inputs["second_per_grid_ts"])
     default = tfcompat.pack(model, _examples(model, seqs, labels=False))  # control: 2 s per grid step, not 1
     assert not torch.equal(a.model_inputs["position_ids"], default.model_inputs["position_ids"])
+
+
+def test_seconds_that_are_not_numbers_are_refused():
+    if "qwen2_5_vl" not in installed_families():
+        pytest.skip("qwen2_5_vl is not in this transformers")
+    model = tiny_model("qwen2_5_vl", "sdpa")
+    seq = sample_sequences(model, [12], [("video", (2, 4, 4))], seed=3)[0]
+    with pytest.raises(tfcompat.InvalidInputError, match="second_per_grid_ts must be numbers") as info:
+        tfcompat.rope_index(model, seq.input_ids, video_grid_thw=seq.vision_inputs()["video_grid_thw"],
+                            second_per_grid_ts=["two seconds"])
+    assert "family: qwen2_5_vl" in str(info.value)

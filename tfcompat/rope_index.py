@@ -65,7 +65,11 @@ def rope_index(
                         attention_mask=attention_mask, placeholders="always", what="rope_index")
     if second_per_grid_ts is not None and not isinstance(second_per_grid_ts, torch.Tensor):
         # a processor called without return_tensors="pt" gives a list of floats
-        second_per_grid_ts = torch.tensor(second_per_grid_ts, dtype=torch.float32)
+        try:
+            second_per_grid_ts = torch.tensor(second_per_grid_ts, dtype=torch.float32)
+        except (TypeError, ValueError) as exc:
+            raise error("second_per_grid_ts must be numbers", f"got {second_per_grid_ts!r} ({exc})",
+                        "pass the processor's second_per_grid_ts: a tensor or list of seconds, one per video") from exc
     if second_per_grid_ts is not None:  # one behaviour for both impls: the installed signature decides
         if "second_per_grid_ts" not in inspect.signature(owner.get_rope_index).parameters:
             raise error(f"{r.family} takes no second_per_grid_ts",
