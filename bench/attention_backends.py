@@ -1,7 +1,7 @@
 """Every varlen attention backend of tfcompat on the same packed inputs: forward and forward+backward time.
 
 Per shape (sequence lengths, query / KV heads, head_dim; bf16 on CUDA) and for each backend that can run it
-(`tfcompat.attention.available_backends`: "flash" when flash-attn 2/3/4 is installed, "torch" = torch's
+(`tfcompat.core.attention.available_backends`: "flash" when flash-attn 2/3/4 is installed, "torch" = torch's
 varlen_attn, "cudnn" = cuDNN varlen attention, "flex" = compiled flex attention with the document block mask,
 "sdpa" = per-sequence SDPA, the reference loop):
 
@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import _common as C  # noqa: E402
-from tfcompat import attention as A  # noqa: E402
-from tfcompat.packing import PackedSeqs, from_lengths  # noqa: E402
+from tfcompat.core import attention as A  # noqa: E402
+from tfcompat.core.packing import PackedSeqs, from_lengths  # noqa: E402
 
 TOL, GRAD_TOL = 1e-2, 2e-2
 

@@ -2,8 +2,8 @@
 
 Variants, on the same packed q/k/v (GQA: 32 query heads, 8 KV heads, head_dim 128, bf16):
   (a) direct:  torch.nn.attention.varlen.varlen_attn(q, k, v, cu, cu, max, max, scale=..., <causal kwarg>)
-  (b) core:    tfcompat.attention.varlen_attention(q, k, v, seqs, backend="torch")
-  (c) adapter: tfcompat.hf_attention.packed_attention(module, q4, k4, v4, None, scaling=...,
+  (b) core:    tfcompat.core.attention.varlen_attention(q, k, v, seqs, backend="torch")
+  (c) adapter: tfcompat.hf.attention.packed_attention(module, q4, k4, v4, None, scaling=...,
                tfcompat_context=ForwardContext(seqs, "torch")) on (1, H, T, D) views, as transformers passes them
 Ratios b/a and c/a are measured in the same run (variants interleaved); the target is <= 1.03.
 With flash-attn installed, the same three against flash_attn_varlen_func (backend "flash").
@@ -27,10 +27,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import _common as C  # noqa: E402
-from tfcompat.attention import varlen_attention  # noqa: E402
-from tfcompat.context import ForwardContext  # noqa: E402
-from tfcompat.hf_attention import packed_attention  # noqa: E402
-from tfcompat.packing import from_lengths  # noqa: E402
+from tfcompat.core.attention import varlen_attention  # noqa: E402
+from tfcompat.core.context import ForwardContext  # noqa: E402
+from tfcompat.core.packing import from_lengths  # noqa: E402
+from tfcompat.hf.attention import packed_attention  # noqa: E402
 
 TARGET = 1.03
 

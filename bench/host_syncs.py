@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 import _common as C  # noqa: E402
 import tfcompat  # noqa: E402
-from tfcompat.packing import from_text_positions  # noqa: E402
+from tfcompat.core.packing import from_text_positions  # noqa: E402
 from tfcompat.selfcheck import tiny_model  # noqa: E402
 
 

@@ -6,7 +6,7 @@ transformers' defaults) runs the same ``N`` sequences two ways:
 - stock padded: the unpatched layer on a right-padded ``(N, L_max, hidden)`` batch with its 2-D attention mask,
   with whatever kernels the installed transformers picked at import (fla's rule when installed; the conv's
   torch fallback unless causal-conv1d is installed): the per-sequence answer, padding included in the work;
-- tfcompat packed: the layer's own projections, `tfcompat.linear_attention.linear_attention` on the ``(T, ...)``
+- tfcompat packed: the layer's own projections, `tfcompat.core.linear_attention.linear_attention` on the ``(T, ...)``
   packed stream, the layer's gated norm and output projection; once with the torch backends (rule and conv),
   once with the fastest installed ones (``"auto"``: fla's rule, causal-conv1d's or fla's conv), if any.
 
@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from host_syncs import count_steady  # noqa: E402
 
 import _common as C  # noqa: E402
-from tfcompat.linear_attention import (  # noqa: E402
+from tfcompat.core.linear_attention import (  # noqa: E402
     available_conv_backends,
     available_rule_backends,
     linear_attention,
@@ -44,7 +44,7 @@ from tfcompat.linear_attention import (  # noqa: E402
     select_conv_backend,
     select_rule_backend,
 )
-from tfcompat.packing import from_lengths  # noqa: E402
+from tfcompat.core.packing import from_lengths  # noqa: E402
 
 FULL = dict(hidden_size=4096, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
             linear_value_head_dim=128, linear_conv_kernel_dim=4)

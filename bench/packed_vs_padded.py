@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 import _common as C  # noqa: E402
 import tfcompat  # noqa: E402
-from tfcompat.attention import select_backend  # noqa: E402
+from tfcompat.core.attention import select_backend  # noqa: E402
 from tfcompat.selfcheck import tiny_model  # noqa: E402
 
 

@@ -40,9 +40,9 @@ from linear_attention import stock_kernels  # noqa: E402
 
 import _common as C  # noqa: E402
 import tfcompat  # noqa: E402
-from tfcompat.context import ForwardContext  # noqa: E402
-from tfcompat.linear_attention import available_conv_backends, available_rule_backends  # noqa: E402
-from tfcompat.packing import from_lengths  # noqa: E402
+from tfcompat.core.context import ForwardContext  # noqa: E402
+from tfcompat.core.linear_attention import available_conv_backends, available_rule_backends  # noqa: E402
+from tfcompat.core.packing import from_lengths  # noqa: E402
 
 FULL = dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
             linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,

@@ -57,9 +57,9 @@ import torch  # noqa: E402
 import _common as C  # noqa: E402
 import tfcompat  # noqa: E402
 from tfcompat import heads  # noqa: E402
-from tfcompat.attention import select_backend  # noqa: E402
+from tfcompat.core.attention import select_backend  # noqa: E402
+from tfcompat.core.packing import from_lengths  # noqa: E402
 from tfcompat.heads import IGNORE_INDEX, logprobs_entropy  # noqa: E402
-from tfcompat.packing import from_lengths  # noqa: E402
 
 QWEN25_7B = dict(hidden_size=3584, num_attention_heads=28, num_key_value_heads=4, intermediate_size=18944,
                  vocab_size=152064, num_hidden_layers=28, tie_word_embeddings=False, rms_norm_eps=1e-6,
@@ -179,7 +179,7 @@ MATMUL_KERNELS = re.compile(r"gemm|cutlass|xmma|nvjet|wgmma|cublas|s16816|s1688|
 def head_markers() -> re.Pattern:
     functions = [n for n, o in vars(heads).items() if isinstance(o, type) and issubclass(o, torch.autograd.Function)]
     try:
-        import tfcompat._triton_heads as th
+        import tfcompat.heads._triton as th
 
         functions += [n for n, o in vars(th).items() if isinstance(o, type) and issubclass(o, torch.autograd.Function)]
     except Exception:  # the triton head module is optional

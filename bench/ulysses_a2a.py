@@ -130,9 +130,10 @@ def _timed(fns: dict, device: torch.device, warmup: int, reps: int, queued: int 
 
 
 def _measure(rank: int, world: int, device: torch.device, cfg: dict) -> dict:
-    from tfcompat import hf_attention, ulysses
-    from tfcompat.context import ForwardContext
-    from tfcompat.packing import from_lengths
+    from tfcompat import ulysses
+    from tfcompat.core.context import ForwardContext
+    from tfcompat.core.packing import from_lengths
+    from tfcompat.hf import attention as hf_attention
 
     group = dist.group.WORLD
     dtype = getattr(torch, cfg["dtype"])
@@ -205,7 +206,8 @@ def _measure(rank: int, world: int, device: torch.device, cfg: dict) -> dict:
 def _measure_qkv(size: list[int], world: int, device: torch.device, dtype: torch.dtype, gen: torch.Generator,
                  group: dist.ProcessGroup, cfg: dict) -> dict:
     """One q/k/v shape: the fused exchange vs three, forward and backward, per transport (``_timed``'s modes)."""
-    from tfcompat import a2a, ulysses
+    from tfcompat import ulysses
+    from tfcompat.core import a2a
 
     tokens, hq, hkv, d = size
     rep = ulysses.kv_repeats(hkv, world)

@@ -18,7 +18,7 @@ import os
 import pytest
 
 from tfcompat.registry import families
-from tfcompat.versions import installed_transformers
+from tfcompat.registry.versions import installed_transformers
 
 BROAD = {
     "test_a2a.py", "test_attention_backends.py", "test_checkpointing.py", "test_heads.py", "test_heads_triton.py",

@@ -1,6 +1,6 @@
 """The all-to-all exchange, one tensor or several fused, over both transports, simulated in one process.
 
-Every rank's `tfcompat.a2a.plan` is built; ``"all_to_all"`` is `a2a.pack`, the chunk swap `all_to_all_single`
+Every rank's `tfcompat.core.a2a.plan` is built; ``"all_to_all"`` is `a2a.pack`, the chunk swap `all_to_all_single`
 does, `a2a.unpack`; ``"symm_mem"`` is what every rank runs around its one barrier on the GPU (`a2a.keep`,
 `a2a.push` into the peers' workspaces, here plain tensors, then `a2a.collect`). The oracle is the definition of
 the exchange: rank r's head shard is its heads of every rank's tokens (K/V repeated ``sp // Hkv`` times first when
@@ -15,7 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfcompat import InvalidInputError, TransportError, a2a
+from tfcompat import InvalidInputError, TransportError
+from tfcompat.core import a2a
 from tfcompat.ulysses import kv_repeats
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 import tfcompat
 from tests.helpers import assert_close
-from tfcompat import attention
-from tfcompat.attention import available_backends, document_block_mask, select_backend, varlen_attention
-from tfcompat.packing import from_lengths
+from tfcompat.core import attention
+from tfcompat.core.attention import available_backends, document_block_mask, select_backend, varlen_attention
+from tfcompat.core.packing import from_lengths
 from tfcompat.selfcheck import pack, sample_sequences, stock_inputs, tiny_model
 
 flex_mod = pytest.importorskip("torch.nn.attention.flex_attention", reason="this torch has no flex attention")

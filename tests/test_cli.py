@@ -9,7 +9,7 @@ import sys
 import tfcompat
 from tfcompat.cli import main
 from tfcompat.registry import families, installed_families
-from tfcompat.versions import installed_transformers
+from tfcompat.registry.versions import installed_transformers
 
 
 def test_doctor_json_resolves_and_self_checks_every_family(capsys):

@@ -9,7 +9,7 @@ import torch
 
 import tfcompat
 from tests.helpers import max_token_diff, skip_if_stock_rejects_videos
-from tfcompat.embedding import dummy_image, embed_inputs
+from tfcompat.inputs.embedding import dummy_image, embed_inputs
 from tfcompat.registry import installed_families
 from tfcompat.selfcheck import pack, sample_case, sample_sequences, stock_inputs, tiny_model
 

@@ -16,9 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import assert_close
-from tfcompat import _linear_kernels
-from tfcompat.errors import InvalidInputError
-from tfcompat.linear_attention import (
+from tfcompat.core import _linear_kernels
+from tfcompat.core.linear_attention import (
     LinearHeads,
     _conv_channels,
     available_conv_backends,
@@ -32,7 +31,8 @@ from tfcompat.linear_attention import (
     select_conv_backend,
     select_rule_backend,
 )
-from tfcompat.packing import from_lengths
+from tfcompat.core.packing import from_lengths
+from tfcompat.errors import InvalidInputError
 
 ATOL = 1e-5
 LENGTHS = [[37], [5, 70, 1, 130, 64], [1, 1, 2], [63, 65, 128, 3]]
@@ -293,7 +293,7 @@ def test_fla_guarded_backward_is_not_offered(monkeypatch):
     import sys
     import types
 
-    from tfcompat import _linear_kernels as kernels
+    from tfcompat.core import _linear_kernels as kernels
 
     env = types.SimpleNamespace(TRITON_ABOVE_3_4_0=True, TRITON_ABOVE_3_7_1=False)
     hardware = types.SimpleNamespace(IS_NVIDIA_HOPPER=True)

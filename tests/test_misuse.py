@@ -16,7 +16,7 @@ import torch.distributed as dist
 import tfcompat
 from tests.distributed import misuse_workers
 from tests.distributed.harness import run_world
-from tfcompat.reference_rope import REFERENCES
+from tfcompat.inputs.reference_rope import REFERENCES
 from tfcompat.registry import installed_families
 from tfcompat.selfcheck import sample_sequences, stock_inputs, tiny_model
 

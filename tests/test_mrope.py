@@ -1,4 +1,4 @@
-"""The installed M-RoPE index against each family's reference (`tfcompat.reference_rope`), on random layouts."""
+"""The installed M-RoPE index against each family's reference (`tfcompat.inputs.reference_rope`), on random layouts."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tfcompat
-from tfcompat.reference_rope import REFERENCES, Reference
+from tfcompat.inputs.reference_rope import REFERENCES, Reference
 from tfcompat.registry import installed_families
+from tfcompat.registry.versions import installed_transformers
 from tfcompat.selfcheck import tiny_model, vision_placeholder
-from tfcompat.versions import installed_transformers
 
 FAMILIES = [k for k, f in installed_families().items() if f.reference_rope_index]
 

@@ -10,9 +10,9 @@ import torch
 
 import tfcompat
 from tests.helpers import max_token_diff, skip_if_stock_rejects_videos
-from tfcompat.context import ForwardContext
-from tfcompat.hf_attention import ATTENTION_KEY
-from tfcompat.packing import from_lengths
+from tfcompat.core.context import ForwardContext
+from tfcompat.core.packing import from_lengths
+from tfcompat.hf.attention import ATTENTION_KEY
 from tfcompat.registry import installed_families
 from tfcompat.selfcheck import Sequence, pack, packed_inputs, sample_case, sample_sequences, stock_inputs, tiny_model
 

@@ -13,9 +13,9 @@ import torch
 
 import tfcompat
 from tests.helpers import max_token_diff
-from tfcompat import _linear_kernels
-from tfcompat.context import BRIDGE_ATTR, ForwardContext
-from tfcompat.packing import from_lengths
+from tfcompat.core import _linear_kernels
+from tfcompat.core.context import BRIDGE_ATTR, ForwardContext
+from tfcompat.core.packing import from_lengths
 from tfcompat.registry import installed_families
 from tfcompat.selfcheck import pack, sample_case, sample_sequences, stock_inputs, tiny_model
 

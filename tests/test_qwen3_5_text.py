@@ -13,8 +13,8 @@ import torch
 
 import tfcompat
 from tests.helpers import max_token_diff
-from tfcompat.context import ForwardContext
-from tfcompat.packing import from_lengths
+from tfcompat.core.context import ForwardContext
+from tfcompat.core.packing import from_lengths
 from tfcompat.registry import families, family, installed_families, match, resolve_model
 from tfcompat.selfcheck import pack, sample_case, sample_sequences, stock_inputs, tiny_model
 
@@ -128,7 +128,7 @@ class TestPackedEqualsStock:
 @torch.no_grad()
 def test_ordinary_calls_run_stock(parent, text):
     """Rule: on a patched text-only model, a padded batch and generate() (cache and all) return what they return
-    unpatched (tfcompat.routing sends them to the stock path)."""
+    unpatched (tfcompat.hf.forward sends them to the stock path)."""
     model = tiny_model(text, "sdpa")
     ids = torch.randint(3, 200, (2, 6), generator=torch.Generator().manual_seed(4))
     mask = torch.ones_like(ids)

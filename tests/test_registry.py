@@ -10,11 +10,12 @@ import pytest
 
 import tfcompat
 from tfcompat import registry
-from tfcompat.reference_rope import REFERENCES
-from tfcompat.versions import release_floor
+from tfcompat.inputs.reference_rope import REFERENCES
+from tfcompat.registry import lookup
+from tfcompat.registry.versions import release_floor
 
 FAMILY = registry.family("glm4v")
-FAMILY_FILES = sorted((Path(tfcompat.__file__).parent / "families").glob("*.py"))
+FAMILY_FILES = sorted((Path(tfcompat.__file__).parent / "registry" / "tables").glob("*.py"))
 
 
 @pytest.mark.parametrize("key", sorted(registry.families()))
@@ -57,7 +58,7 @@ class TestTables:
 
 @pytest.mark.parametrize("path", FAMILY_FILES, ids=lambda p: p.name)
 def test_family_modules_import_only_the_records(path):
-    """Rule: a family table imports `tfcompat.records`, `tfcompat.versions` and its builders, never the lookup
+    """Rule: a family table imports `tfcompat.registry.records`, `tfcompat.registry.versions` and its builders, never the lookup
     (which imports the tables) nor transformers."""
     allowed = {"records", "versions"} | {p.stem for p in FAMILY_FILES}
     for node in ast.walk(ast.parse(path.read_text())):
@@ -78,7 +79,7 @@ class TestForwardCompatibility:
         so it resolves where they are the newest entry's, and raises naming the symbol where they are not."""
         actual = registry.versions.installed_transformers()
         monkeypatch.setattr(registry.versions, "installed_transformers", lambda: "5.99.0")
-        registry._resolve.cache_clear()
+        lookup._resolve.cache_clear()
         try:
             with pytest.warns(tfcompat.ForwardCompatWarning, match="newer than every glm4v entry"):
                 if actual in FAMILY.entries[-1].versions:
@@ -91,7 +92,7 @@ class TestForwardCompatibility:
                     assert "transformers.models.glm4v.modeling_glm4v" in str(info.value)
                     assert "nearest supported" in str(info.value)
         finally:
-            registry._resolve.cache_clear()
+            lookup._resolve.cache_clear()
 
     def test_failed_probe_names_module_symbol_and_support(self):
         newest = FAMILY.entries[-1]

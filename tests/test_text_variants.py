@@ -8,8 +8,8 @@ import torch
 
 import tfcompat
 from tests.helpers import max_token_diff
-from tfcompat.context import ForwardContext
-from tfcompat.packing import from_lengths
+from tfcompat.core.context import ForwardContext
+from tfcompat.core.packing import from_lengths
 from tfcompat.registry import installed_families, resolve_model
 from tfcompat.selfcheck import packed_inputs, sample_case, sample_sequences, stock_inputs, tiny_model
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.metadata as _metadata
 
 from . import heads, ulysses
-from .embedding import embed_inputs
 from .errors import (
     InvalidInputError,
     PatchedModelError,
@@ -20,10 +19,11 @@ from .errors import (
     UnknownFamilyError,
     UnsupportedVersionError,
 )
-from .packer import Packed, pack
-from .patching import PatchHandle, is_patched, patch
+from .hf.patching import PatchHandle, is_patched, patch
+from .inputs.embedding import embed_inputs
+from .inputs.pack import Packed, pack
+from .inputs.rope_index import rope_index
 from .registry import ForwardCompatWarning, Resolved, resolve
-from .rope_index import rope_index
 
 try:  # one source: pyproject.toml's [project] version, read back from the installed package's metadata
     __version__ = _metadata.version(__name__)

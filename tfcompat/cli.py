@@ -13,7 +13,7 @@ from typing import Any
 from . import __version__
 from .errors import TfcompatError
 from .registry import families, match, resolve
-from .versions import installed_transformers
+from .registry.versions import installed_transformers
 
 __all__ = ["main", "doctor"]
 

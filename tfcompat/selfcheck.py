@@ -13,11 +13,11 @@ from typing import Any, cast
 
 import torch
 
-from .embedding import embed_inputs
-from .patching import patch
-from .records import VisionItem
+from .hf.patching import patch
+from .inputs.embedding import embed_inputs
+from .inputs.rope_index import rope_index
 from .registry import Resolved, family, resolve
-from .rope_index import rope_index
+from .registry.records import VisionItem
 
 __all__ = ["Sequence", "CheckResult", "tiny_model", "sample_case", "sample_sequences", "vision_placeholder", "positions",
            "pack", "packed_inputs", "stock_inputs", "run_check"]

@@ -21,14 +21,14 @@ from typing import Any, Literal, cast, get_args
 import torch
 import torch.distributed as dist
 
-from . import a2a
-from .a2a import Transport
-from .context import CONTEXT_KWARG, ForwardContext
-from .embedding import Embedded
+from .core import a2a
+from .core.a2a import Transport
+from .core.context import CONTEXT_KWARG, ForwardContext
+from .core.extras import VISUAL_KWARG
+from .core.packing import PackedSeqs, check_text_positions, from_host_positions
+from .core.position_ids import split_positions
 from .errors import InvalidInputError
-from .extras import VISUAL_KWARG
-from .packing import PackedSeqs, check_text_positions, from_host_positions
-from .position_ids import split_positions
+from .inputs.embedding import Embedded
 
 __all__ = [
     "Shard",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from tfcompat.linear_attention import LinearAttentionParams, LinearHeads, linear_attention
-from tfcompat.packing import from_lengths
+from tfcompat.core.linear_attention import LinearAttentionParams, LinearHeads, linear_attention
+from tfcompat.core.packing import from_lengths
 
 
 def _inputs(lengths: list[int], heads: LinearHeads, width: int = 4) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 import tfcompat
 from tfcompat import ulysses
-from tfcompat.embedding import embed_inputs
+from tfcompat.inputs.embedding import embed_inputs
 from tfcompat.selfcheck import pack, packed_inputs, sample_sequences, tiny_model
 
 WATCHED = ("q_proj", "o_proj", "embed_tokens")

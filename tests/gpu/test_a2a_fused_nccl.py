@@ -12,8 +12,8 @@ import torch
 
 from tests.distributed import a2a_workers
 from tests.distributed.harness import run_world
-from tfcompat.attention import available_backends, varlen_attention
-from tfcompat.packing import from_lengths
+from tfcompat.core.attention import available_backends, varlen_attention
+from tfcompat.core.packing import from_lengths
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run on the GPU machine")]
 

@@ -19,14 +19,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tfcompat.linear_attention import (
+from tfcompat.core.linear_attention import (
     LinearAttentionParams,
     LinearHeads,
     available_conv_backends,
     available_rule_backends,
     linear_attention,
 )
-from tfcompat.packing import from_lengths
+from tfcompat.core.packing import from_lengths
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run on the GPU machine")]

@@ -25,9 +25,9 @@ import pytest
 import torch
 
 import tfcompat
-from tfcompat import attention
-from tfcompat.attention import available_backends, select_backend, varlen_attention
-from tfcompat.packing import from_lengths
+from tfcompat.core import attention
+from tfcompat.core.attention import available_backends, select_backend, varlen_attention
+from tfcompat.core.packing import from_lengths
 from tfcompat.registry import resolve
 from tfcompat.selfcheck import pack, sample_sequences, stock_inputs, tiny_model
 

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tfcompat
-from tfcompat.attention import varlen_attention
-from tfcompat.packing import from_lengths, from_text_positions
-from tfcompat.position_ids import split_positions, to_text_model_layout
+from tfcompat.core.attention import varlen_attention
+from tfcompat.core.packing import from_lengths, from_text_positions
+from tfcompat.core.position_ids import split_positions, to_text_model_layout
 
 SETTINGS = settings(max_examples=100, deadline=None)
 

@@ -1,4 +1,4 @@
-"""Property tests for version ranges and registry matching (tfcompat.versions, tfcompat.registry).
+"""Property tests for version ranges and registry matching (tfcompat.registry.versions, tfcompat.registry).
 
 Versions are generated in every PEP 440 shape transformers builds come in (release, dev, pre, post, local
 and their combinations, in several spellings) on release lines in and around the glm4v span 4.53 .. 5.24.
@@ -15,8 +15,8 @@ from packaging.version import Version
 
 import tfcompat
 from tfcompat import registry
-from tfcompat.families.glm4v import FAMILY
-from tfcompat.versions import VersionRange, installed_transformers
+from tfcompat.registry.tables.glm4v import FAMILY
+from tfcompat.registry.versions import VersionRange, installed_transformers
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -40,7 +40,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 import torch.distributed as dist
 
-from .errors import InvalidInputError, TransportError
+from ..errors import InvalidInputError, TransportError
 
 __all__ = ["Direction", "Transport", "exchange", "symm_mem_reason"]
 

@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 from .packing import PackedSeqs
 
 __all__ = ["Backend", "available_backends", "document_block_mask", "select_backend", "varlen_attention"]

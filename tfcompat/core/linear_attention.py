@@ -67,10 +67,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .. import ulysses
+from ..errors import InvalidInputError
 from . import _linear_kernels as _k
-from . import ulysses
 from .a2a import Transport
-from .errors import InvalidInputError
 from .packing import PackedSeqs
 
 __all__ = [

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 
 __all__ = ["PackedSeqs", "check_text_positions", "from_host_positions", "from_lengths", "from_text_positions"]
 

@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import torch
 
-from .errors import InvalidInputError
-from .records import TextModelLayout
+from ..errors import InvalidInputError
+from ..registry.records import TextModelLayout
 
 __all__ = ["Positions", "split_positions", "to_text_model_layout", "text_row_from_mask"]
 

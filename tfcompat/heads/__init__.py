@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, cast
 import torch
 import torch.nn.functional as F
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 
 __all__ = ["IGNORE_INDEX", "BACKENDS", "LogprobsEntropy", "logprobs_entropy", "model_logprobs"]
 
@@ -94,7 +94,7 @@ def logprobs_entropy(
             tokens, lm_head_weight, lm_head_bias, flat_labels, column, chunk_size or _TORCH_CHUNK_SIZE
         )
     else:
-        from ._triton_heads import TritonLogprobsEntropy
+        from ._triton import TritonLogprobsEntropy
 
         token_count, hidden_size = tokens.shape
         tile_rows, tile_columns = _triton_tiles(token_count, hidden_size, lm_head_weight.shape[0], chunk_size)
@@ -391,7 +391,7 @@ def _triton_tiles(tokens: int, hidden_size: int, vocab: int, chunk_size: int | N
     """Backend ``"triton"``'s tile ``(rows, columns)``: at most ``TOKEN_BLOCK`` tokens (a multiple of `_ALIGN`)
     by enough columns for about ``max(T * H, MIN_TILE)`` logits (``chunk_size * V`` when given), a multiple of
     the kernels' column block (8 * `_ALIGN` by default)."""
-    from ._triton_heads import COLUMN_BLOCK, MIN_TILE, TOKEN_BLOCK
+    from ._triton import COLUMN_BLOCK, MIN_TILE, TOKEN_BLOCK
 
     rows = _aligned(min(tokens, TOKEN_BLOCK), tokens)
     logits = max(tokens * hidden_size, MIN_TILE) if chunk_size is None else chunk_size * vocab

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .heads import IGNORE_INDEX, _accumulate_mm, _spans
+from . import IGNORE_INDEX, _accumulate_mm, _spans
 
 TOKEN_BLOCK = 16384  # the most tokens in a tile: bounds its size when T is large
 COLUMN_BLOCK = 1024  # columns per step of both kernels; tile widths are multiples of it, so no lane idles

@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from . import ulysses
-from .attention import varlen_attention
-from .context import BRIDGE_ATTR, CONTEXT_KWARG, StockContext
-from .errors import PatchedModelError
+from .. import ulysses
+from ..core.attention import varlen_attention
+from ..core.context import BRIDGE_ATTR, CONTEXT_KWARG, StockContext
+from ..errors import PatchedModelError
 
 __all__ = ["ATTENTION_KEY", "packed_attention", "register", "stock_function", "unregister"]
 

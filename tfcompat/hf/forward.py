@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
-from .context import ForwardContext, StockContext
-from .errors import InvalidInputError, PatchedModelError
-from .packing import PackedSeqs, from_host_positions
-from .position_ids import split_positions
-from .registry import Resolved
-from .vision_inputs import check_vision_inputs
+from ..core.context import ForwardContext, StockContext
+from ..core.packing import PackedSeqs, from_host_positions
+from ..core.position_ids import split_positions
+from ..errors import InvalidInputError, PatchedModelError
+from ..inputs.vision_inputs import check_vision_inputs
+from ..registry import Resolved
 
 __all__ = ["CACHE_ARGS", "Router", "mask_labels", "mask_shift_labels"]
 

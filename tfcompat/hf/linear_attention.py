@@ -25,12 +25,18 @@ from typing import Any, Literal, NamedTuple, Protocol, cast, get_args
 
 import torch
 
-from . import _linear_kernels
-from .context import BRIDGE_ATTR, CONTEXT_KWARG, StockContext
-from .errors import PatchedModelError, PatchError
-from .linear_attention import ConvBackend, RuleBackend, check_linear_heads, linear_attention, linear_attention_params
-from .records import LinearAttention
-from .registry import Resolved
+from ..core import _linear_kernels
+from ..core.context import BRIDGE_ATTR, CONTEXT_KWARG, StockContext
+from ..core.linear_attention import (
+    ConvBackend,
+    RuleBackend,
+    check_linear_heads,
+    linear_attention,
+    linear_attention_params,
+)
+from ..errors import PatchedModelError, PatchError
+from ..registry import Resolved
+from ..registry.records import LinearAttention
 
 __all__ = ["LinearBackend", "LinearPlan", "packed_linear_forward", "plan"]
 

@@ -23,15 +23,16 @@ from typing import Any, cast, get_args
 
 import torch
 
-from . import hf_attention, hf_linear_attention
-from .attention import Backend
-from .context import BRIDGE_ATTR, CONTEXT_KWARG, ForwardContext, StockContext
-from .errors import InvalidInputError, PatchedModelError, PatchError
-from .extras import VISUAL_KWARG, VisualExtras
-from .position_ids import split_positions, to_text_model_layout
-from .registry import Resolved, resolve_model
-from .routing import Router, mask_labels, mask_shift_labels
-from .ulysses import check_heads
+from ..core.attention import Backend
+from ..core.context import BRIDGE_ATTR, CONTEXT_KWARG, ForwardContext, StockContext
+from ..core.extras import VISUAL_KWARG, VisualExtras
+from ..core.position_ids import split_positions, to_text_model_layout
+from ..errors import InvalidInputError, PatchedModelError, PatchError
+from ..registry import Resolved, resolve_model
+from ..ulysses import check_heads
+from . import attention as hf_attention
+from . import linear_attention as hf_linear_attention
+from .forward import Router, mask_labels, mask_shift_labels
 
 __all__ = ["PatchHandle", "Record", "is_patched", "patch"]
 

@@ -11,9 +11,9 @@ from typing import Any, NamedTuple, cast
 
 import torch
 
-from .errors import InvalidInputError, PatchError, SymbolProbeError
-from .extras import VISUAL_KWARG, VisualExtras
-from .registry import Resolved, resolve
+from ..core.extras import VISUAL_KWARG, VisualExtras
+from ..errors import InvalidInputError, PatchError, SymbolProbeError
+from ..registry import Resolved, resolve
 from .vision_inputs import check_token_ids, check_vision_inputs, require_vision
 
 __all__ = ["Embedded", "dummy_image", "embed_inputs", "visual_features"]

@@ -15,11 +15,11 @@ from typing import Any, NamedTuple, cast
 
 import torch
 
-from .context import CONTEXT_KWARG, ForwardContext
+from ..core.context import CONTEXT_KWARG, ForwardContext
+from ..core.packing import PackedSeqs, from_lengths
+from ..errors import InvalidInputError
+from ..registry import Resolved, resolve
 from .embedding import embed_inputs
-from .errors import InvalidInputError
-from .packing import PackedSeqs, from_lengths
-from .registry import Resolved, resolve
 from .rope_index import Impl, rope_index
 from .vision_inputs import check_token_ids, check_vision_inputs
 

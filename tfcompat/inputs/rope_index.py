@@ -9,10 +9,10 @@ from typing import Literal, cast, get_args
 
 import torch
 
-from .errors import InvalidInputError
-from .position_ids import text_row_from_mask
+from ..core.position_ids import text_row_from_mask
+from ..errors import InvalidInputError
+from ..registry import families, resolve
 from .reference_rope import REFERENCES
-from .registry import families, resolve
 from .vision_inputs import check_token_ids, check_vision_inputs, require_vision
 
 __all__ = ["Impl", "rope_index"]

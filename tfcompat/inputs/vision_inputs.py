@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from .errors import InvalidInputError
-from .registry import Resolved, families
+from ..errors import InvalidInputError
+from ..registry import Resolved, families
 
 __all__ = ["check_token_ids", "check_vision_inputs", "require_vision"]
 

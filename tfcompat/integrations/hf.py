@@ -30,12 +30,12 @@ from typing import Any, cast
 
 import torch
 
-from ..context import CONTEXT_KWARG
+from ..core.context import CONTEXT_KWARG
 from ..errors import InvalidInputError, PatchedModelError
-from ..packer import pack
-from ..patching import is_patched
+from ..hf.patching import is_patched
+from ..inputs.pack import pack
+from ..inputs.rope_index import Impl
 from ..registry import resolve
-from ..rope_index import Impl
 
 __all__ = ["PackedCollator"]
 

@@ -44,10 +44,10 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from ..embedding import embed_inputs
 from ..errors import InvalidInputError, PatchError
 from ..heads import model_logprobs
-from ..patching import PatchHandle, patch
+from ..hf.patching import PatchHandle, patch
+from ..inputs.embedding import embed_inputs
 from ..registry import resolve
 from ..ulysses import check_heads, shard_inputs
 

@@ -17,8 +17,8 @@ from typing import Any, NamedTuple, cast
 
 import torch
 
+from ..errors import PatchError, UnknownFamilyError, UnsupportedVersionError
 from . import versions
-from .errors import PatchError, UnknownFamilyError, UnsupportedVersionError
 from .probing import Probe, probe
 from .records import TEXT_ROLES, Entry, Family
 from .rotary import ApplyRotary, rope_config, uniform_rotary
@@ -75,7 +75,7 @@ class Resolved:
     @property
     def attention_function(self) -> Callable[..., Any]:
         """The packed attention plugged into the model's attention dispatch (see `tfcompat.hf_attention`)."""
-        from .hf_attention import packed_attention
+        from ..hf.attention import packed_attention
 
         return packed_attention
 
@@ -139,7 +139,7 @@ _LAYOUTS = {
 
 
 def _attention_key() -> str:
-    from .hf_attention import ATTENTION_KEY
+    from ..hf.attention import ATTENTION_KEY
 
     return ATTENTION_KEY
 
@@ -147,7 +147,7 @@ def _attention_key() -> str:
 @functools.cache
 def families() -> dict[str, Family]:
     """Every registered family, by key (= transformers' ``config.model_type``)."""
-    from .families import FAMILIES
+    from .tables import FAMILIES
 
     return {f.key: f for f in FAMILIES}
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from .errors import SymbolProbeError
+from ..errors import SymbolProbeError
 from .records import Entry, Family
 
 __all__ = ["Probe", "Probed", "probe"]

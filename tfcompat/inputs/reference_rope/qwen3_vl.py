@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InvalidInputError
+from ...errors import InvalidInputError
 
 __all__ = ["DEVIATIONS", "rope_index"]
 
