@@ -2,10 +2,10 @@
 
 transformers' attention modules compute q/k/v, apply their own rotary, then call
 ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation](module, q, k, v, mask, scaling=..., **kwargs)``.
-A patched model's text config names `ATTENTION_KEY`, registered here, so the stock forward (and the stock
-rotary of that version) runs unchanged and only the attention itself is ours. The key has no mask function
-registered, so transformers builds no (T, T) mask for it. The packed boundaries arrive in the
-`tfcompat.context.ForwardContext`.
+A patched model's text config names `ATTENTION_KEY` (declared by the registry, whose ``explain()`` names it),
+registered here, so the stock forward (and the stock rotary of that version) runs unchanged and only the
+attention itself is ours. The key has no mask function registered, so transformers builds no (T, T) mask for
+it. The packed boundaries arrive in the `tfcompat.context.ForwardContext`.
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ from typing import Any
 
 import torch
 
-from .. import ulysses
+from ..core import a2a
 from ..core.attention import varlen_attention
 from ..core.context import BRIDGE_ATTR, CONTEXT_KWARG, StockContext
 from ..errors import PatchedModelError
+from ..registry.lookup import ATTENTION_KEY
 
 __all__ = ["ATTENTION_KEY", "packed_attention", "register", "stock_function", "unregister"]
-
-ATTENTION_KEY = "tfcompat_packed"
 
 
 def packed_attention(
@@ -62,9 +61,9 @@ def packed_attention(
         return out.view(b, length, hq, d), None
     # one exchange: (T/sp, Hq, D), 2 x (T/sp, Hkv, D) -> (T, Hq/sp, D), 2 x (T, max(Hkv/sp, 1), D); with Hkv < sp
     # each rank receives its one KV head (repeated sp // Hkv times over the group, not to full multi-head)
-    q, k, v = ulysses.qkv_to_heads(q, k, v, ctx.group, ctx.transport)
+    q, k, v = a2a.qkv_to_heads(q, k, v, ctx.group, ctx.transport)
     out = varlen_attention(q, k, v, ctx.seqs, scale=scaling, backend=ctx.backend)
-    return ulysses.heads_to_seq(out, ctx.group, ctx.transport).view(b, length, hq, d), None
+    return a2a.heads_to_seq(out, ctx.group, ctx.transport).view(b, length, hq, d), None
 
 
 def stock_function(ctx: StockContext) -> Any:
