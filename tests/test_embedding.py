@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import tfcompat
-from tests.helpers import max_token_diff, skip_if_stock_rejects_videos
+from tests.helpers import max_token_diff, pack, skip_if_stock_rejects_videos
 from tfcompat.inputs.embedding import dummy_image, embed_inputs
 from tfcompat.registry import installed_families
-from tfcompat.selfcheck import pack, sample_case, sample_sequences, stock_inputs, tiny_model
+from tfcompat.selfcheck import sample_case, sample_sequences, stock_inputs, tiny_model
 
 VLMS = [k for k, f in installed_families().items() if f.is_vision]
 

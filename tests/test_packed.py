@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import tfcompat
-from tests.helpers import max_token_diff, skip_if_stock_rejects_videos
+from tests.helpers import max_token_diff, pack, packed_inputs, skip_if_stock_rejects_videos
 from tfcompat.core.context import ForwardContext
 from tfcompat.core.packing import from_lengths
 from tfcompat.hf.attention import ATTENTION_KEY, packed_attention
 from tfcompat.registry import installed_families
-from tfcompat.selfcheck import Sequence, pack, packed_inputs, sample_case, sample_sequences, stock_inputs, tiny_model
+from tfcompat.selfcheck import Sequence, sample_case, sample_sequences, stock_inputs, tiny_model
 
 FAMILY = "glm4v"  # lifecycle and bad-input tests
 IMPLS = ["eager", "sdpa"]

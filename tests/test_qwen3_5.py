@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import tfcompat
-from tests.helpers import max_token_diff
+from tests.helpers import max_token_diff, pack
 from tfcompat.core import _linear_kernels
 from tfcompat.core.context import BRIDGE_ATTR, ForwardContext
 from tfcompat.core.packing import from_lengths
 from tfcompat.registry import installed_families
-from tfcompat.selfcheck import pack, sample_case, sample_sequences, stock_inputs, tiny_model
+from tfcompat.selfcheck import sample_case, sample_sequences, stock_inputs, tiny_model
 
 HYBRID = sorted(k for k, f in installed_families().items() if any(e.linear_attention for e in f.entries))
 pytestmark = pytest.mark.skipif(not HYBRID, reason="no hybrid family in this transformers (Qwen3-Next from 4.57)")

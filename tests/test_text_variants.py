@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import tfcompat
-from tests.helpers import max_token_diff
+from tests.helpers import max_token_diff, packed_inputs
 from tfcompat.core.context import ForwardContext
 from tfcompat.core.packing import from_lengths
 from tfcompat.registry import installed_families, resolve_model
-from tfcompat.selfcheck import packed_inputs, sample_case, sample_sequences, stock_inputs, tiny_model
+from tfcompat.selfcheck import sample_case, sample_sequences, stock_inputs, tiny_model
 
 # (family, text config model_type) -> the text-config keys of a tiny model of that variant
 VARIANTS = {

@@ -9,7 +9,8 @@ import torch.distributed as dist
 
 import tfcompat
 from tests.distributed.workers import sharded_logits
-from tfcompat.selfcheck import pack, sample_sequences, tiny_model
+from tests.helpers import pack
+from tfcompat.selfcheck import sample_sequences, tiny_model
 
 
 def _all_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:

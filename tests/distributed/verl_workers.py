@@ -22,9 +22,10 @@ import torch
 import torch.distributed as dist
 
 import tfcompat
+from tests.helpers import pack
 from tfcompat.integrations.verl import apply_monkey_patch
 from tfcompat.registry import installed_families
-from tfcompat.selfcheck import pack, sample_sequences, stock_inputs, tiny_model
+from tfcompat.selfcheck import sample_sequences, stock_inputs, tiny_model
 
 TEMPERATURE = 0.7
 TOL = 1e-5  # per token, fp32 log-probs and entropies (|values| up to log(vocab) = 5.5)

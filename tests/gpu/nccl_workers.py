@@ -14,8 +14,9 @@ import torch.distributed as dist
 
 import tfcompat
 from tests.distributed.workers import sharded_logits
+from tests.helpers import pack
 from tfcompat import ulysses
-from tfcompat.selfcheck import pack, sample_sequences, tiny_model
+from tfcompat.selfcheck import sample_sequences, tiny_model
 
 WATCHED = ("q_proj", "o_proj", "embed_tokens")
 

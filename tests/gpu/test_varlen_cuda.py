@@ -25,11 +25,12 @@ import pytest
 import torch
 
 import tfcompat
+from tests.helpers import pack
 from tfcompat.core import attention
 from tfcompat.core.attention import available_backends, select_backend, varlen_attention
 from tfcompat.core.packing import from_lengths
 from tfcompat.registry import resolve
-from tfcompat.selfcheck import pack, sample_sequences, stock_inputs, tiny_model
+from tfcompat.selfcheck import sample_sequences, stock_inputs, tiny_model
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run on the GPU machine")]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import tfcompat
 from tfcompat.core.attention import varlen_attention
-from tfcompat.core.packing import from_lengths, from_text_positions
+from tfcompat.core.packing import PackedSeqs, check_text_positions, from_host_positions, from_lengths
 from tfcompat.core.position_ids import split_positions
 from tfcompat.hf.forward import to_text_model_layout
 
@@ -43,6 +43,13 @@ def packed_batches(draw: st.DrawFn) -> list[list[int]]:
 
 
 # ---------------------------------------------------------------------------------------------- boundaries
+
+
+def from_text_positions(text: torch.Tensor) -> PackedSeqs:
+    """The boundaries a patched forward takes from a ``(B, L)`` text row: checked, copied to the host once
+    (`tfcompat.hf.forward.Router.decide`), then `from_host_positions`."""
+    check_text_positions(text)
+    return from_host_positions(text.long().cpu(), device=text.device)
 
 
 class TestFromTextPositions:
@@ -109,14 +116,6 @@ class TestFromTextPositions:
     def test_not_2d_rejected(self, shape: tuple[int, ...]) -> None:
         with pytest.raises(tfcompat.InvalidInputError, match=r"(?s)\(batch, seq_len\).*shape " + re_shape(shape)):
             from_text_positions(torch.zeros(shape, dtype=torch.long))
-
-    def test_padding_rejected(self) -> None:
-        positions = torch.tensor([[0, 1, 2, 0]])
-        with pytest.raises(tfcompat.InvalidInputError, match="has padding"):
-            from_text_positions(positions, attention_mask=torch.tensor([[1, 1, 1, 0]]))
-        with pytest.raises(tfcompat.InvalidInputError, match="attention_mask of ones"):
-            from_text_positions(positions, attention_mask=torch.ones(1, 3))
-        assert from_text_positions(positions, attention_mask=torch.ones(1, 4)).lengths == (3, 1)
 
     def test_from_lengths_rejects_empty_sequences(self) -> None:
         with pytest.raises(tfcompat.InvalidInputError, match="must be positive"):
