@@ -20,9 +20,11 @@ from ..core.attention import varlen_attention
 from ..core.context import BRIDGE_ATTR, CONTEXT_KWARG, StockContext
 from ..errors import PatchedModelError
 
-__all__ = ["ATTENTION_KEY", "packed_attention", "register", "stock_function", "unregister"]
+__all__ = ["ATTENTION_KEY", "FEATURES_ATTR", "packed_attention", "register", "stock_function", "unregister"]
 
 ATTENTION_KEY = "tfcompat_packed"
+# the attention module's `tfcompat.core.attention.AttentionFeatures`, set by `tfcompat.patch` (`tfcompat.hf.features`)
+FEATURES_ATTR = "_tfcompat_features"
 
 
 def packed_attention(

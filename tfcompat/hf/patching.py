@@ -9,7 +9,9 @@ function is replaced; removed again when the last patched model is undone). Per 
 - an instance ``forward`` on the text model that accepts contract position ids, computes the packed
   boundaries once per forward and passes them down in kwargs;
 - where the installed decoder layer drops ``**kwargs``, a forward pre-hook on each decoder layer that hands
-  the boundaries to its attention.
+  the boundaries to its attention;
+- on each attention module, its attention features (window, softcap, sinks, chunk: `tfcompat.hf.features`) under
+  `tfcompat.hf.attention.FEATURES_ATTR`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ..registry import Resolved, resolve_model
 from ..ulysses import check_heads
 from . import attention as hf_attention
 from . import linear_attention as hf_linear_attention
+from .features import module_features, unsupported
 from .forward import Router, mask_labels, mask_shift_labels
 
 __all__ = ["PatchHandle", "Record", "is_patched", "patch"]
@@ -159,7 +162,7 @@ def patch(
         raise PatchError("model has no config.model_type", why=f"got {type(model).__name__}",
                          fix="pass a transformers PreTrainedModel")
     resolved = resolve_model(model)
-    plan = _plan(model, resolved, ulysses_group, linear_backend)
+    plan = _plan(model, resolved, ulysses_group, linear_backend, backend)
 
     handle = PatchHandle(model, resolved, options)
     hf_attention.register()
@@ -190,6 +193,8 @@ def patch(
 
         handle._add(Record("hook", layer, "forward_pre_hook", None, hook, True,
                            "hands packed boundaries to self-attention (layer drops **kwargs)"), remove)
+    for attn, features, note in plan.features:
+        handle._set("instance", attn, hf_attention.FEATURES_ATTR, features, note)
     for module, forward in plan.linear:
         handle._set("instance", module, "forward", forward, "packed Gated DeltaNet (conv and state restart per sequence)")
     handle._set("instance", model, "__deepcopy__", _deepcopy(handle), "copy.deepcopy gives a copy patched alike")
@@ -333,9 +338,10 @@ class _Plan:
     text_models: list[torch.nn.Module]
     bridges: list[tuple[torch.nn.Module, torch.nn.Module]]
     linear: list[tuple[torch.nn.Module, Callable[..., torch.Tensor]]]
+    features: list[tuple[torch.nn.Module, Any, str]]
 
 
-def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) -> _Plan:
+def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, backend: str) -> _Plan:
     """Find what to change and check it can be changed, before changing anything."""
     def error(what: str, why: str, fix: str = "") -> PatchError:
         return PatchError(what, family=r.family, transformers_version=r.transformers_version, why=why,
@@ -355,16 +361,22 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) 
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             raise error(f"{type(tm).__name__}.forward takes no **kwargs", "boundaries cannot reach attention")
     configs: list[Any] = []
+    features = []
     for attn in attentions:
         cfg: Any = attn.config  # a PretrainedConfig (torch types a Module attribute read `Tensor | Module`)
         if getattr(cfg, "attention_dropout", 0.0):
             raise error("attention dropout is not supported by the packed core",
                         f"config.attention_dropout = {cfg.attention_dropout}", "set attention_dropout=0.0")
-        sliding = _sliding(attn, cfg)
-        if sliding:
-            raise error("sliding-window attention is not supported by the packed core", sliding,
-                        "build the model without sliding layers (use_sliding_window=False, every layer_types entry "
-                        "'full_attention')")
+        found = module_features(attn, cfg)
+        if found.refusal:
+            raise error(f"{type(attn).__name__} (layer {getattr(attn, 'layer_idx', '?')}) passes its attention "
+                        "something the packed core does not implement", found.refusal,
+                        "run the model unpatched, or build it without the feature")
+        gap = unsupported(backend, found.features, qk_dim=found.qk_dim, v_dim=found.v_dim)
+        if gap:
+            raise error(f"attention backend {backend!r} cannot run {type(attn).__name__} ({found.note})", gap,
+                        "pass backend='auto' (or 'sdpa')")
+        features.append((attn, found.features, found.note))
         if group is not None:
             import torch.distributed as dist
 
@@ -387,20 +399,7 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) 
                 raise error(f"{type(layer).__name__} has {len(children)} attention children", "cannot bridge kwargs")
             bridges.append((layer, children[0]))
     linear = hf_linear_attention.plan(model, r, group, linear_backend)
-    return _Plan(configs, text_models, bridges + linear.bridges, linear.forwards)
-
-
-def _sliding(attn: torch.nn.Module, cfg: Any) -> str:
-    """Why the layer of ``attn`` attends through a window (its module's ``sliding_window``, its entry in
-    ``config.layer_types``), or "" when it attends to the whole sequence."""
-    reasons = []
-    if getattr(attn, "sliding_window", None):
-        reasons.append(f"{type(attn).__name__}.sliding_window = {attn.sliding_window}")
-    types, index = getattr(cfg, "layer_types", None) or (), getattr(attn, "layer_idx", None)
-    kind = types[index] if isinstance(index, int) and index < len(types) else None
-    if isinstance(kind, str) and ("sliding" in kind or "chunked" in kind):
-        reasons.append(f"config.layer_types[{index}] = {kind!r}")
-    return "; ".join(reasons)
+    return _Plan(configs, text_models, bridges + linear.bridges, linear.forwards, features)
 
 
 def _bridge(attn: torch.nn.Module) -> Callable[..., None]:
