@@ -34,7 +34,7 @@ from ..registry import Resolved, resolve_model
 from ..ulysses import check_heads
 from . import attention as hf_attention
 from . import linear_attention as hf_linear_attention
-from .features import module_features, unsupported
+from .features import ModuleFeatures, module_features, unsupported
 from .forward import Router, mask_labels, mask_shift_labels
 
 __all__ = ["PatchHandle", "Record", "is_patched", "patch"]
@@ -361,7 +361,7 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             raise error(f"{type(tm).__name__}.forward takes no **kwargs", "boundaries cannot reach attention")
     configs: list[Any] = []
-    features = []
+    features: list[tuple[torch.nn.Module, ModuleFeatures]] = []
     for attn in attentions:
         cfg: Any = attn.config  # a PretrainedConfig (torch types a Module attribute read `Tensor | Module`)
         if getattr(cfg, "attention_dropout", 0.0):
@@ -369,14 +369,9 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
                         f"config.attention_dropout = {cfg.attention_dropout}", "set attention_dropout=0.0")
         found = module_features(attn, cfg)
         if found.refusal:
-            raise error(f"{type(attn).__name__} (layer {getattr(attn, 'layer_idx', '?')}) passes its attention "
-                        "something the packed core does not implement", found.refusal,
-                        "run the model unpatched, or build it without the feature")
-        gap = unsupported(backend, found.features, qk_dim=found.qk_dim, v_dim=found.v_dim)
-        if gap:
-            raise error(f"attention backend {backend!r} cannot run {type(attn).__name__} ({found.note})", gap,
-                        "pass backend='auto' (or 'sdpa')")
-        features.append((attn, found.features, found.note))
+            raise error(f"{type(attn).__name__} (layer {getattr(attn, 'layer_idx', '?')}) does what the packed core "
+                        "cannot", found.refusal, "run the model unpatched, or build it without the feature")
+        features.append((attn, found))
         if group is not None:
             import torch.distributed as dist
 
@@ -388,6 +383,11 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
                                  supported=exc.supported, fix=exc.fix) from None
         if all(cfg is not c for c in configs):
             configs.append(cfg)
+    for attn, found in features:  # after every module's refusal: what no backend can do is named first
+        gap = unsupported(backend, found.features, qk_dim=found.qk_dim, v_dim=found.v_dim)
+        if gap:
+            raise error(f"attention backend {backend!r} cannot run {type(attn).__name__} ({found.note})", gap,
+                        "pass backend='auto' (or 'sdpa')")
     for tm in text_models:
         if all(tm.config is not c for c in configs):
             configs.append(tm.config)
@@ -399,7 +399,8 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
                 raise error(f"{type(layer).__name__} has {len(children)} attention children", "cannot bridge kwargs")
             bridges.append((layer, children[0]))
     linear = hf_linear_attention.plan(model, r, group, linear_backend)
-    return _Plan(configs, text_models, bridges + linear.bridges, linear.forwards, features)
+    return _Plan(configs, text_models, bridges + linear.bridges, linear.forwards,
+                 [(attn, found.features, found.note) for attn, found in features])
 
 
 def _bridge(attn: torch.nn.Module) -> Callable[..., None]:
