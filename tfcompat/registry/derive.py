@@ -134,7 +134,7 @@ def derive(model_type: str, version: str) -> Family:
                      "it computes with cache_position or torch.arange over the row, which on a packed row counts "
                      "across sequences (position_ids restart per sequence)")
     passes = [_passes_kwargs(layer, attention) for layer in layers]
-    cache = [p for p in _CACHE_PARAMS if p in inspect.signature(attention.forward).parameters]
+    cache = [p for p in _CACHE_PARAMS if p in inspect.signature(cast(Any, attention).forward).parameters]
     config_cls = _config_class(model_type)
     rope_key: RopeConfigKey = "rope_parameters" if "rope_parameters" in _config_fields(config_cls) else "rope_scaling"
     derivation = Derivation(
