@@ -13,18 +13,7 @@ from typing import Any, NamedTuple, cast
 
 import torch
 
-try:  # TEMPORARY stand-in until the core contract (branch h18core) lands on main
-    from ..core.attention import AttentionFeatures, unsupported  # type: ignore[attr-defined,unused-ignore]
-except ImportError:
-    class AttentionFeatures(NamedTuple):  # type: ignore[no-redef]
-        window: int | None = None
-        softcap: float | None = None
-        sinks: bool = False
-        chunk: int | None = None
-
-    def unsupported(backend: str, features: Any, *, qk_dim: int, v_dim: int) -> str:
-        plain = features == AttentionFeatures() and qk_dim == v_dim
-        return "" if plain else "this core implements no window, softcap, sinks, chunk or MLA head dims yet"
+from ..core.attention import AttentionFeatures, unsupported
 from ..registry.derive import ATTENTION_KEYWORDS, UNKNOWN, attention_call, guard_holds, layer_kind, passed_values
 
 __all__ = ["AttentionFeatures", "ModuleFeatures", "module_features", "unsupported"]
