@@ -36,6 +36,7 @@ from ..registry import Resolved, resolve_model
 from . import attention as hf_attention
 from . import fused as hf_fused
 from . import linear_attention as hf_linear_attention
+from .changes import Record
 from .features import ModuleFeatures, module_features, unsupported
 from .forward import Router, to_text_model_layout
 
@@ -44,23 +45,6 @@ __all__ = ["PatchHandle", "Record", "is_patched", "patch"]
 _MISSING = object()
 _HANDLE_ATTR = "_tfcompat_handle"
 
-
-@dataclass(frozen=True)
-class Record:
-    """One change: ``target.attr`` went from ``old`` to ``new`` (``old`` is `None` with ``was_set=False``
-    when the attribute was not in the instance's ``__dict__``); scope is "instance", "config", "hook" or
-    "process"."""
-
-    scope: str
-    target: Any
-    attr: str
-    old: Any
-    new: Any
-    was_set: bool
-    note: str
-
-    def __str__(self) -> str:
-        return f"[{self.scope}] {type(self.target).__name__}.{self.attr}: {self.note}"
 
 
 class PatchHandle:
