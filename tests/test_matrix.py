@@ -51,7 +51,8 @@ def test_ci_runs_every_entry_on_one_of_its_releases():
         for entry in fam.entries:
             inside = [v for v in VERSIONS if v in entry.versions]
             assert inside, f"{key} entry {entry.versions} has no release in matrix.yaml"
-            assert any(key in CI[v] for v in inside), f"{key} entry {entry.versions}: CI must run {key} on one of {inside}"
+            assert any(key in CI[v] for v in inside), \
+                f"{key} entry {entry.versions}: CI must run {key} on one of {inside}"
 
 
 def test_ci_runs_the_first_and_last_release_of_the_ci_first_last_families():

@@ -20,7 +20,8 @@ FAMILY = "glm4v"  # lifecycle and bad-input tests
 IMPLS = ["eager", "sdpa"]
 # every registered family: a text-only packed row, and the family's vision sample (Family.sample_vision)
 CASES = {(key, case): sample_case(key, vision=case == "vision")
-         for key, fam in installed_families().items() for case in (("text", "vision") if fam.sample_vision else ("text",))}
+         for key, fam in installed_families().items()
+         for case in (("text", "vision") if fam.sample_vision else ("text",))}
 CASE_IDS = [f"{f}-{c}" for f, c in CASES]
 
 
@@ -84,7 +85,8 @@ class TestPackedEqualsStock:
         got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
         assert got.keys() == expected.keys()
-        watched = [n for n in got if any(k in n for k in ("q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", "visual"))]
+        names = ("q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", "visual")
+        watched = [n for n in got if any(k in n for k in names)]
         assert any("q_proj" in n for n in watched) and any("embed_tokens" in n for n in watched)
         if case == "vision":
             assert any("visual" in n for n in watched)
@@ -122,7 +124,8 @@ class TestPatchLifecycle:
         assert interface._global_mapping.keys() == before_mapping.keys()
         assert all(interface._global_mapping[k] is v for k, v in before_mapping.items())
         assert not tfcompat.is_patched(model)
-        assert not any(layer._forward_pre_hooks for layer in model.modules() if isinstance(layer, resolved.decoder_layer_cls))
+        assert not any(layer._forward_pre_hooks for layer in model.modules()
+                       if isinstance(layer, resolved.decoder_layer_cls))
         assert not any("_tfcompat_context" in vars(m) for m in model.modules())
         with torch.no_grad():
             again = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits

@@ -94,7 +94,8 @@ class TestPackedEqualsPerSequence:
         assert max_token_diff(stock[first:], expected[1:]) > 1e-3
         lengths = torch.tensor([e.shape[0] for e in expected])
         cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).int()])
-        flat = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=int(lengths.max()), max_length_k=int(lengths.max()),
+        longest = int(lengths.max())
+        flat = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest,
                     seq_idx=torch.repeat_interleave(torch.arange(len(expected), dtype=torch.int32), lengths)[None])
         try:
             with torch.no_grad():

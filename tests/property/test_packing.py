@@ -100,7 +100,8 @@ class TestFromTextPositions:
         i = data.draw(st.sampled_from(inner))
         jump = data.draw(st.sampled_from([-1, 2, 3, 17]))
         row[i] = row[i - 1] + jump if row[i - 1] + jump != 0 else row[i - 1] + 2
-        with pytest.raises(tfcompat.InvalidInputError, match=rf"(not packed sequences|negative position ids)(?s:.*)at flat index {i} "):
+        match = rf"(not packed sequences|negative position ids)(?s:.*)at flat index {i} "
+        with pytest.raises(tfcompat.InvalidInputError, match=match):
             from_text_positions(row[None])
 
     def test_jump_example(self) -> None:
@@ -131,7 +132,8 @@ def re_shape(shape: tuple[int, ...]) -> str:
 # ---------------------------------------------------------------------------------------------- attention
 
 
-def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int], scale: float) -> torch.Tensor:
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
+                    scale: float) -> torch.Tensor:
     """float64 reference: per sequence, repeat KV heads, explicit causal softmax."""
     q, k, v = q.double(), k.double(), v.double()
     rep = q.shape[1] // k.shape[1]
@@ -165,7 +167,8 @@ def attention_inputs(draw: st.DrawFn):
 
 
 class TestVarlenAttention:
-    """out[t] = softmax(scale * q[t] . k[s]) v[s] over s <= t in t's own sequence; query head h reads KV head h // (Hq // Hkv)."""
+    """out[t] = softmax(scale * q[t] . k[s]) v[s] over s <= t in t's own sequence; query head h reads KV head
+    h // (Hq // Hkv)."""
 
     @settings(max_examples=40, deadline=None)
     @given(attention_inputs(), st.one_of(st.none(), st.floats(0.05, 1.0)))

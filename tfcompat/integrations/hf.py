@@ -84,9 +84,8 @@ class PackedCollator:
                                       why="the packed row feeds a torch model",
                                       fix="leave return_tensors out, or pass 'pt'", supported="'pt'")
         if not is_patched(self.model):
-            raise PatchedModelError(
-                f"PackedCollator's {type(self.model).__name__} is not patched", family=r.family,
-                transformers_version=r.transformers_version,
+            raise r.error(
+                PatchedModelError, f"PackedCollator's {type(self.model).__name__} is not patched",
                 why="a packed row holds several sequences; the stock attention would let each attend to the ones "
                 "before it (no error, a wrong loss)",
                 fix="call tfcompat.patch(model) before training (and keep the handle active while the Trainer runs)")

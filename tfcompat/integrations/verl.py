@@ -192,9 +192,9 @@ class VerlPatch:
         group = module.get_ulysses_sequence_parallel_group() if module is not None else None
         size = dist.get_world_size(group) if group is not None else 1
         if size != sp:
-            raise InvalidInputError(
+            raise r.error(
+                InvalidInputError,
                 f"verl's Ulysses group has {size} rank(s), apply_monkey_patch was given ulysses_sp_size={sp}",
-                family=r.family, transformers_version=r.transformers_version,
                 why="verl sets the group in FSDPUlyssesShardingManager; the inputs are sliced for its size",
                 fix="run the forward inside verl's sharding manager (or set_ulysses_sequence_parallel_group) with "
                 "a group of ulysses_sp_size ranks",
