@@ -2,7 +2,8 @@
 
 transformers' attention modules compute q/k/v, apply their own rotary, then call
 ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation](module, q, k, v, mask, scaling=..., **kwargs)``.
-A patched model's text config names `ATTENTION_KEY`, registered here, so the stock forward (and the stock
+A patched model's text config names `ATTENTION_KEY` (declared by the registry, whose ``explain()`` names it),
+registered here, so the stock forward (and the stock
 rotary of that version) runs unchanged and only the attention itself is ours. The key has no mask function
 registered, so transformers builds no (T, T) mask for it. The packed boundaries arrive in the
 `tfcompat.context.ForwardContext`; what each layer does beyond causal attention (window, softcap, sinks, chunks),
@@ -19,16 +20,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .. import ulysses
+from ..core import a2a
 from ..core.attention import AttentionFeatures, varlen_attention
 from ..core.context import BRIDGE_ATTR, CONTEXT_KWARG, StockContext
 from ..core.packing import chunked
 from ..errors import PatchedModelError
+from ..registry.lookup import ATTENTION_KEY
 
 __all__ = ["ATTENTION_KEY", "FEATURES_ATTR", "packed_attention", "rank_heads", "register", "stock_function",
            "unregister"]
 
-ATTENTION_KEY = "tfcompat_packed"
 FEATURES_ATTR = "_tfcompat_features"  # on each patched attention module: its AttentionFeatures (absent: none)
 
 # Kwargs that reach the attention function and change nothing in attention over packed sequences, from
@@ -89,16 +90,16 @@ def packed_attention(
         return out.view(b, length, hq, dv), None
     # one exchange: (T/sp, Hq, D), 2 x (T/sp, Hkv, D) -> (T, Hq/sp, D), 2 x (T, max(Hkv/sp, 1), D); with Hkv < sp
     # each rank receives its one KV head (repeated sp // Hkv times over the group, not to full multi-head)
-    q, k, v = ulysses.qkv_to_heads(q, k, v, ctx.group, ctx.transport)
+    q, k, v = a2a.qkv_to_heads(q, k, v, ctx.group, ctx.transport)
     if sinks is not None:
         sinks = rank_heads(sinks, q.shape[1], ctx.group)
     out = varlen_attention(q, k, v, seqs, scale=scaling, window=features.window, softcap=features.softcap,
                            sinks=sinks, backend=ctx.backend)
-    return ulysses.heads_to_seq(out, ctx.group, ctx.transport).view(b, length, hq, dv), None
+    return a2a.heads_to_seq(out, ctx.group, ctx.transport).view(b, length, hq, dv), None
 
 
 def rank_heads(per_head: torch.Tensor, heads: int, group: dist.ProcessGroup) -> torch.Tensor:
-    """This rank's slice of a per-query-head tensor under Ulysses: after `tfcompat.ulysses.qkv_to_heads` rank ``r``
+    """This rank's slice of a per-query-head tensor under Ulysses: after `tfcompat.core.a2a.qkv_to_heads` rank ``r``
     holds query heads ``[r * heads, (r + 1) * heads)``. per_head: ``(Hq, ...)``; returns ``(heads, ...)`` (a view:
     the gradient reaches the full tensor, each rank its own heads)."""
     rank = dist.get_rank(group)

@@ -13,18 +13,26 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from types import ModuleType
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import torch
 
-from ..errors import PatchError, UnknownFamilyError, UnsupportedVersionError
+from ..errors import PatchError, TfcompatError, UnknownFamilyError, UnsupportedVersionError
 from . import versions
 from .probing import Probe, probe
 from .records import TEXT_ROLES, Entry, Family
 from .rotary import ApplyRotary, rope_config, uniform_rotary
+from .validation import check_family
 
-__all__ = ["ForwardCompatWarning", "Resolved", "VisionModules", "families", "family", "installed_families", "match",
-           "resolve", "resolve_model"]
+__all__ = ["ATTENTION_KEY", "ForwardCompatWarning", "Resolved", "VisionModules", "families", "family",
+           "installed_families", "match", "resolve", "resolve_model"]
+
+
+# the name a patch registers in transformers' AttentionInterface (`tfcompat.hf.attention`); declared here so that
+# `Resolved.explain` can say how a patch plugs in without importing forward-time code
+ATTENTION_KEY = "tfcompat_packed"
+
+E = TypeVar("E", bound=TfcompatError)
 
 
 class ForwardCompatWarning(UserWarning):
@@ -61,10 +69,6 @@ class Resolved:
         return self.classes["attention"]
 
     @property
-    def rotary_cls(self) -> type:
-        return self.classes["rotary"]
-
-    @property
     def text_model_cls(self) -> type:
         return self.classes["text_model"]
 
@@ -72,12 +76,10 @@ class Resolved:
     def decoder_layer_cls(self) -> type:
         return self.classes["decoder_layer"]
 
-    @property
-    def attention_function(self) -> Callable[..., Any]:
-        """The packed attention plugged into the model's attention dispatch (see `tfcompat.hf_attention`)."""
-        from ..hf.attention import packed_attention
-
-        return packed_attention
+    def error(self, cls: type[E], what: str, *, why: str = "", fix: str = "", supported: str = "") -> E:
+        """An error of type ``cls`` (`tfcompat.errors`) for this family on this transformers version; raise it."""
+        return cls(what, family=self.family, transformers_version=self.transformers_version, why=why,
+                   supported=supported, fix=fix)
 
     def rope_config(self, config: Any) -> dict[str, Any]:
         """Flat rope settings (``rope_type``, ``rope_theta``, ``mrope_section``, ...) of ``config``."""
@@ -115,14 +117,15 @@ class Resolved:
             f"  rotary: {e.rotary.apply} ({e.rotary.layout}); rope config key: {e.rope_config_key}",
             f"  text model position ids: {_LAYOUTS[e.text_model_positions]}",
             "  attention: stock attention forward (stock rotary), dispatching to tfcompat's packed core "
-            f"through transformers' AttentionInterface key {_attention_key()!r}",
+            f"through transformers' AttentionInterface key {ATTENTION_KEY!r}",
             "  kwargs: " + ("flow from the text model to attention" if e.layer_forwards_kwargs
                             else "dropped by the decoder layer; a forward pre-hook on each decoder layer bridges them"),
             *([] if e.linear_attention is None else [
                 f"  linear attention: {e.classes['linear_attention']} at decoder_layer.{e.linear_attention.attr} "
                 f"({e.linear_attention.projections} projections): its forward is replaced per instance by tfcompat's "
                 "packed Gated DeltaNet (conv and recurrent state restart per sequence); context "
-                + ("in **kwargs" if e.linear_attention.layer_forwards_kwargs else "through the decoder layer's pre-hook")]),
+                + ("in **kwargs" if e.linear_attention.layer_forwards_kwargs
+                   else "through the decoder layer's pre-hook")]),
             "  process-wide: registers the key above in transformers' AttentionInterface (a new name; no "
             "existing function is replaced); everything else is set on the patched model's instances",
             "  probes:",
@@ -138,17 +141,14 @@ _LAYOUTS = {
 }
 
 
-def _attention_key() -> str:
-    from ..hf.attention import ATTENTION_KEY
-
-    return ATTENTION_KEY
-
-
 @functools.cache
 def families() -> dict[str, Family]:
-    """Every registered family, by key (= transformers' ``config.model_type``)."""
+    """Every registered family, by key (= transformers' ``config.model_type``); each table checked as it is
+    collected (`tfcompat.registry.validation.check_family`), so a bad table fails wherever the registry is used."""
     from .tables import FAMILIES
 
+    for fam in FAMILIES:
+        check_family(fam)
     return {f.key: f for f in FAMILIES}
 
 
