@@ -9,7 +9,9 @@ function is replaced; removed again when the last patched model is undone). Per 
 - an instance ``forward`` on the text model that accepts contract position ids, computes the packed
   boundaries once per forward and passes them down in kwargs;
 - where the installed decoder layer drops ``**kwargs``, a forward pre-hook on each decoder layer that hands
-  the boundaries to its attention.
+  the boundaries to its attention;
+- on each attention module, its attention features (window, softcap, sinks, chunk: `tfcompat.hf.features`) under
+  `tfcompat.hf.attention.FEATURES_ATTR`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ from ..core.position_ids import split_positions
 from ..errors import InvalidInputError, PatchedModelError, PatchError
 from ..registry import Resolved, resolve_model
 from . import attention as hf_attention
+from . import fused as hf_fused
 from . import linear_attention as hf_linear_attention
+from .changes import Record
+from .features import ModuleFeatures, module_features, unsupported
 from .forward import Router, to_text_model_layout
 
 __all__ = ["PatchHandle", "Record", "is_patched", "patch"]
@@ -40,23 +45,6 @@ __all__ = ["PatchHandle", "Record", "is_patched", "patch"]
 _MISSING = object()
 _HANDLE_ATTR = "_tfcompat_handle"
 
-
-@dataclass(frozen=True)
-class Record:
-    """One change: ``target.attr`` went from ``old`` to ``new`` (``old`` is `None` with ``was_set=False``
-    when the attribute was not in the instance's ``__dict__``); scope is "instance", "config", "hook" or
-    "process"."""
-
-    scope: str
-    target: Any
-    attr: str
-    old: Any
-    new: Any
-    was_set: bool
-    note: str
-
-    def __str__(self) -> str:
-        return f"[{self.scope}] {type(self.target).__name__}.{self.attr}: {self.note}"
 
 
 class PatchHandle:
@@ -117,6 +105,7 @@ def patch(
     ulysses_group: Any = _MISSING,
     backend: Backend = "auto",
     linear_backend: hf_linear_attention.LinearBackend = "auto",
+    fused: hf_fused.Fused = False,
 ) -> PatchHandle:
     """Make a stock transformers model accept packed batches; returns a `PatchHandle`.
 
@@ -129,6 +118,9 @@ def patch(
     linear_backend: the kernels of linear-attention (Gated DeltaNet) layers, where the family has them:
         ``"auto"`` (flash-linear-attention / causal-conv1d where installed and usable, else torch), ``"fla"``
         (flash-linear-attention required), ``"torch"`` (exact on any device).
+    fused: Liger-Kernel's RMSNorm / SwiGLU / RoPE kernels where exact for the module (`tfcompat.hf.fused`):
+        False (default), True or a subset of ``("rms_norm", "swiglu", "rope")`` (`PatchError` for a module they
+        would not compute exactly, or without liger-kernel), ``"auto"`` (where exact, if liger-kernel imports).
 
     Idempotent: patching a patched model with the same options returns its handle. Everything that cannot
     apply raises `PatchError` here, never inside a forward. See the module docstring for what is changed.
@@ -143,7 +135,7 @@ def patch(
                          fix="pass one of the supported backends")
     ulysses_group = _check_group(ulysses_group)
     options = {"remove_padding": remove_padding, "ulysses_group": ulysses_group, "backend": backend,
-               "linear_backend": linear_backend}
+               "linear_backend": linear_backend, "fused": fused}
     existing = vars(model).get(_HANDLE_ATTR)
     if existing is not None and existing.active:
         if existing.options != options:
@@ -161,7 +153,8 @@ def patch(
         raise PatchError("model has no config.model_type", why=f"got {type(model).__name__}",
                          fix="pass a transformers PreTrainedModel")
     resolved = resolve_model(model)
-    plan = _plan(model, resolved, ulysses_group, linear_backend)
+    plan = _plan(model, resolved, ulysses_group, linear_backend, backend)
+    fused_modules = hf_fused.prepare(model, fused, resolved.family, resolved.transformers_version)
 
     handle = PatchHandle(model, resolved, options)
     hf_attention.register()
@@ -192,9 +185,12 @@ def patch(
 
         handle._add(Record("hook", layer, "forward_pre_hook", None, hook, True,
                            "hands packed boundaries to self-attention (layer drops **kwargs)"), remove)
+    for attn, features, note in plan.features:
+        handle._set("instance", attn, hf_attention.FEATURES_ATTR, features, note)
     for module, forward in plan.linear:
         handle._set("instance", module, "forward", forward,
                     "packed Gated DeltaNet (conv and state restart per sequence)")
+    hf_fused.apply(handle, fused_modules)
     handle._set("instance", model, "__deepcopy__", _deepcopy(handle), "copy.deepcopy gives a copy patched alike")
     handle._set("instance", model, "__reduce_ex__", _refuse_pickle(handle), "pickling raises PatchedModelError")
     handle._set("instance", model, _HANDLE_ATTR, handle, "the active handle (idempotence)")
@@ -338,9 +334,10 @@ class _Plan:
     text_models: list[torch.nn.Module]
     bridges: list[tuple[torch.nn.Module, torch.nn.Module]]
     linear: list[tuple[torch.nn.Module, Callable[..., torch.Tensor]]]
+    features: list[tuple[torch.nn.Module, Any, str]]
 
 
-def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) -> _Plan:
+def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, backend: str) -> _Plan:
     """Find what to change and check it can be changed, before changing anything."""
     entry = f"entry {r.entry.versions}"
 
@@ -359,17 +356,19 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) 
             raise r.error(PatchError, f"{type(tm).__name__}.forward takes no **kwargs",
                           why="boundaries cannot reach attention", supported=entry)
     configs: list[Any] = []
+    features: list[tuple[torch.nn.Module, ModuleFeatures]] = []
     for attn in attentions:
         cfg: Any = attn.config  # a PretrainedConfig (torch types a Module attribute read `Tensor | Module`)
         if getattr(cfg, "attention_dropout", 0.0):
             raise r.error(PatchError, "attention dropout is not supported by the packed core",
                           why=f"config.attention_dropout = {cfg.attention_dropout}", fix="set attention_dropout=0.0",
                           supported=entry)
-        sliding = _sliding(attn, cfg)
-        if sliding:
-            raise r.error(PatchError, "sliding-window attention is not supported by the packed core", why=sliding,
-                          fix="build the model without sliding layers (use_sliding_window=False, every layer_types "
-                          "entry 'full_attention')", supported=entry)
+        found = module_features(attn, cfg)
+        if found.refusal:
+            raise r.error(PatchError, f"{type(attn).__name__} (layer {getattr(attn, 'layer_idx', '?')}) does what the "
+                          "packed core cannot", why=found.refusal, supported=entry,
+                          fix="run the model unpatched, or build it without the feature")
+        features.append((attn, found))
         if group is not None:
             import torch.distributed as dist
 
@@ -380,6 +379,11 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) 
                 raise r.error(PatchError, exc.what, why=exc.why, supported=exc.supported, fix=exc.fix) from None
         if all(cfg is not c for c in configs):
             configs.append(cfg)
+    for attn, found in features:  # after every module's refusal: what no backend can do is named first
+        gap = unsupported(backend, found.features, qk_dim=found.qk_dim, v_dim=found.v_dim)
+        if gap:
+            raise r.error(PatchError, f"attention backend {backend!r} cannot run {type(attn).__name__} ({found.note})",
+                          why=gap, supported=entry, fix="pass backend='auto' (or 'sdpa')")
     for tm in text_models:
         if all(tm.config is not c for c in configs):
             configs.append(tm.config)
@@ -392,20 +396,8 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) 
                               why="cannot bridge kwargs", supported=entry)
             bridges.append((layer, children[0]))
     linear = hf_linear_attention.plan(model, r, group, linear_backend)
-    return _Plan(configs, text_models, bridges + linear.bridges, linear.forwards)
-
-
-def _sliding(attn: torch.nn.Module, cfg: Any) -> str:
-    """Why the layer of ``attn`` attends through a window (its module's ``sliding_window``, its entry in
-    ``config.layer_types``), or "" when it attends to the whole sequence."""
-    reasons = []
-    if getattr(attn, "sliding_window", None):
-        reasons.append(f"{type(attn).__name__}.sliding_window = {attn.sliding_window}")
-    types, index = getattr(cfg, "layer_types", None) or (), getattr(attn, "layer_idx", None)
-    kind = types[index] if isinstance(index, int) and index < len(types) else None
-    if isinstance(kind, str) and ("sliding" in kind or "chunked" in kind):
-        reasons.append(f"config.layer_types[{index}] = {kind!r}")
-    return "; ".join(reasons)
+    return _Plan(configs, text_models, bridges + linear.bridges, linear.forwards,
+                 [(attn, found.features, found.note) for attn, found in features])
 
 
 def _bridge(attn: torch.nn.Module) -> Callable[..., None]:
