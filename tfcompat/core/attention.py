@@ -236,7 +236,9 @@ def available_backends(q: torch.Tensor, *, k: torch.Tensor | None = None) -> lis
     return [name for name, can_run in _CAN_RUN.items() if can_run(q, k)]
 
 
-def _auto_order(q: torch.Tensor, k: torch.Tensor | None, seqs: PackedSeqs | None, plain: bool = True) -> tuple[str, ...]:
+def _auto_order(
+    q: torch.Tensor, k: torch.Tensor | None, seqs: PackedSeqs | None, plain: bool = True
+) -> tuple[str, ...]:
     """The decision table of the module docstring: backends to try, fastest first, ``"sdpa"`` last.
 
     q: ``(T, Hq, D)``. plain: no window, softcap or sinks (per-sequence SDPA is fast only for plain causal
@@ -493,8 +495,8 @@ def _pad_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.
     """Zero-pad q/k or v to one head dim for kernels that take one (the scale is already fixed, and zeros add
     nothing to a score or an output column); the caller slices the output back to v's dim."""
     d = max(q.shape[-1], v.shape[-1])
-    # (T, H, D') -> (T, H, d)
-    return tuple(x if x.shape[-1] == d else F.pad(x, (0, d - x.shape[-1])) for x in (q, k, v))  # type: ignore[return-value]
+    q, k, v = (x if x.shape[-1] == d else F.pad(x, (0, d - x.shape[-1])) for x in (q, k, v))  # (T, H, D') -> (T, H, d)
+    return q, k, v
 
 
 def _cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs, c: _Call) -> torch.Tensor:

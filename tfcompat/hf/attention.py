@@ -62,9 +62,10 @@ def packed_attention(
     forward). Returns ``(B, L, Hq, Dv)`` and no weights. ``attention_mask`` is ignored: causality and sequence
     boundaries come from the context, windows, softcap and chunks from the module's `FEATURES_ATTR`, sinks from
     ``s_aux`` (gpt-oss) or ``module.sinks``; `PatchedModelError` for a kwarg that disagrees with them, for dropout,
-    and for any other kwarg this adapter does not know to be harmless. A `tfcompat.context.StockContext` (an ordinary call recomputed under
-    gradient checkpointing) goes to the stock function instead, with the stock mask. Under Ulysses (``B == 1``, ``L = T / sp``), q/k/v are traded for a
-    head split before the core and back after it.
+    and for any other kwarg this adapter does not know to be harmless. A `tfcompat.context.StockContext` (an
+    ordinary call recomputed under gradient checkpointing) goes to the stock function instead, with the stock mask.
+    Under Ulysses (``B == 1``, ``L = T / sp``), q/k/v are traded for a head split before the core and back after
+    it; each rank takes its heads' sinks (`rank_heads`).
     """
     ctx = kwargs.get(CONTEXT_KWARG) or module.__dict__.get(BRIDGE_ATTR)
     if isinstance(ctx, StockContext):  # an ordinary call, recomputed under gradient checkpointing after its forward
