@@ -168,3 +168,60 @@ def test_refused_at_patch(model_type):
     with pytest.raises(PatchError, match=what):
         tfcompat.patch(model)
     assert not tfcompat.is_patched(model)
+
+
+
+
+def twins(head: str) -> list[str]:
+    """The named types whose ``*For{head}`` twin transformers maps on this release."""
+    names = getattr(importlib.import_module("transformers.models.auto.modeling_auto"),
+                    f"MODEL_FOR_{head}_MAPPING_NAMES")
+    return [t for t in ("qwen3_moe", "mistral", "gemma2", "gpt_oss", "llama4_text", "minimax_m2") if t in INSTALLED
+            and t in names]
+
+
+def twin(model_type: str, head: str) -> torch.nn.Module:
+    """The ``*For{head}`` twin of a tiny ``model_type`` (same config), num_labels 2, fp32, eval."""
+    config = tiny(model_type).config
+    config.num_labels = 2
+    auto = getattr(importlib.import_module("transformers"), f"AutoModelFor{head}")
+    torch.manual_seed(0)
+    return auto.from_config(config, attn_implementation="eager").float().eval()
+
+
+@pytest.mark.parametrize("model_type", twins("TOKEN_CLASSIFICATION"))
+@torch.no_grad()
+def test_token_classification_twin(model_type):
+    """Critics (a value per token): the same text model, derived alike."""
+    critic = twin(model_type, "TokenClassification")
+    seqs = sequences()
+    expected = [critic(input_ids=s).logits[0] for s in seqs]
+    inputs = packed(seqs)
+    control = critic(**inputs).logits[0]
+    with tfcompat.patch(critic):
+        got = critic(**inputs).logits[0]
+    assert rel_diff(got, expected) <= 1e-5
+    assert rel_diff(control, expected) > 1e-3
+
+
+@pytest.mark.parametrize("model_type", twins("SEQUENCE_CLASSIFICATION"))
+@torch.no_grad()
+def test_sequence_classification_twin_pools_per_sequence(model_type):
+    """Reward models: a packed row gives one score per sequence (N, C), each what the stock model gives that sequence
+    alone (its last non-pad token: the second sequence ends in pad tokens); control: the stock row pools one score
+    (the first two sequences' scores are nowhere in it)."""
+    reward = twin(model_type, "SequenceClassification")
+    pad = reward.config.pad_token_id
+    seqs = sequences()
+    seqs[1][0, -3:] = pad
+    expected = torch.cat([reward(input_ids=s).logits for s in seqs])  # (N, C)
+    inputs = packed(seqs)
+    control = reward(**inputs).logits  # (1, C): the last sequence's score, seen through the whole row
+    with tfcompat.patch(reward):
+        got = reward(**inputs).logits
+        with pytest.raises(tfcompat.InvalidInputError, match="labels"):
+            reward(**inputs, labels=torch.tensor([1]))
+    assert got.shape == expected.shape == (len(seqs), 2)
+    assert float((got - expected).abs().max() / expected.abs().max()) <= 1e-5
+    assert control.shape == (1, 2)
+    assert reward(**inputs).logits.shape == (1, 2)  # undone: the stock pooling again
