@@ -225,3 +225,35 @@ def test_sequence_classification_twin_pools_per_sequence(model_type):
     assert float((got - expected).abs().max() / expected.abs().max()) <= 1e-5
     assert control.shape == (1, 2)
     assert reward(**inputs).logits.shape == (1, 2)  # undone: the stock pooling again
+
+
+@pytest.mark.parametrize("model_type", [t for t in ("qwen3_moe", "mixtral") if t in INSTALLED])
+@torch.no_grad()
+def test_moe_routing_is_per_token_and_aux_loss_is_the_padded_batch_one(model_type):
+    """Rule: packed routing equals per-sequence routing per token (router logits, every layer). The router auxiliary
+    loss of a packed row is the stock one of the same sequences as a right-padded batch with its attention mask (a
+    mean over every real token of the batch); control: the mean of the per-sequence losses differs (the loss is a
+    product of means)."""
+    model = tiny(model_type, "eager", output_router_logits=True)
+    lm = importlib.import_module(type(model).__module__)
+    seqs = sequences()
+    alone = [model(input_ids=s) for s in seqs]
+    width = max(LENGTHS)
+    batch = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        batch[i, : s.shape[1]], mask[i, : s.shape[1]] = s[0], 1
+    padded = model(input_ids=batch, attention_mask=mask)
+    with tfcompat.patch(model):
+        got = model(**packed(seqs))
+    for layer, logits in enumerate(got.router_logits):  # (T, E) per layer
+        want = torch.cat([out.router_logits[layer] for out in alone])
+        assert float((logits - want).abs().max()) <= 1e-5 * max(1.0, float(want.abs().max())), layer
+    assert abs(float(got.aux_loss) - float(padded.aux_loss)) <= 1e-5 * float(padded.aux_loss)
+    per_sequence = sum(float(out.aux_loss) for out in alone) / len(alone)
+    assert abs(per_sequence - float(got.aux_loss)) > 1e-4
+    # the per-sequence loss from the packed forward: the module's load_balancing_loss_func on each sequence's slice
+    pieces = [[layer[i] for layer in (logits.split(LENGTHS) for logits in got.router_logits)] for i in range(len(seqs))]
+    from_packed = [float(lm.load_balancing_loss_func(tuple(p), model.num_experts, model.num_experts_per_tok))
+                   for p in pieces]
+    assert abs(sum(from_packed) / len(from_packed) - per_sequence) <= 1e-5 * per_sequence
