@@ -17,6 +17,7 @@ import torch
 
 from ..core.context import ForwardContext
 from ..core.packing import PackedSeqs
+from ..errors import InvalidInputError
 from .forward import Router
 
 __all__ = ["is_sequence_classifier", "pool_per_sequence", "pooled_forward", "scores_holder"]
@@ -81,10 +82,10 @@ def pooled_forward(original: Callable[..., Any], router: Router, held: dict[str,
         if not isinstance(ctx, ForwardContext) or "logits" not in held:
             return out
         if a.get("labels") is not None:
-            raise router.error(
-                "labels passed to a packed forward of a sequence classifier",
-                "the stock loss pairs one label with each row's pooled score; a packed row holds several sequences",
-                "compute the loss from out.logits, one score per sequence (N, num_labels), and a label per sequence")
+            raise router.r.error(
+                InvalidInputError, "labels passed to a packed forward of a sequence classifier",
+                why="the stock loss pairs one label with each row's pooled score; a packed row holds several sequences",
+                fix="compute the loss from out.logits, one score per sequence (N, num_labels), and a label per sequence")
         mask = a.get("attention_mask")
         out.logits = pool_per_sequence(held.pop("logits"), ctx.seqs, a.get("input_ids"), pad_token_id,
                                        mask if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None)
