@@ -73,6 +73,13 @@ def tiny(model_type: str, impl: str = "eager", seed: int = 0, **extra: Any) -> t
     return lm._from_config(config, attn_implementation=impl).float().eval()
 
 
+def references(model_type: str) -> tuple[str, ...]:
+    """The stock implementations to compare against: eager, and sdpa where the model supports it (gpt-oss and gemma2
+    refuse sdpa: sinks and softcapping)."""
+    lm = tfcompat.resolve(model_type).classes["for_causal_lm"]
+    return ("eager", "sdpa") if getattr(lm, "_supports_sdpa", False) else ("eager",)
+
+
 def sequences(seed: int = 1) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(1, BASE["vocab_size"], (1, n), generator=gen) for n in LENGTHS]
@@ -125,7 +132,7 @@ class TestPackedEqualsStock:
     def test_forward_and_control(self, model_type):
         seqs = sequences()
         inputs = packed(seqs)
-        for impl in ("eager", "sdpa"):
+        for impl in references(model_type):
             model = tiny(model_type, impl)
             with torch.no_grad():
                 expected = [model(input_ids=s).logits[0] for s in seqs]
@@ -161,3 +168,92 @@ def test_refused_at_patch(model_type):
     with pytest.raises(PatchError, match=what):
         tfcompat.patch(model)
     assert not tfcompat.is_patched(model)
+
+
+
+
+def twins(head: str) -> list[str]:
+    """The named types whose ``*For{head}`` twin transformers maps on this release."""
+    names = getattr(importlib.import_module("transformers.models.auto.modeling_auto"),
+                    f"MODEL_FOR_{head}_MAPPING_NAMES")
+    return [t for t in ("qwen3_moe", "mistral", "gemma2", "gpt_oss", "llama4_text", "minimax_m2") if t in INSTALLED
+            and t in names]
+
+
+def twin(model_type: str, head: str) -> torch.nn.Module:
+    """The ``*For{head}`` twin of a tiny ``model_type`` (same config), num_labels 2, fp32, eval."""
+    config = tiny(model_type).config
+    config.num_labels = 2
+    auto = getattr(importlib.import_module("transformers"), f"AutoModelFor{head}")
+    torch.manual_seed(0)
+    return auto.from_config(config, attn_implementation="eager").float().eval()
+
+
+@pytest.mark.parametrize("model_type", twins("TOKEN_CLASSIFICATION"))
+@torch.no_grad()
+def test_token_classification_twin(model_type):
+    """Critics (a value per token): the same text model, derived alike."""
+    critic = twin(model_type, "TokenClassification")
+    seqs = sequences()
+    expected = [critic(input_ids=s).logits[0] for s in seqs]
+    inputs = packed(seqs)
+    control = critic(**inputs).logits[0]
+    with tfcompat.patch(critic):
+        got = critic(**inputs).logits[0]
+    assert rel_diff(got, expected) <= 1e-5
+    assert rel_diff(control, expected) > 1e-3
+
+
+@pytest.mark.parametrize("model_type", twins("SEQUENCE_CLASSIFICATION"))
+@torch.no_grad()
+def test_sequence_classification_twin_pools_per_sequence(model_type):
+    """Reward models: a packed row gives one score per sequence (N, C), each what the stock model gives that sequence
+    alone (its last non-pad token: the second sequence ends in pad tokens); control: the stock row pools one score
+    (the first two sequences' scores are nowhere in it)."""
+    reward = twin(model_type, "SequenceClassification")
+    pad = reward.config.pad_token_id
+    seqs = sequences()
+    seqs[1][0, -3:] = pad
+    expected = torch.cat([reward(input_ids=s).logits for s in seqs])  # (N, C)
+    inputs = packed(seqs)
+    control = reward(**inputs).logits  # (1, C): the last sequence's score, seen through the whole row
+    with tfcompat.patch(reward):
+        got = reward(**inputs).logits
+        with pytest.raises(tfcompat.InvalidInputError, match="labels"):
+            reward(**inputs, labels=torch.tensor([1]))
+    assert got.shape == expected.shape == (len(seqs), 2)
+    assert float((got - expected).abs().max() / expected.abs().max()) <= 1e-5
+    assert control.shape == (1, 2)
+    assert reward(**inputs).logits.shape == (1, 2)  # undone: the stock pooling again
+
+
+@pytest.mark.parametrize("model_type", [t for t in ("qwen3_moe", "mixtral") if t in INSTALLED])
+@torch.no_grad()
+def test_moe_routing_is_per_token_and_aux_loss_is_the_padded_batch_one(model_type):
+    """Rule: packed routing equals per-sequence routing per token (router logits, every layer). The router auxiliary
+    loss of a packed row is the stock one of the same sequences as a right-padded batch with its attention mask (a
+    mean over every real token of the batch); control: the mean of the per-sequence losses differs (the loss is a
+    product of means)."""
+    model = tiny(model_type, "eager", output_router_logits=True)
+    lm = importlib.import_module(type(model).__module__)
+    seqs = sequences()
+    alone = [model(input_ids=s) for s in seqs]
+    width = max(LENGTHS)
+    batch = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        batch[i, : s.shape[1]], mask[i, : s.shape[1]] = s[0], 1
+    padded = model(input_ids=batch, attention_mask=mask)
+    with tfcompat.patch(model):
+        got = model(**packed(seqs))
+    for layer, logits in enumerate(got.router_logits):  # (T, E) per layer
+        want = torch.cat([out.router_logits[layer] for out in alone])
+        assert float((logits - want).abs().max()) <= 1e-5 * max(1.0, float(want.abs().max())), layer
+    assert abs(float(got.aux_loss) - float(padded.aux_loss)) <= 1e-5 * float(padded.aux_loss)
+    per_sequence = sum(float(out.aux_loss) for out in alone) / len(alone)
+    assert abs(per_sequence - float(got.aux_loss)) > 1e-4
+    # the per-sequence loss from the packed forward: the module's load_balancing_loss_func on each sequence's slice
+    pieces = [[layer[i] for layer in (logits.split(LENGTHS) for logits in got.router_logits)] for i in range(len(seqs))]
+    from_packed = [float(lm.load_balancing_loss_func(tuple(p), model.num_experts, model.num_experts_per_tok))
+                   for p in pieces]
+    assert abs(sum(from_packed) / len(from_packed) - per_sequence) <= 1e-5 * per_sequence

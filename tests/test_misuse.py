@@ -18,6 +18,7 @@ from tests.distributed import misuse_workers
 from tests.distributed.harness import run_world
 from tfcompat.inputs.reference_rope import REFERENCES
 from tfcompat.registry import installed_families
+from tfcompat.registry.derive import attention_call
 from tfcompat.selfcheck import sample_sequences, stock_inputs, tiny_model
 
 FAMILIES = list(installed_families())
@@ -149,23 +150,38 @@ def test_refuses_bad_group_labels_and_sp_labels():
     run_world(misuse_workers.group_and_labels_checks, 2)
 
 
-@pytest.mark.parametrize("how", ["module", "layer_types"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_refuses_sliding_layers(family, how):
-    """A window read from the modules (or layer_types), whatever config.use_sliding_window says."""
+def test_refuses_sliding_layer_types_without_a_window(family):
+    """A layer that config.layer_types marks sliding while its attention passes no window (set after the model was
+    built, or a model that ignores layer types): its mask and its flash path would disagree, so it is refused."""
     r = tfcompat.resolve(family)
     model = tiny_model(family, "sdpa")
     attn = next(m for m in model.modules() if isinstance(m, r.attention_cls))
-    if how == "module":
-        attn.sliding_window = 4
-    else:
-        types = ["full_attention"] * model.config.get_text_config().num_hidden_layers
-        types[attn.layer_idx] = "sliding_attention"
-        attn.config.layer_types = types
-    with pytest.raises(tfcompat.PatchError, match="sliding-window") as info:
+    types = ["full_attention"] * model.config.get_text_config().num_hidden_layers
+    types[attn.layer_idx] = "sliding_attention"
+    attn.config.layer_types, attn.config.sliding_window = types, 4
+    with pytest.raises(tfcompat.PatchError, match="'sliding_attention', but .* passes no sliding_window") as info:
         tfcompat.patch(model)
     _typed(info, tfcompat.PatchError, family)
     assert not tfcompat.is_patched(model)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if dict(attention_call(
+    tfcompat.resolve(f).attention_cls).keywords).get("sliding_window") == "self.sliding_window"])
+def test_refuses_windows_on_a_backend_without_them(family):
+    """A window the attention passes is recorded on its module; a backend that cannot run windows (cudnn: plain
+    causal attention only) is refused at patch(), naming the layer's features."""
+    r = tfcompat.resolve(family)
+    model = tiny_model(family, "sdpa")
+    attn = next(m for m in model.modules() if isinstance(m, r.attention_cls))
+    attn.sliding_window = 4
+    with pytest.raises(tfcompat.PatchError, match=r"'cudnn' cannot run .*window 4") as info:
+        tfcompat.patch(model, backend="cudnn")
+    _typed(info, tfcompat.PatchError, family)
+    assert not tfcompat.is_patched(model)
+    with tfcompat.patch(model) as handle:
+        assert vars(attn)["_tfcompat_features"].window == 4
+        assert any(rec.target is attn and "window 4" in rec.note for rec in handle.records)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -1,10 +1,11 @@
 """Patch time: the attention features of each attention module (sliding window, logit softcap, sinks, chunk).
 
-They are read from what the module's stock forward passes to the attention function (`tfcompat.registry.derive`
-reads the call from its source; its values are evaluated on the module) and from the config's ``layer_types``
-(``"sliding_attention"`` with ``sliding_window``, ``"chunked_attention"`` with ``attention_chunk_size``). Whatever
-the call passes that the packed core does not implement, or that cannot be evaluated on the module, is a reason
-to refuse the patch.
+The window, softcap and sinks are what the module's stock forward passes to the attention function
+(`tfcompat.registry.derive` reads the call from its source; its values are evaluated on the module), as flash
+attention would take them; the chunk comes from the config (``layer_types`` ``"chunked_attention"`` with
+``attention_chunk_size``: transformers' masks cut chunks, no kwarg does). Whatever the call passes that the packed
+core does not implement, what cannot be evaluated on the module, and a ``"sliding_attention"`` layer whose module
+passes no window (its mask and its flash path would disagree) are reasons to refuse the patch.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ def module_features(attn: torch.nn.Module, config: Any) -> ModuleFeatures:
     if kind is not None and kind not in _SOFTMAX_KINDS:
         problems.append(f"config.layer_types[{index}] = {kind!r} is not softmax attention")
     window = values.get("sliding_window")
-    if window is None and kind == "sliding_attention":
-        window = getattr(config, "sliding_window", None)
+    if window is None and kind == "sliding_attention":  # the text model's mask may window it; flash would not
+        problems.append(f"config.layer_types[{index}] = 'sliding_attention', but {name} passes no sliding_window to "
+                        "its attention function")
     chunk = getattr(config, "attention_chunk_size", None) if kind == "chunked_attention" else None
     if kind == "chunked_attention" and chunk is None:
         problems.append(f"config.layer_types[{index}] = 'chunked_attention' without config.attention_chunk_size")

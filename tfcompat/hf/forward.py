@@ -73,6 +73,8 @@ class Router:
         self.r, self.key, self.stock, self.eager, self.group = r, key, stock, eager, group
         self.vision_config = vision_config
         self.context = StockContext(stock[0][1] if stock else "eager", eager)
+        # the path the text model's latest forward took (read after it by `tfcompat.hf.pooling`)
+        self.last: ForwardContext | StockContext | None = None
         # the split of the position ids `decide` made for a packed forward, kept for the text model's forward
         self._split: tuple[torch.Tensor, tuple[int, ...], Positions] | None = None
 

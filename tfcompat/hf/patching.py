@@ -39,6 +39,7 @@ from . import linear_attention as hf_linear_attention
 from .changes import Record
 from .features import ModuleFeatures, module_features, unsupported
 from .forward import Router, to_text_model_layout
+from .pooling import is_sequence_classifier, pooled_forward, scores_holder
 
 __all__ = ["PatchHandle", "Record", "is_patched", "patch"]
 
@@ -176,6 +177,14 @@ def patch(
     if all(model is not m for m in plan.text_models) and _takes_kwargs(model.forward):
         handle._set("instance", model, "forward", _top_forward(model.forward, router),
                     "packed or stock decided once per forward; labels per sequence on packed rows")
+    if is_sequence_classifier(model):
+        held: dict[str, torch.Tensor] = {}
+        score = cast(torch.nn.Module, model.score)
+        pad_id = cast(Any, model.config).get_text_config().pad_token_id
+        handle._set("instance", score, "forward", scores_holder(score, held),
+                    "keeps the per-token scores for per-sequence pooling")
+        handle._set("instance", model, "forward", pooled_forward(model.forward, router, held, pad_id),
+                    "packed rows: one score per sequence (its last non-pad token), not one per row")
     for layer, attn in plan.bridges:
         hook = layer.register_forward_pre_hook(_bridge(attn), with_kwargs=True)
 
@@ -341,6 +350,10 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
     """Find what to change and check it can be changed, before changing anything."""
     entry = f"entry {r.entry.versions}"
 
+    if group is not None and is_sequence_classifier(model):
+        raise r.error(PatchError, f"{type(model).__name__} cannot run sequence parallel",
+                      why="it pools one score per sequence from tokens that sit on other ranks", supported=entry,
+                      fix="score packed rows without ulysses_group (tfcompat pools one score per sequence there)")
     text_models = [m for m in model.modules() if isinstance(m, r.text_model_cls)]
     attentions = [m for m in model.modules() if isinstance(m, r.attention_cls)]
     linear_cls = r.classes.get("linear_attention")  # a hybrid family: its linear layers alone still need the patch
@@ -430,6 +443,7 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         ctx = extra.get(CONTEXT_KWARG)
         if ctx is None:
             ctx = router.decide({**extra, **a}, user_call=True)
+        router.last = ctx
         if isinstance(ctx, StockContext):
             return _stock(a, extra, ctx)
         if a.get("position_ids") is None or tokens is None:
