@@ -21,7 +21,10 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
 
-__all__ = ["Kind", "TinyModelError", "model_class_name", "model_types", "tiny_config", "tiny_model"]
+__all__ = [
+    "Kind", "TinyModelError", "attention_implementations", "model_class_name", "model_types", "tiny_config",
+    "tiny_model",
+]
 
 Kind = Literal["causal_lm", "image_text_to_text"]
 
@@ -65,7 +68,7 @@ _AT_MOST: dict[str, int] = {
     "first_k_dense_replace": 1, "num_dense_layers": 1, "moe_layer_start_index": 1,
 }
 # Left None by some classes for the modeling code to derive, yet read as numbers by others: always set.
-_DERIVED = {"head_dim", "num_key_value_heads"}
+_DERIVED = {"head_dim", "num_key_value_heads", "num_experts_per_tok"}
 _LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers", "encoder_layers",
            "num_decoder_layers", "num_encoder_layers")
 _MAX_LAYERS = 16
@@ -93,6 +96,14 @@ def model_class_name(model_type: str, kind: Kind = "causal_lm") -> str:
     return name if isinstance(name, str) else name[0]
 
 
+def attention_implementations(model_type: str, kind: Kind = "causal_lm") -> tuple[str, ...]:
+    """The stock attention implementations of the mapped class that run on CPU: eager, and sdpa where it has one."""
+    import transformers
+
+    cls = getattr(transformers, model_class_name(model_type, kind), None)
+    return ("eager", "sdpa") if getattr(cls, "_supports_sdpa", False) else ("eager",)
+
+
 def tiny_config(model_type: str, kind: Kind = "causal_lm") -> PretrainedConfig:
     """The config of `model_type` with every size shrunk (hidden 64, 4 heads of 16, vocab 256, few layers).
 
@@ -118,7 +129,7 @@ def tiny_model(
     cls = getattr(transformers, model_class_name(model_type, kind))
     torch.manual_seed(seed)
     try:
-        model = cls._from_config(config, attn_implementation=attn_implementation, torch_dtype=torch.float32)
+        model = cls._from_config(config, attn_implementation=attn_implementation)
     except Exception as exc:  # noqa: BLE001
         raise _error(model_type, f"{cls.__name__} does not build from the tiny config", cause=exc) from None
     return model.float().eval()
@@ -227,6 +238,8 @@ def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, 
     for key, size in _SIZES.items():
         real = config.attribute_map.get(key, key)
         value = values.get(real)
+        if isinstance(getattr(type(config), real, None), property):
+            continue  # derived by the class (falcon's head_dim)
         if (isinstance(value, int) and not isinstance(value, bool)) or (value is None and key in _DERIVED):
             kwargs[real] = size
     if isinstance(values.get("qk_rope_head_dim"), int) and values.get("head_dim") == values["qk_rope_head_dim"]:
@@ -260,7 +273,7 @@ def _layers_needed(config: PretrainedConfig, patterns: dict[str, list[Any]]) -> 
     """Two layers, or the shortest prefix of every per-layer pattern that holds each of its kinds."""
     needed = 2
     for pattern in patterns.values():
-        firsts = {}
+        firsts: dict[str, int] = {}
         for i, kind in enumerate(pattern):
             firsts.setdefault(repr(kind), i)
         needed = max(needed, max(firsts.values()) + 1)
