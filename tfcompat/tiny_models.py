@@ -12,6 +12,7 @@ transformers is imported inside the functions only: importing tfcompat does not 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import TfcompatError
@@ -68,13 +69,50 @@ _AT_MOST: dict[str, int] = {
     "first_k_dense_replace": 1, "num_dense_layers": 1, "moe_layer_start_index": 1,
 }
 # Left None by some classes for the modeling code to derive, yet read as numbers by others: always set.
-_DERIVED = {"head_dim", "num_key_value_heads", "num_experts_per_tok"}
+_DERIVED = {"head_dim", "num_key_value_heads", "num_experts_per_tok", "num_local_experts"}
 _LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers", "encoder_layers",
            "num_decoder_layers", "num_encoder_layers")
 _MAX_LAYERS = 16
 
-# Per-type additions to the generic shrink, each with the reason the generic one fails.
-_OVERRIDES: dict[str, dict[str, Any]] = {}
+# Additions to the generic shrink, by config class, each with the reason the generic one fails.
+_OVERRIDES: dict[str, dict[str, Any]] = {
+    # the pattern is a run-length list [[kinds, repeats]], not one entry per layer
+    "GPTNeoConfig": {"attention_types": [[["global", "local"], 1]]},
+    # `num_heads` here are SSM heads: num_heads * head_dim must be expand (2) * hidden (64)
+    "Mamba2Config": {"num_heads": 8, "head_dim": 16, "n_groups": 1},
+    # the defaults leave `layer_types` None, which the model indexes
+    "Lfm2MoeConfig": {"layer_types": ["conv", "full_attention"]},
+    # the defaults leave the indexer unset, which the model divides by
+    "Qwen4ExpTextConfig": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
+                           "indexer_compress_ratio": 4},
+    # routes to one expert only
+    "ZayaConfig": {"num_experts_per_tok": 1},
+    # one codebook: the decoder then reads input_ids (B, L) like any causal LM
+    "MusicgenDecoderConfig": {"num_codebooks": 1},
+    "MusicgenMelodyDecoderConfig": {"num_codebooks": 1},
+    # the model reads `rope_theta` from its attention sub-config, whose class has no such field
+    # and clamps q/k/v by `clip_qkv`, which the defaults leave None
+    "DbrxAttentionConfig": {"rope_theta": 10000.0, "clip_qkv": 8.0},
+    # the defaults leave the shared experts None, which the model multiplies by
+    "Dots1Config": {"n_shared_experts": 1},
+    # the last `num_kv_shared_layers` layers reuse K/V of earlier ones: 6 of 11 compute their own (both kinds)
+    "Gemma3nTextConfig": {"num_kv_shared_layers": 5},
+    # per-layer overrides are keyed by layer index: the one full-attention layer of 6 keeps a larger head
+    "Gemma4TextConfig": {"per_layer_config": {"05": {"head_dim": 32}}},
+    "Gemma4UnifiedTextConfig": {"per_layer_config": {"05": {"head_dim": 32}}},
+    # the shared transformer block is tied across hybrid layers: it needs two of them
+    "ZambaConfig": {"attn_layer_period": 2, "attn_layer_offset": 1, "num_hidden_layers": 4,
+                    "layers_block_type": ["linear_attention", "hybrid", "linear_attention", "hybrid"]},
+    # rotary parameters are keyed by layer type, and the defaults give none
+    "CohereCompassTextConfig": {"rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+}
+
+# Calls a model needs before its first forward, by type.
+_AFTER_BUILD: dict[str, Callable[[Any], None]] = {
+    "xmod": lambda model: model.set_default_language(model.config.languages[0]),  # adapters are per language
+}
 
 
 class TinyModelError(TfcompatError, ValueError):
@@ -132,6 +170,7 @@ def tiny_model(
         model = cls._from_config(config, attn_implementation=attn_implementation)
     except Exception as exc:  # noqa: BLE001
         raise _error(model_type, f"{cls.__name__} does not build from the tiny config", cause=exc) from None
+    _AFTER_BUILD.get(model_type, lambda m: None)(model)
     return model.float().eval()
 
 
@@ -163,7 +202,8 @@ def _mapping(kind: Kind) -> dict[str, Any]:
 
 
 def _error(model_type: str, what: str, *, cause: BaseException | None = None, supported: str = "") -> TinyModelError:
-    why = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"[:300] if cause else ""
+    first = next((line.strip() for line in str(cause).splitlines() if line.strip()), "")
+    why = f"{type(cause).__name__}: {first}"[:300] if cause else ""
     return TinyModelError(
         f"cannot build a tiny {model_type!r}: {what}", family=model_type,
         transformers_version=installed_transformers(), why=why, supported=supported,
@@ -211,25 +251,27 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
     kwargs.update(_generic_kwargs(default, ids))
     for name, sub in subs.items():
         kwargs[name] = _shrunk(model_type, sub, ids, base=sub.to_dict())
-    kwargs.update(_OVERRIDES.get(default.model_type, {}))
     layers = _layers_needed(default, patterns)
     for key in _LAYERS:
         real = default.attribute_map.get(key, key)
         if real in default.to_dict():
             kwargs[real] = layers
+    kwargs.update(_OVERRIDES.get(type(default).__name__, {}))
+    layers = kwargs.get("num_hidden_layers", layers)
     cls = type(default)
     try:
         config = cls(**kwargs)
+        if all(getattr(config, k, None) == v[:layers] for k, v in patterns.items() if k not in kwargs):
+            return config
+    except Exception:  # noqa: BLE001, S110 -- retried below with the pattern given, which then names the cause
+        pass
+    # the class keeps a full-size pattern (a list, not a rule derived from the number of layers): give it the first
+    # `layers` entries
+    kwargs.update({k: v[:layers] for k, v in patterns.items() if k not in kwargs})
+    try:
+        return cls(**kwargs)
     except Exception as exc:  # noqa: BLE001
         raise _error(model_type, f"{cls.__name__} rejects the shrunk sizes", cause=exc) from None
-    if any(getattr(config, k, None) != v[:layers] for k, v in patterns.items()):
-        # the class kept its full-size pattern (a list, not a rule): give it the first `layers` entries
-        kwargs.update({k: v[:layers] for k, v in patterns.items()})
-        try:
-            config = cls(**kwargs)
-        except Exception as exc:  # noqa: BLE001
-            raise _error(model_type, f"{cls.__name__} rejects the shortened layer pattern", cause=exc) from None
-    return config
 
 
 def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, Any]:
