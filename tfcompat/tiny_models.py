@@ -35,7 +35,8 @@ VOCAB = 256
 # head_dim (16) times heads (4) is the hidden size (64), q/k head dims differ from v (MLA: 16 + 8 vs 16), MoE routes
 # 2 of 4 experts in 2 groups, and a window of 8 tokens cuts into sequences of 10-20.
 _SIZES: dict[str, int] = {
-    "vocab_size": VOCAB,
+    "vocab_size": VOCAB, "unpadded_vocab_size": VOCAB, "vocab_size_per_layer_input": VOCAB,
+    "encoder_hash_byte_group_vocab": VOCAB, "hidden_size_per_layer_input": 16,
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_attention_heads": 4,
@@ -46,7 +47,8 @@ _SIZES: dict[str, int] = {
     "decoder_ffn_dim": 128, "encoder_ffn_dim": 128, "ffn_hidden_size": 128, "dim_ff": 128, "intermediate_size_mlp": 128,
     "dense_intermediate_size": 128, "n_head": 4, "n_heads": 4, "num_heads": 4, "decoder_attention_heads": 4,
     "encoder_attention_heads": 4, "attention_heads": 4, "num_kv_heads": 2, "d_head": 16, "dim_head": 16,
-    "attention_head_dim": 16, "kv_channels": 16, "rotary_dim": 8,
+    "attention_head_dim": 16, "kv_channels": 16, "rotary_dim": 8, "swa_num_attention_heads": 4,
+    "swa_num_key_value_heads": 2, "swa_head_dim": 16,
     # MoE
     "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
     "num_experts_per_tok": 2, "num_experts_per_token": 2, "moe_k": 2, "moe_topk": 2, "top_k_experts": 2,
@@ -202,6 +204,8 @@ def _mapping(kind: Kind) -> dict[str, Any]:
 
 
 def _error(model_type: str, what: str, *, cause: BaseException | None = None, supported: str = "") -> TinyModelError:
+    while cause is not None and cause.__cause__ is not None:  # a validator's wrapper: its cause says why
+        cause = cause.__cause__
     first = next((line.strip() for line in str(cause).splitlines() if line.strip()), "")
     why = f"{type(cause).__name__}: {first}"[:300] if cause else ""
     return TinyModelError(
@@ -258,6 +262,11 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
             kwargs[real] = layers
     kwargs.update(_OVERRIDES.get(type(default).__name__, {}))
     layers = kwargs.get("num_hidden_layers", layers)
+    for key, value in kwargs.items():
+        if key in patterns and isinstance(value, list):
+            kwargs[key] = value[:layers]  # a per-layer size (gemma3n's intermediate_size), shrunk above
+    if isinstance(kwargs.get("per_layer_config"), dict):
+        kwargs["per_layer_config"] = {i: v for i, v in kwargs["per_layer_config"].items() if int(i) < layers}
     cls = type(default)
     try:
         config = cls(**kwargs)
@@ -276,26 +285,39 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
 
 def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, Any]:
     values = config.to_dict()
-    kwargs: dict[str, Any] = {}
-    for key, size in _SIZES.items():
-        real = config.attribute_map.get(key, key)
-        value = values.get(real)
-        if isinstance(getattr(type(config), real, None), property):
-            continue  # derived by the class (falcon's head_dim)
-        if (isinstance(value, int) and not isinstance(value, bool)) or (value is None and key in _DERIVED):
-            kwargs[real] = size
-    if isinstance(values.get("qk_rope_head_dim"), int) and values.get("head_dim") == values["qk_rope_head_dim"]:
-        kwargs["head_dim"] = _SIZES["qk_rope_head_dim"]  # MLA: `head_dim` names the rotary part of q and k
-    if "kv_lora_rank" in values and "num_key_value_heads" in values:
-        kwargs["num_key_value_heads"] = _SIZES["num_attention_heads"]  # MLA expands K and V to every head
+    derived = {k for k in values if isinstance(getattr(type(config), k, None), property)}  # falcon's head_dim
+    kwargs = _sizes({k: v for k, v in values.items() if k not in derived}, config.attribute_map)
     for key, cap in _AT_MOST.items():
         if isinstance(values.get(key), int):
             kwargs[key] = min(values[key], cap)
     for key, value in values.items():
-        if ("dropout" in key or "pdrop" in key or key.endswith("layerdrop")) and isinstance(value, float):
+        if key == "per_layer_config" and isinstance(value, dict):
+            # per-layer overrides keyed by layer index: the same sizes (the index is cut to the tiny layers later)
+            kwargs[key] = {i: {**layer, **_sizes(layer, {})} for i, layer in value.items()}
+        elif ("dropout" in key or "pdrop" in key or key.endswith("layerdrop")) and isinstance(value, float):
             kwargs[key] = 0.0
         elif _is_token_key(key) and value is not None:
             kwargs[key] = [ids.get(v, v) for v in value] if isinstance(value, list) else ids.get(value, value)
+    return kwargs
+
+
+def _sizes(values: dict[str, Any], attribute_map: dict[str, str]) -> dict[str, Any]:
+    """The `_SIZES` of the keys `values` has (`attribute_map` names their stored keys), with the MLA rules."""
+    kwargs: dict[str, Any] = {}
+    for key, size in _SIZES.items():
+        real = attribute_map.get(key, key)
+        value = values.get(real, 0.5)  # 0.5: absent
+        if (isinstance(value, int) and not isinstance(value, bool)) or (value is None and key in _DERIVED):
+            kwargs[real] = size
+        elif isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+            kwargs[real] = [size] * len(value)  # one size per layer
+    if isinstance(values.get("qk_rope_head_dim"), int) and values.get("head_dim") == values["qk_rope_head_dim"]:
+        kwargs["head_dim"] = _SIZES["qk_rope_head_dim"]  # MLA: `head_dim` names the rotary part of q and k
+    elif isinstance(values.get("qk_rope_head_dim"), int) and isinstance(values.get("qk_nope_head_dim"), int) and (
+            values.get("head_dim") == values["qk_rope_head_dim"] + values["qk_nope_head_dim"]):
+        kwargs["head_dim"] = _SIZES["qk_head_dim"]  # or the whole q/k head (dots3's sliding layers)
+    if "kv_lora_rank" in values and "num_key_value_heads" in values:
+        kwargs["num_key_value_heads"] = _SIZES["num_attention_heads"]  # MLA expands K and V to every head
     return kwargs
 
 
