@@ -105,6 +105,8 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     # the shared transformer block is tied across hybrid layers: it needs two of them
     "ZambaConfig": {"attn_layer_period": 2, "attn_layer_offset": 1, "num_hidden_layers": 4,
                     "layers_block_type": ["linear_attention", "hybrid", "linear_attention", "hybrid"]},
+    # sliding layers' head_dim is their q/k head (per-layer qk_nope_head_dim + qk_rope_head_dim)
+    "Dots3NoteTextConfig": {"head_dim": 24},
     # rotary parameters are keyed by layer type, and the defaults give none
     "CohereCompassTextConfig": {"rope_parameters": {
         "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
