@@ -168,8 +168,9 @@ def prepare(model: torch.nn.Module, fused: Fused, family: str, version: str) -> 
     refused = [m for m in modules if m.why]
     if strict and refused:
         first = refused[0]
+        where = f"{first.name or 'the model'} ({type(first.module).__name__})"
         raise PatchError(
-            f"fused kernel {first.kernel!r} is not exact for {first.name or 'the model'} ({type(first.module).__name__})"
+            f"fused kernel {first.kernel!r} is not exact for {where}"
             + (f" and {len(refused) - 1} more modules" if len(refused) > 1 else ""),
             family=family, transformers_version=version, why=first.why,
             supported="RMSNorm in the llama or gemma form, a SiLU gate/up/down MLP, the llama form of "
