@@ -46,11 +46,11 @@ At every shape of that run the table picked the fastest backend (forward+backwar
 checkpointing runs a layer's forward without a gradient and its recomputation with one, so between the two
 thresholds the two passes may run different (each exact) backends. ``flash`` leads where installed: with
 FlashAttention-4 (flash-attn-4 4.0.0b36, CuTe DSL 4.8.1; same H200, bench/RESULTS.md section 10) it was the fastest
-forward+backward at all eleven shapes of the script (490-620 TFLOP/s where sequences are 4k or longer, against 350-560
-for per-sequence SDPA: 4.5 against 6.3 ms at 8 odd sequences of 20,205 tokens, 28/4 heads) and the fastest forward from
-``W`` of 7.6e9, but ``varlen_attn``'s forward beat it at 8 x 1k (28 x 128, ``W`` 3.8e9: 0.51 against 0.57 ms) and 16 x
-1000 (16 x 64, ``W`` 1.0e9: 0.52 against 0.65 ms), hence the no-gradient row (between 3.8e9 and 7.6e9 the
-threshold is not measured). FlashAttention-3 was not measured. flex attention was exact but never the
+forward+backward at all eleven shapes of the script (400-620 TFLOP/s with sequences of 4k or more, 1.1-1.8x faster
+than per-sequence SDPA there: 4.5 against 6.3 ms for 8 odd sequences of 20,205 tokens, 28/4 heads) and the fastest
+forward from ``W`` of 7.6e9, but ``varlen_attn``'s forward beat it at 8 x 1k (28 x 128, ``W`` 3.8e9: 0.51 against
+0.57 ms) and 16 x 1000 (16 x 64, ``W`` 1.0e9: 0.52 against 0.65 ms), hence the no-gradient row (between 3.8e9 and
+7.6e9 the threshold is not measured). FlashAttention-3 was not measured. flex attention was exact but never the
 fastest; the ``cudnn`` varlen op took 50-76 ms per forward there, nearly all of it on the host, and is forward
 only: auto reaches it only when nothing else can run.
 
