@@ -42,6 +42,7 @@ from typing import Any, Literal, cast
 import torch
 
 from ..errors import PatchError
+from .changes import Record
 
 __all__ = ["KERNELS", "Fused", "FusedModule", "apply", "plan", "prepare"]
 
@@ -275,8 +276,6 @@ _ROPE = _RopeSwap()
 
 
 def _record(modeling: types.ModuleType, old: Any, new: Any) -> Any:
-    from .patching import Record  # patching imports this module
-
     return Record("process", modeling, "apply_rotary_pos_emb", old, new, True,
                   "fused attention forwards take Liger's rotary kernel; every other caller the original "
                   "(reference counted)")
