@@ -51,6 +51,7 @@ inputs                                                      order
 CUDA fp16/bf16, compute capability 9.x with cuDNN >= 9,     ``flash`` (if installed), ``sdpa``
 ``W >= 2e10`` (``W >= 8e9`` without a gradient), plain
 causal attention (no window, softcap or sinks)
+the same GPUs, no gradient, ``W < 5e9``                     ``torch``, ``flash``, ``flex``, ``cudnn``, ``sdpa``
 other CUDA fp16/bf16 (shorter sequences, other GPUs, or      ``flash`` (if installed), ``torch``, ``flex``,
 no boundaries given)                                        ``cudnn``, ``sdpa``
 CUDA fp32, CPU                                              ``sdpa``
@@ -58,8 +59,13 @@ CUDA fp32, CPU                                              ``sdpa``
 
 At every shape of that run the table picked the fastest backend (forward+backward and forward). Reentrant
 checkpointing runs a layer's forward without a gradient and its recomputation with one, so between the two
-thresholds the two passes may run different (each exact) backends. ``flash`` leads where installed
-(FlashAttention-3 on Hopper is expected to beat both; not measured here). flex attention was exact but never the
+thresholds the two passes may run different (each exact) backends. ``flash`` leads where installed: with
+FlashAttention-4 (flash-attn-4 4.0.0b36, CuTe DSL 4.8.1; same H200, bench/RESULTS.md section 10) it was the fastest
+forward+backward at all eleven shapes of the script (400-620 TFLOP/s with sequences of 4k or more, 1.1-1.8x faster
+than per-sequence SDPA there: 4.5 against 6.3 ms for 8 odd sequences of 20,205 tokens, 28/4 heads) and the fastest
+forward from ``W`` of 7.6e9, but ``varlen_attn``'s forward beat it at 8 x 1k (28 x 128, ``W`` 3.8e9: 0.51 against
+0.57 ms) and 16 x 1000 (16 x 64, ``W`` 1.0e9: 0.52 against 0.65 ms), hence the no-gradient row (between 3.8e9 and
+7.6e9 the threshold is not measured). FlashAttention-3 was not measured. flex attention was exact but never the
 fastest; the ``cudnn`` varlen op took 50-76 ms per forward there, nearly all of it on the host, and is forward
 only: auto reaches it only when nothing else can run. Each backend in the order is taken only if it can run the
 layer's features (`unsupported`); "sdpa" can run all of them. A window at least as long as the longest sequence is
@@ -97,10 +103,13 @@ __all__ = [
 Backend = Literal["auto", "flash", "torch", "cudnn", "flex", "sdpa"]
 AUTO_ORDER: tuple[str, ...] = ("flash", "torch", "flex", "cudnn", "sdpa")
 _LONG_ORDER: tuple[str, ...] = ("flash", "sdpa")
+# short sequences without a gradient: varlen_attn's forward beat FlashAttention-4's below W of about 5e9
+_SHORT_NO_GRAD_ORDER: tuple[str, ...] = ("torch", "flash", "flex", "cudnn", "sdpa")
 # Hq * D * mean(L_i ** 2) above which per-sequence SDPA (cuDNN on Hopper) beats varlen_attn, with and without a
-# gradient: the module docstring
+# gradient, and below which varlen_attn's forward beats FlashAttention-4's: the module docstring
 _PER_SEQUENCE_MIN_WORK = 2e10
 _PER_SEQUENCE_MIN_WORK_NO_GRAD = 8e9
+_FLASH_MIN_WORK_NO_GRAD = 5e9
 _FAST_DTYPES = (torch.float16, torch.bfloat16)
 _FLEX_BLOCK = 128  # flex attention's sparse block size (tokens per block row and column)
 
@@ -250,6 +259,8 @@ def _auto_order(
         work = q.shape[1] * q.shape[2] * sum(n * n for n in seqs.lengths) / len(seqs.lengths)
         if work >= (_PER_SEQUENCE_MIN_WORK if _needs_grad(q, k) else _PER_SEQUENCE_MIN_WORK_NO_GRAD):
             return _LONG_ORDER
+        if work < _FLASH_MIN_WORK_NO_GRAD and not _needs_grad(q, k):
+            return _SHORT_NO_GRAD_ORDER
     return AUTO_ORDER
 
 
