@@ -128,6 +128,9 @@ class AttentionFeatures(NamedTuple):
     chunk: int | None = None
 
 
+_PLAIN = AttentionFeatures()
+
+
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -186,12 +189,13 @@ def select_backend(
     ``(T, Hkv, Dqk)`` or None; seqs: the boundaries, or None; features: default none; v_dim: v's head dim
     (default q's).
     """
-    features = AttentionFeatures() if features is None else features
+    features = _PLAIN if features is None else features
     qk_dim = q.shape[-1]
     v_dim = qk_dim if v_dim is None else v_dim
+    plain = features == _PLAIN and v_dim == qk_dim  # every backend that can run the inputs runs these
     if backend == "auto":
-        return next(name for name in _auto_order(q, k, seqs, features == AttentionFeatures())
-                    if _CAN_RUN[name](q, k) and not _gap(name, features, qk_dim, v_dim, q.device))
+        return next(name for name in _auto_order(q, k, seqs, features == _PLAIN)
+                    if _CAN_RUN[name](q, k) and (plain or not _gap(name, features, qk_dim, v_dim, q.device)))
     if backend not in _CAN_RUN or not _CAN_RUN[backend](q, k):
         raise InvalidInputError(
             f"attention backend {backend!r} cannot run these inputs",
@@ -200,7 +204,7 @@ def select_backend(
             supported=f"{backend!r}: {_REQUIREMENTS[backend]}" if backend in _REQUIREMENTS else ", ".join(_CAN_RUN),
             fix="use backend='auto', or inputs the backend supports (and install flash-attn for 'flash')",
         )
-    reason = _gap(backend, features, qk_dim, v_dim, q.device)
+    reason = "" if plain else _gap(backend, features, qk_dim, v_dim, q.device)
     if reason:
         raise InvalidInputError(
             f"attention backend {backend!r} cannot run these attention features",
