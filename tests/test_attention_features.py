@@ -269,9 +269,10 @@ class TestUnsupported:
     def test_unknown_backend(self):
         assert "unknown attention backend 'nope'" in unsupported("nope", AttentionFeatures(), qk_dim=8, v_dim=8)
 
-    @pytest.mark.parametrize("kind", ["fa2", "fa3", "fa4", "none"])
+    @pytest.mark.parametrize("kind", ["fa2", "fa3", "fa3-s_aux", "fa4", "none"])
     def test_flash_by_installed_signature(self, kind, monkeypatch):
-        fake = {"fa2": _fa2, "fa3": _fa3, "fa4": _fa4, "none": None}[kind]
+        """Sinks only through FA4's learnable_sink (it has a backward for them); vLLM's FA3 s_aux is not taken."""
+        fake = {"fa2": _fa2, "fa3": _fa3, "fa3-s_aux": _fa3_s_aux, "fa4": _fa4, "none": None}[kind]
         monkeypatch.setattr(attention, "_flash_varlen", lambda device: fake)
         attention._gap.cache_clear()
         try:
@@ -341,6 +342,11 @@ def _fa3(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sequse
     out = _fa_emulator(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
                        causal=causal, window_size=window_size, softcap=softcap)
     return out, torch.zeros(q.shape[1], q.shape[0])  # some FA3 releases also return the log-sum-exp
+
+
+def _fa3_s_aux(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None, causal=False,
+               window_size=(-1, -1), softcap=0.0, s_aux=None):
+    raise AssertionError("never called: sinks through s_aux are refused")
 
 
 def _fa4(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,

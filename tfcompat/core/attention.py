@@ -13,8 +13,9 @@ Backends (each imported or probed lazily, once; `unsupported` says which feature
 - ``"flash"``: flash-attn's varlen kernel, the newest installed that suits the GPU: FlashAttention-3
   (``flash_attn_interface``, Hopper) or FlashAttention-4 (``flash_attn.cute``, Hopper and Blackwell), else
   FlashAttention-2 (``flash_attn``). CUDA, fp16/bf16. Windows and softcaps where the installed function takes
-  ``window_size`` / ``softcap``; sinks only where it takes ``learnable_sink`` (FlashAttention-4) or ``s_aux``
-  (its log-sum-exp, where returned, carries no gradient in FA2/FA3, so sinks cannot be derived from it exactly);
+  ``window_size`` / ``softcap``; sinks only where it takes ``learnable_sink`` (FlashAttention-4, with a backward
+  for it; vLLM's FA3 ``s_aux`` is not taken: no backward is known for it; the log-sum-exp FA2/FA3 return carries no
+  gradient, so sinks cannot be derived from it exactly);
   v of another head dim than q/k is zero-padded to the larger dim and the output sliced, as transformers does.
 - ``"torch"``: ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 kernels inside torch; its signature
   differs between torch releases, so it is probed once). CUDA, fp16/bf16. Windows where it takes
@@ -137,6 +138,9 @@ class AttentionFeatures(NamedTuple):
     chunk: int | None = None
 
 
+_PLAIN = AttentionFeatures()
+
+
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -195,12 +199,13 @@ def select_backend(
     ``(T, Hkv, Dqk)`` or None; seqs: the boundaries, or None; features: default none; v_dim: v's head dim
     (default q's).
     """
-    features = AttentionFeatures() if features is None else features
+    features = _PLAIN if features is None else features
     qk_dim = q.shape[-1]
     v_dim = qk_dim if v_dim is None else v_dim
+    plain = features == _PLAIN and v_dim == qk_dim  # every backend that can run the inputs runs these
     if backend == "auto":
-        return next(name for name in _auto_order(q, k, seqs, features == AttentionFeatures())
-                    if _CAN_RUN[name](q, k) and not _gap(name, features, qk_dim, v_dim, q.device))
+        return next(name for name in _auto_order(q, k, seqs, features == _PLAIN)
+                    if _CAN_RUN[name](q, k) and (plain or not _gap(name, features, qk_dim, v_dim, q.device)))
     if backend not in _CAN_RUN or not _CAN_RUN[backend](q, k):
         raise InvalidInputError(
             f"attention backend {backend!r} cannot run these inputs",
@@ -209,7 +214,7 @@ def select_backend(
             supported=f"{backend!r}: {_REQUIREMENTS[backend]}" if backend in _REQUIREMENTS else ", ".join(_CAN_RUN),
             fix="use backend='auto', or inputs the backend supports (and install flash-attn for 'flash')",
         )
-    reason = _gap(backend, features, qk_dim, v_dim, q.device)
+    reason = "" if plain else _gap(backend, features, qk_dim, v_dim, q.device)
     if reason:
         raise InvalidInputError(
             f"attention backend {backend!r} cannot run these attention features",
@@ -349,7 +354,7 @@ def _flash_gaps(features: AttentionFeatures, qk_dim: int, v_dim: int, device: to
         return f"{name} has no window_size (sliding windows need flash-attn >= 2.3)"
     if features.softcap is not None and "softcap" not in params:
         return f"{name} has no softcap (softcapping needs flash-attn >= 2.6)"
-    if features.sinks and not {"learnable_sink", "s_aux"} & params:
+    if features.sinks and "learnable_sink" not in params:
         return f"{name} takes no attention sinks and its log-sum-exp carries no gradient (FlashAttention-4's " \
                "learnable_sink does)"
     return ""
@@ -469,14 +474,13 @@ def _math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: _Call) -> torch.
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs, c: _Call) -> torch.Tensor:
     cu = seqs.cu_seqlens
     flash = cast(_VarlenFn, _flash_varlen(q.device))  # _can_flash: found
-    params = _params(flash)
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {}  # _flash_gaps: the installed function takes each one given
     if c.window is not None:
         kwargs["window_size"] = (c.window - 1, 0)  # keys t - (window - 1) .. t
     if c.softcap is not None:
         kwargs["softcap"] = c.softcap
-    if c.sinks is not None:  # _flash_gaps: one of the two is taken
-        kwargs["learnable_sink" if "learnable_sink" in params else "s_aux"] = c.sinks
+    if c.sinks is not None:
+        kwargs["learnable_sink"] = c.sinks
     v_dim = v.shape[-1]
     q, k, v = _pad_dims(q, k, v)
     out = flash(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=seqs.max_seqlen,

@@ -114,20 +114,22 @@ def _layer_sinks(module: torch.nn.Module, features: AttentionFeatures, dropout: 
         return PatchedModelError(f"{type(module).__name__} {what}", why=why, fix=fix)
 
     refit = "patch() the model again after changing its config or modules, or undo() the patch"
-    for name, recorded in (("sliding_window", features.window), ("softcap", features.softcap)):
-        if name in kwargs and kwargs[name] != recorded:
-            raise refuse(f"passed {name}={kwargs[name]!r} to the packed attention, but patch() recorded {recorded!r}",
+    extra = kwargs.keys() - _HARMLESS  # usually none, or sliding_window: this runs per layer call
+    for name in extra:
+        value = kwargs[name]
+        recorded = features.window if name == "sliding_window" else features.softcap if name == "softcap" else None
+        if name in ("sliding_window", "softcap") and value != recorded:
+            raise refuse(f"passed {name}={value!r} to the packed attention, but patch() recorded {recorded!r}",
                          why=f"the layer's attention features were read at patch time: {features}", fix=refit)
-    if kwargs.get("is_causal") is False:
-        raise refuse("asked for non-causal attention (is_causal=False)",
-                     why="tfcompat's packed attention is causal within each sequence",
-                     fix="run bidirectional attention unpatched (undo() the patch)")
+        if name == "is_causal" and value is False:
+            raise refuse("asked for non-causal attention (is_causal=False)",
+                         why="tfcompat's packed attention is causal within each sequence",
+                         fix="run bidirectional attention unpatched (undo() the patch)")
     if dropout:
         raise refuse(f"asked for attention dropout {dropout!r}",
                      why="tfcompat's packed attention has no dropout (it would be silently skipped)",
                      fix="set the config's attention_dropout to 0.0, or undo() the patch")
-    unknown = sorted(name for name, value in kwargs.items()
-                     if value is not None and name not in _HARMLESS and name not in _CHECKED)
+    unknown = sorted(name for name in extra - _CHECKED if kwargs[name] is not None)
     if unknown:
         raise refuse(f"passed {', '.join(unknown)} to the packed attention, which does not implement "
                      f"{'it' if len(unknown) == 1 else 'them'}",
