@@ -184,7 +184,7 @@ def main() -> None:
 
     boundaries_ms = C.median(C.time_ms(boundaries, device, warmup * 3, reps * 5))
     n_bound, _, _ = count_steady(boundaries, device)
-    fa_rows.append(["tfcompat from_text_positions (once per forward)", _n(n_bound), boundaries_ms * 1e3])
+    fa_rows.append(["tfcompat boundaries (once per forward)", _n(n_bound), boundaries_ms * 1e3])
     if steps is None:
         print("note: transformers.modeling_flash_attention_utils.prepare_fa_kwargs_from_position_ids is missing "
               "on this transformers; FA2-style comparison skipped")
