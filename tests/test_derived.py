@@ -257,3 +257,39 @@ def test_moe_routing_is_per_token_and_aux_loss_is_the_padded_batch_one(model_typ
     from_packed = [float(lm.load_balancing_loss_func(tuple(p), model.num_experts, model.num_experts_per_tok))
                    for p in pieces]
     assert abs(sum(from_packed) / len(from_packed) - per_sequence) <= 1e-5 * per_sequence
+
+
+class _AlibiAttention(torch.nn.Module):
+    """An attention whose call passes what the packed core does not implement (read from this source)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sliding_window, self.layer_idx, self.head_dim, self.alibi = 3, 0, 8, None
+
+    def forward(self, hidden_states, cache_position=None, **kwargs):  # pragma: no cover - only its source is read
+        attention_interface = ALL_ATTENTION_FUNCTIONS["eager"]  # noqa: F821
+        if self.training and cache_position is not None:
+            hidden_states = hidden_states * cache_position.float()
+        return attention_interface(self, hidden_states, hidden_states, hidden_states, None,
+                                   sliding_window=self.sliding_window if not self.training else None,
+                                   alibi=self.alibi, **kwargs)
+
+
+def test_attention_call_read_from_the_source():
+    from tfcompat.registry.derive import attention_call, guard_holds, passed_values
+
+    call = attention_call(_AlibiAttention)
+    assert call.keywords == (("sliding_window", "self.sliding_window if not self.training else None"),
+                             ("alibi", "self.alibi")) and call.passes_kwargs and call.positional == 5
+    assert call.row_positions == ("(self.training and cache_position is not None)",)
+    module = _AlibiAttention()
+    assert passed_values(call, module) == {"sliding_window": 3, "alibi": None}
+    assert passed_values(call, module, training=True)["sliding_window"] is None
+    assert guard_holds(call.row_positions[0], module) is False  # no cache in a packed forward, eval mode
+
+
+def test_unknown_attention_keyword_is_refused_naming_it():
+    from tfcompat.hf.features import module_features
+
+    found = module_features(_AlibiAttention(), tiny("olmo2").config)
+    assert "passes alibi=self.alibi" in found.refusal and found.features.window == 3

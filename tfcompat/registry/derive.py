@@ -29,7 +29,8 @@ from ..errors import PatchError, UnknownFamilyError
 from . import versions
 from .records import AttentionCall, Derivation, Entry, Family, RopeConfigKey
 
-__all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "attention_call", "causal_lm_types", "derive", "passed_values"]
+__all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "attention_call", "causal_lm_types",
+           "derive", "guard_holds", "layer_kind", "module_name", "passed_values"]
 
 # what an attention forward may pass to the attention function, and what the packed path makes of it
 ATTENTION_KEYWORDS = {
@@ -50,7 +51,8 @@ MIXER_PATTERN = re.compile(r"mamba|ssm|conv|recurren|rglru|mixer|linearattention
                            r"retention|lightning|xlstm|mlstm|slstm|hyena", re.IGNORECASE)
 # the names transformers gives the attention forward's cache parameter, across releases
 _CACHE_PARAMS = ("past_key_value", "past_key_values", "cache", "layer_past")
-_SOFTMAX_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+# the ``config.layer_types`` values of softmax attention layers
+SOFTMAX_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 
 
 def causal_lm_types() -> dict[str, str]:
@@ -128,12 +130,18 @@ def derive(model_type: str, version: str) -> Family:
     if unknown:
         raise refuse(f"{attention.__name__} passes {', '.join(unknown)} to the attention function",
                      "the packed core implements " + ", ".join(ATTENTION_KEYWORDS))
+    if call.positional + ("attention_mask" in dict(call.keywords)) != 5:
+        raise refuse(f"{attention.__name__} passes {call.positional} positional arguments to the attention function",
+                     "transformers' attention functions take (module, query, key, value, attention_mask) first")
     unguarded = [g for g in call.row_positions if not g]
     if unguarded:
         raise refuse(f"{attention.__name__} reads positions from the row index",
                      "it computes with cache_position or torch.arange over the row, which on a packed row counts "
                      "across sequences (position_ids restart per sequence)")
     passes = [_passes_kwargs(layer, attention) for layer in layers]
+    if len(layers) > 1 and not all(passes):
+        raise refuse(f"several decoder layer classes ({', '.join(c.__name__ for c in layers)}), some dropping **kwargs",
+                     "the packed boundaries are bridged to the attention of one decoder layer class")
     cache = [p for p in _CACHE_PARAMS if p in inspect.signature(cast(Any, attention).forward).parameters]
     config_cls = _config_class(model_type)
     rope_key: RopeConfigKey = "rope_parameters" if "rope_parameters" in _config_fields(config_cls) else "rope_scaling"
@@ -172,7 +180,7 @@ def attention_call(cls: type) -> AttentionCall:
     fn, call = found
     keywords = tuple((k.arg, ast.unparse(k.value)) for k in call.keywords if k.arg is not None)
     passes = any(k.arg is None for k in call.keywords)
-    return AttentionCall(cls.__name__, keywords, passes, _row_position_guards(fn))
+    return AttentionCall(cls.__name__, keywords, passes, _row_position_guards(fn), len(call.args))
 
 
 def passed_values(call: AttentionCall, module: Any, *, training: bool = False) -> dict[str, Any]:
@@ -313,13 +321,15 @@ def _passes_kwargs(layer: type, attention: type) -> bool:
 def _row_position_guards(fn: ast.FunctionDef) -> tuple[str, ...]:
     """The ``if`` tests (joined with ``and``; "" = none) guarding each place where ``fn`` computes with
     ``cache_position`` or ``torch.arange`` (positions counted over the row). Passing ``cache_position`` on (a dict
-    value, a keyword argument: the cache update) is not computing with it."""
-    passed: set[int] = set()
+    value, a keyword argument: the cache update) or testing it against None is not computing with it."""
+    passed: set[int] = set()  # cache_position passed on or tested against None, not computed with
     for node in ast.walk(fn):
         if isinstance(node, ast.Dict):
             passed |= {id(v) for v in node.values if v is not None}
         elif isinstance(node, ast.Call):
             passed |= {id(k.value) for k in node.keywords}
+        elif isinstance(node, ast.Compare) and all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+            passed |= {id(node.left), *map(id, node.comparators)}
     guards: list[str] = []
 
     def visit(node: ast.AST, tests: tuple[str, ...]) -> None:
@@ -382,11 +392,13 @@ def _evaluate(expr: str, module: Any, training: bool) -> Any:
         if isinstance(node, ast.IfExp):
             test = ev(node.test)
             return UNKNOWN if test is UNKNOWN else ev(node.body if test else node.orelse)
-        if isinstance(node, ast.BoolOp):
-            values = [ev(v) for v in node.values]
-            if any(v is UNKNOWN for v in values):
-                return UNKNOWN
-            return all(values) if isinstance(node.op, ast.And) else any(values)
+        if isinstance(node, ast.BoolOp):  # short-circuits as Python does; an unknown operand it reaches is unknown
+            value: Any = None
+            for operand in node.values:
+                value = ev(operand)
+                if value is UNKNOWN or (not value if isinstance(node.op, ast.And) else value):
+                    return value
+            return value
         if isinstance(node, ast.UnaryOp):
             value = ev(node.operand)
             if value is UNKNOWN:
@@ -437,8 +449,3 @@ def layer_kind(config: Any, index: int | None) -> str | None:
     """``config.layer_types[index]`` where the config has layer types (None otherwise)."""
     types = getattr(config, "layer_types", None) or ()
     return types[index] if isinstance(index, int) and 0 <= index < len(types) else None
-
-
-def refused_layer_types(config: Any) -> list[str]:
-    """The ``layer_types`` values of ``config`` that are not softmax attention (e.g. ``"linear_attention"``)."""
-    return sorted({t for t in getattr(config, "layer_types", None) or () if t not in _SOFTMAX_LAYER_TYPES})
