@@ -57,7 +57,7 @@ def module_features(attn: torch.nn.Module, config: Any) -> ModuleFeatures:
         if values.get(key, None) is UNKNOWN or training.get(key, None) is UNKNOWN:
             problems.append(f"{name} passes {key}={dict(call.keywords)[key]}, which tfcompat cannot evaluate on the "
                             "module")
-    if "is_causal" in values and values["is_causal"] is not True:
+    if values.get("is_causal", True) not in (True, UNKNOWN):
         problems.append(f"{name} passes is_causal={values['is_causal']!r}: the packed core is causal")
     if training.get("dropout") not in (None, UNKNOWN) and training["dropout"]:
         problems.append(f"{name} applies attention dropout {training['dropout']} in training")

@@ -42,6 +42,7 @@ ATTENTION_KEYWORDS = {
     "is_causal": "causality (must be True)",
     "attention_mask": "the mask (the packed core takes the boundaries instead)",
     "position_ids": "position ids for flash-attention's packing check (the packed core takes the boundaries instead)",
+    "head_mask": "a per-head mask (4.x; the packed attention refuses any but None, per forward)",
 }
 # class names (and torch.nn layers) of token mixers other than softmax attention: state space, convolution,
 # recurrence, linear attention
@@ -108,13 +109,14 @@ def derive(model_type: str, version: str) -> Family:
     if not layers:
         raise refuse(f"no decoder layers found in {text.__name__}",
                      f"{text.__name__}.__init__ builds no nn.ModuleList of {where}'s classes")
-    attentions: list[type] = []
-    for layer in layers:
+    for layer in layers:  # every layer class first: a hybrid is named by its mixer
         mixers = _token_mixers(module, layer, lm.__name__.removesuffix("ForCausalLM"))
         if mixers:
             raise refuse(f"{layer.__name__} holds a token mixer other than softmax attention: {', '.join(mixers)}",
                          "packing restarts softmax attention per sequence; state, convolution and recurrence across "
                          "the packed row are not proved per sequence")
+    attentions: list[type] = []
+    for layer in layers:
         found = [c for c in _built_classes(module, layer, "__init__") if _dispatch_call(c) is not None]
         if not found:
             raise refuse(f"{layer.__name__} holds no attention that dispatches through AttentionInterface",
@@ -241,12 +243,13 @@ def _built_classes(module: Any, cls: type, method: str, *, attr: str | None = No
     """The classes of ``module`` that ``cls.method`` instantiates (in order, once each).
 
     attr: only those assigned to ``self.attr``; lists_only: only those inside an ``nn.ModuleList(...)`` assigned to
-    an attribute of ``self``.
+    an attribute of ``self`` (or into a local list it is built from: ``layers.append(...)``, where the class may come
+    from a dict of the module, ``ALL_DECODER_LAYER_TYPES[kind]``).
     """
     fn = _method(cls, method)
     if fn is None:
         return []
-    out: list[type] = []
+    names: list[str] = []
     for node in ast.walk(fn):
         if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
             continue
@@ -258,12 +261,39 @@ def _built_classes(module: Any, cls: type, method: str, *, attr: str | None = No
         value = node.value
         if lists_only and not (isinstance(value, ast.Call) and ast.unparse(value.func).endswith("ModuleList")):
             continue
-        for sub in ast.walk(value):
-            if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name):
-                found = _local_class(module, sub.func.id)
-                if found is not None and found not in out and _is_module(found):
-                    out.append(found)
+        for sub in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
+            if isinstance(sub.func, ast.Name):
+                names.append(sub.func.id)
+            elif isinstance(sub.func, ast.Subscript) and isinstance(sub.func.value, ast.Name):  # TYPES[kind](config)
+                table = getattr(module, sub.func.value.id, None)
+                names += [v.__name__ for v in table.values() if isinstance(v, type)] if isinstance(table, dict) else []
+        if lists_only:  # nn.ModuleList(layers): what was appended to the local list
+            for arg in (a for a in value.args if isinstance(a, ast.Name)):
+                names += _appended(fn, module, arg.id)
+    out = [c for c in dict.fromkeys(_local_class(module, n) for n in names) if c is not None and _is_module(c)]
     return out
+
+
+def _appended(fn: ast.FunctionDef, module: Any, var: str) -> list[str]:
+    """Names of the classes ``fn`` appends instances of to its local list ``var``: ``var.append(C(...))``, an
+    appended local assigned from ``C(...)``, or ``C`` read from a dict of the module (``TYPES[kind](...)``)."""
+    assigned = {t.id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets
+                if isinstance(t, ast.Name)}
+
+    def classes(expr: ast.AST) -> list[str]:
+        if isinstance(expr, ast.Name) and expr.id in assigned:
+            return classes(assigned[expr.id])
+        if isinstance(expr, ast.Call):
+            return [n.func.id for n in ast.walk(expr) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                    and n.func.id not in assigned] + (classes(expr.func) if isinstance(expr.func, ast.Name) else [])
+        if isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Name):
+            table = getattr(module, expr.value.id, None)
+            return [v.__name__ for v in table.values() if isinstance(v, type)] if isinstance(table, dict) else []
+        return []
+
+    return [name for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "append" and isinstance(n.func.value, ast.Name) and n.func.value.id == var
+            for arg in n.args for name in classes(arg)]
 
 
 def _is_module(cls: type) -> bool:
