@@ -267,7 +267,7 @@ def _built_classes(module: Any, cls: type, method: str, *, attr: str | None = No
             elif isinstance(sub.func, ast.Subscript) and isinstance(sub.func.value, ast.Name):  # TYPES[kind](config)
                 table = getattr(module, sub.func.value.id, None)
                 names += [v.__name__ for v in table.values() if isinstance(v, type)] if isinstance(table, dict) else []
-        if lists_only:  # nn.ModuleList(layers): what was appended to the local list
+        if lists_only and isinstance(value, ast.Call):  # nn.ModuleList(layers): what was appended to the local list
             for arg in (a for a in value.args if isinstance(a, ast.Name)):
                 names += _appended(fn, module, arg.id)
     out = [c for c in dict.fromkeys(_local_class(module, n) for n in names) if c is not None and _is_module(c)]
