@@ -54,6 +54,17 @@ REFUSED = {
 # model_type -> what the refusal at resolve() names, on 4.x releases: qwen2_moe picks one of its own attention classes
 # per implementation there (QWEN2MOE_ATTENTION_CLASSES), none dispatching through AttentionInterface
 REFUSED_ON_4 = {"qwen2_moe": "holds no attention that dispatches through AttentionInterface"}
+# model_type -> what the refusal at resolve() names, on every release where the type exists: token mixers other than
+# softmax attention, attention that does not dispatch through transformers' AttentionInterface
+NOT_DERIVABLE = {
+    "jamba": r"token mixer other than softmax attention: JambaMambaMixer",
+    "falcon_h1": r"token mixer other than softmax attention: FalconH1Mixer",
+    "bamba": r"token mixer other than softmax attention: BambaMixer",
+    "recurrent_gemma": r"token mixer other than softmax attention: RecurrentGemmaRecurrentBlock",
+    "lfm2": r"token mixer other than softmax attention: Lfm2ShortConv",
+    "mamba": r"token mixer other than softmax attention: MambaMixer",
+    "bloom": r"BloomBlock holds no attention that dispatches through AttentionInterface",
+}
 MAJOR = int(str(tfcompat.registry.versions.installed_transformers()).split(".")[0])
 RESOLVE_REFUSED = REFUSED_ON_4 if MAJOR == 4 else {}
 BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -110,6 +121,14 @@ def test_resolve_and_explain_say_derived(model_type):
     assert "DERIVED" in text and r.entry.module in text and r.entry.derived.attention.describe() in text
     with pytest.raises(PatchError, match="no rotary convention"):
         r.apply_rotary  # noqa: B018
+
+
+@pytest.mark.parametrize("model_type", [t for t in NOT_DERIVABLE if t in causal_lm_types()])
+def test_not_derivable_is_refused_naming_why(model_type):
+    assert model_type in tfcompat.registry.derivable_types()
+    with pytest.raises(PatchError, match=NOT_DERIVABLE[model_type]) as info:
+        tfcompat.resolve(model_type)
+    assert info.value.family == model_type and info.value.fix
 
 
 def test_unknown_type_is_unknown():
