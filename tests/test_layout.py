@@ -73,7 +73,7 @@ ALLOWED = {
     "registry": {"registry", "errors"},
     "heads": {"heads", "errors"},
     "inputs": {"inputs", "core", "registry", "errors"},
-    "ulysses": {"ulysses", "core", "inputs", "errors"},
+    "ulysses": {"ulysses", "core", "errors"},
 }
 
 

@@ -34,7 +34,9 @@ from ..core.position_ids import split_positions
 from ..errors import InvalidInputError, PatchedModelError, PatchError
 from ..registry import Resolved, resolve_model
 from . import attention as hf_attention
+from . import fused as hf_fused
 from . import linear_attention as hf_linear_attention
+from .changes import Record
 from .features import ModuleFeatures, module_features, unsupported
 from .forward import Router, to_text_model_layout
 from .pooling import is_sequence_classifier, pooled_forward, scores_holder
@@ -44,23 +46,6 @@ __all__ = ["PatchHandle", "Record", "is_patched", "patch"]
 _MISSING = object()
 _HANDLE_ATTR = "_tfcompat_handle"
 
-
-@dataclass(frozen=True)
-class Record:
-    """One change: ``target.attr`` went from ``old`` to ``new`` (``old`` is `None` with ``was_set=False``
-    when the attribute was not in the instance's ``__dict__``); scope is "instance", "config", "hook" or
-    "process"."""
-
-    scope: str
-    target: Any
-    attr: str
-    old: Any
-    new: Any
-    was_set: bool
-    note: str
-
-    def __str__(self) -> str:
-        return f"[{self.scope}] {type(self.target).__name__}.{self.attr}: {self.note}"
 
 
 class PatchHandle:
@@ -121,6 +106,7 @@ def patch(
     ulysses_group: Any = _MISSING,
     backend: Backend = "auto",
     linear_backend: hf_linear_attention.LinearBackend = "auto",
+    fused: hf_fused.Fused = False,
 ) -> PatchHandle:
     """Make a stock transformers model accept packed batches; returns a `PatchHandle`.
 
@@ -133,6 +119,9 @@ def patch(
     linear_backend: the kernels of linear-attention (Gated DeltaNet) layers, where the family has them:
         ``"auto"`` (flash-linear-attention / causal-conv1d where installed and usable, else torch), ``"fla"``
         (flash-linear-attention required), ``"torch"`` (exact on any device).
+    fused: Liger-Kernel's RMSNorm / SwiGLU / RoPE kernels where exact for the module (`tfcompat.hf.fused`):
+        False (default), True or a subset of ``("rms_norm", "swiglu", "rope")`` (`PatchError` for a module they
+        would not compute exactly, or without liger-kernel), ``"auto"`` (where exact, if liger-kernel imports).
 
     Idempotent: patching a patched model with the same options returns its handle. Everything that cannot
     apply raises `PatchError` here, never inside a forward. See the module docstring for what is changed.
@@ -147,7 +136,7 @@ def patch(
                          fix="pass one of the supported backends")
     ulysses_group = _check_group(ulysses_group)
     options = {"remove_padding": remove_padding, "ulysses_group": ulysses_group, "backend": backend,
-               "linear_backend": linear_backend}
+               "linear_backend": linear_backend, "fused": fused}
     existing = vars(model).get(_HANDLE_ATTR)
     if existing is not None and existing.active:
         if existing.options != options:
@@ -166,6 +155,7 @@ def patch(
                          fix="pass a transformers PreTrainedModel")
     resolved = resolve_model(model)
     plan = _plan(model, resolved, ulysses_group, linear_backend, backend)
+    fused_modules = hf_fused.prepare(model, fused, resolved.family, resolved.transformers_version)
 
     handle = PatchHandle(model, resolved, options)
     hf_attention.register()
@@ -209,6 +199,7 @@ def patch(
     for module, forward in plan.linear:
         handle._set("instance", module, "forward", forward,
                     "packed Gated DeltaNet (conv and state restart per sequence)")
+    hf_fused.apply(handle, fused_modules)
     handle._set("instance", model, "__deepcopy__", _deepcopy(handle), "copy.deepcopy gives a copy patched alike")
     handle._set("instance", model, "__reduce_ex__", _refuse_pickle(handle), "pickling raises PatchedModelError")
     handle._set("instance", model, _HANDLE_ATTR, handle, "the active handle (idempotence)")
