@@ -17,6 +17,7 @@ comparison can fail (the unpatched row with positions running on across sequence
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Sequence
 
 import torch
@@ -74,8 +75,10 @@ def logits_of(model: torch.nn.Module, **inputs) -> torch.Tensor:
 
 
 def stock_per_sequence(model: torch.nn.Module, seqs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Stock logits of each sequence alone, `(L_i, V)` each."""
-    return [logits_of(model, input_ids=s[None], position_ids=torch.arange(len(s))[None]) for s in seqs]
+    """Stock logits of each sequence alone, `(L_i, V)` each (position ids 0.. where the forward takes them)."""
+    takes_positions = "position_ids" in inspect.signature(model.forward).parameters
+    return [logits_of(model, input_ids=s[None], **({"position_ids": torch.arange(len(s))[None]} if takes_positions
+                                                   else {})) for s in seqs]
 
 
 def packed_inputs(seqs: list[torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -64,6 +64,7 @@ _SIZES: dict[str, int] = {
     "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
     "linear_num_heads": 4, "linear_head_dim": 16, "mamba_n_heads": 8, "mamba_num_heads": 8, "mamba_d_head": 16,
     "mamba_head_dim": 16, "mamba_headdim": 16, "mamba_d_ssm": 128, "ssm_state_size": 16, "state_size": 16,
+    "mamba_chunk_size": 16, "chunk_size": 16,  # the torch SSD scan pads to whole chunks
 }
 # Capped, not set: a model may have none of these, and keeping one is enough to have that kind of layer or expert.
 _AT_MOST: dict[str, int] = {
@@ -71,7 +72,7 @@ _AT_MOST: dict[str, int] = {
     "first_k_dense_replace": 1, "num_dense_layers": 1, "moe_layer_start_index": 1,
 }
 # Left None by some classes for the modeling code to derive, yet read as numbers by others: always set.
-_DERIVED = {"head_dim", "num_key_value_heads", "num_experts_per_tok", "num_local_experts"}
+_DERIVED = {"head_dim", "num_key_value_heads", "num_experts_per_tok", "num_local_experts", "n_routed_experts"}
 _LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers", "encoder_layers",
            "num_decoder_layers", "num_encoder_layers")
 _MAX_LAYERS = 16
@@ -82,21 +83,13 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "GPTNeoConfig": {"attention_types": [[["global", "local"], 1]]},
     # `num_heads` here are SSM heads: num_heads * head_dim must be expand (2) * hidden (64)
     "Mamba2Config": {"num_heads": 8, "head_dim": 16, "n_groups": 1},
-    # the defaults leave `layer_types` None, which the model indexes
-    "Lfm2MoeConfig": {"layer_types": ["conv", "full_attention"]},
-    # the defaults leave the indexer unset, which the model divides by
-    "Qwen4ExpTextConfig": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
-                           "indexer_compress_ratio": 4},
     # routes to one expert only
     "ZayaConfig": {"num_experts_per_tok": 1},
     # one codebook: the decoder then reads input_ids (B, L) like any causal LM
     "MusicgenDecoderConfig": {"num_codebooks": 1},
     "MusicgenMelodyDecoderConfig": {"num_codebooks": 1},
-    # the model reads `rope_theta` from its attention sub-config, whose class has no such field
-    # and clamps q/k/v by `clip_qkv`, which the defaults leave None
-    "DbrxAttentionConfig": {"rope_theta": 10000.0, "clip_qkv": 8.0},
-    # the defaults leave the shared experts None, which the model multiplies by
-    "Dots1Config": {"n_shared_experts": 1},
+    # the model reads `rope_theta` from its attention sub-config, whose class has no such field (5.x)
+    "DbrxAttentionConfig": {"rope_theta": 10000.0},
     # the last `num_kv_shared_layers` layers reuse K/V of earlier ones: 6 of 11 compute their own (both kinds)
     "Gemma3nTextConfig": {"num_kv_shared_layers": 5},
     # per-layer overrides are keyed by layer index: the one full-attention layer of 6 keeps a larger head
@@ -112,6 +105,20 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
         "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
 }
+
+# Values a class's defaults leave None where its model needs a value, by config class; set only where the default is
+# None (so where a release has a default, it stays).
+_FILL_NONE: dict[str, dict[str, Any]] = {
+    "Lfm2MoeConfig": {"layer_types": ["conv", "full_attention"]},  # indexed per layer
+    "GraniteMoeHybridConfig": {"layers_block_type": ["mamba", "attention"]},  # indexed per layer (4.x)
+    "Qwen4ExpTextConfig": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
+                           "indexer_compress_ratio": 4},  # divided by
+    "DbrxAttentionConfig": {"clip_qkv": 8.0},  # clamped by
+    "Dots1Config": {"n_shared_experts": 1},  # multiplied by
+    "MllamaTextConfig": {"rope_scaling": {"rope_type": "default"}},  # read by the rotary embedding (4.x)
+}
+# Switches to the stock code path that runs on CPU, wherever a config has them.
+_FLAGS: dict[str, Any] = {"use_mamba_kernels": False}
 
 # Calls a model needs before its first forward, by type.
 _AFTER_BUILD: dict[str, Callable[[Any], None]] = {
@@ -256,13 +263,16 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
     kwargs = {k: v for k, v in base.items() if k not in patterns and k not in subs and k not in _META}
     kwargs.update(_generic_kwargs(default, ids))
     for name, sub in subs.items():
-        kwargs[name] = _shrunk(model_type, sub, ids, base=sub.to_dict())
+        kwargs[name] = _shrunk(model_type, sub, ids, base=sub.to_diff_dict())
     layers = _layers_needed(default, patterns)
     for key in _LAYERS:
         real = default.attribute_map.get(key, key)
         if real in default.to_dict():
             kwargs[real] = layers
     kwargs.update(_OVERRIDES.get(type(default).__name__, {}))
+    values = default.to_dict()
+    kwargs.update({k: v for k, v in _FILL_NONE.get(type(default).__name__, {}).items() if values.get(k, None) is None})
+    kwargs.update({k: v for k, v in _FLAGS.items() if k in values})
     layers = kwargs.get("num_hidden_layers", layers)
     for key, value in kwargs.items():
         if key in patterns and isinstance(value, list):
@@ -270,6 +280,8 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
     if isinstance(kwargs.get("per_layer_config"), dict):
         kwargs["per_layer_config"] = {i: v for i, v in kwargs["per_layer_config"].items() if int(i) < layers}
     cls = type(default)
+    if subs and not _accepts_config_objects(cls, kwargs, subs):
+        kwargs.update({n: kwargs[n].to_diff_dict() for n in subs})  # 4.x composites that take dicts only
     try:
         config = cls(**kwargs)
         if all(getattr(config, k, None) == v[:layers] for k, v in patterns.items() if k not in kwargs):
@@ -283,6 +295,16 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
         return cls(**kwargs)
     except Exception as exc:  # noqa: BLE001
         raise _error(model_type, f"{cls.__name__} rejects the shrunk sizes", cause=exc) from None
+
+
+def _accepts_config_objects(cls: type, kwargs: dict[str, Any], subs: dict[str, Any]) -> bool:
+    try:
+        cls(**{n: kwargs[n] for n in subs})
+    except (TypeError, AttributeError):
+        return False
+    except Exception:  # noqa: BLE001 -- other complaints are about the sizes, not the sub-configs
+        return True
+    return True
 
 
 def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, Any]:
