@@ -96,8 +96,7 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "Gemma4TextConfig": {"per_layer_config": {"05": {"head_dim": 32}}},
     "Gemma4UnifiedTextConfig": {"per_layer_config": {"05": {"head_dim": 32}}},
     # the shared transformer block is tied across hybrid layers: it needs two of them
-    "ZambaConfig": {"attn_layer_period": 2, "attn_layer_offset": 1, "num_hidden_layers": 4,
-                    "layers_block_type": ["linear_attention", "hybrid", "linear_attention", "hybrid"]},
+    "ZambaConfig": {"attn_layer_period": 2, "attn_layer_offset": 1, "num_hidden_layers": 6},
     # sliding layers' head_dim is their q/k head (per-layer qk_nope_head_dim + qk_rope_head_dim)
     "Dots3NoteTextConfig": {"head_dim": 24},
     # rotary parameters are keyed by layer type, and the defaults give none
@@ -284,7 +283,7 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
         kwargs.update({n: kwargs[n].to_diff_dict() for n in subs})  # 4.x composites that take dicts only
     try:
         config = cls(**kwargs)
-        if all(getattr(config, k, None) == v[:layers] for k, v in patterns.items() if k not in kwargs):
+        if all(_holds(getattr(config, k, None), v, layers) for k, v in patterns.items() if k not in kwargs):
             return config
     except Exception:  # noqa: BLE001, S110 -- retried below with the pattern given, which then names the cause
         pass
@@ -295,6 +294,12 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
         return cls(**kwargs)
     except Exception as exc:  # noqa: BLE001
         raise _error(model_type, f"{cls.__name__} rejects the shrunk sizes", cause=exc) from None
+
+
+def _holds(pattern: Any, default: list[Any], layers: int) -> bool:
+    """Whether a tiny per-layer pattern has one entry per layer and every kind the full-size one has."""
+    return isinstance(pattern, (list, tuple)) and len(pattern) == layers and {repr(k) for k in pattern} == {
+        repr(k) for k in default}
 
 
 def _accepts_config_objects(cls: type, kwargs: dict[str, Any], subs: dict[str, Any]) -> bool:
@@ -350,7 +355,8 @@ def _per_layer_patterns(config: PretrainedConfig) -> dict[str, list[Any]]:
     layers = getattr(config, "num_hidden_layers", None)
     if not isinstance(layers, int) or layers < 2:
         return {}
-    return {k: v for k, v in config.to_dict().items() if isinstance(v, list) and len(v) == layers and k not in _NOT_PATTERNS}
+    return {k: list(v) for k, v in config.to_dict().items()
+            if isinstance(v, (list, tuple)) and len(v) == layers and k not in _NOT_PATTERNS}
 
 
 _NOT_PATTERNS = {"architectures"}
