@@ -24,7 +24,7 @@ import torch
 
 import tfcompat
 from tfcompat.errors import PatchError, UnknownFamilyError, UnsupportedVersionError
-from tfcompat.tiny_models import Kind, attention_implementations, tiny_model
+from tfcompat.tiny_models import Kind, attention_implementations, tiny_image, tiny_model
 
 TOLERANCE = 1e-5
 REFUSALS = (PatchError, UnknownFamilyError, UnsupportedVersionError)
@@ -180,3 +180,36 @@ def stock_check(model_type: str, attn_implementation: str = "eager", seed: int =
     if control <= 1e-3:
         return Outcome(model_type, "fail", f"control: the run-on row equals per sequence ({control:.1e})", control)
     return Outcome(model_type, "pass", diff=control)
+
+
+def image_sequence(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
+    """One row of text around one fake image: `input_ids (1, L)` with the image's placeholder run, the image kwargs,
+    and `mm_token_type_ids (1, L)` (1 on the image) where the forward takes them."""
+    image = tiny_image(model, seed=seed)
+    before, after = sample_sequences(model.config, lengths=(5, 4), seed=seed)
+    ids = torch.cat([before, torch.full((image.tokens,), image.token_id), after])[None]
+    inputs = {"input_ids": ids, **image.inputs}
+    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
+        inputs["mm_token_type_ids"] = (ids == image.token_id).long()
+    return inputs
+
+
+def image_check(model_type: str, attn_implementation: str = "eager", seed: int = 0) -> Outcome:
+    """Without tfcompat: the tiny vision-language model runs forward and backward on text around one fake image,
+    with finite logits, and the image reaches the logits (another image changes them)."""
+    try:
+        model = build(model_type, attn_implementation, kind="image_text_to_text", seed=seed)
+        inputs = image_sequence(model, seed=seed)
+        logits = logits_of(model, **inputs)
+        (logits @ projection(model)[: logits.shape[-1]]).sum().backward()
+        other = {k: torch.randn_like(v) if k == "pixel_values" else v for k, v in inputs.items()}
+        with torch.no_grad():
+            moved = compare(logits_of(model, **other), [logits.detach()])
+    except Exception as exc:  # noqa: BLE001
+        return Outcome(model_type, "unbuildable", _reason(exc))
+    if not torch.isfinite(logits).all():
+        return Outcome(model_type, "fail", "non-finite logits")
+    if moved <= 1e-6:
+        return Outcome(model_type, "fail", "the image does not reach the logits")
+    n = int(inputs["input_ids"].shape[-1]) - 9  # 5 + 4 text tokens around the image
+    return Outcome(model_type, "pass", f"{n} image tokens, pixel_values {tuple(inputs['pixel_values'].shape)}", moved)

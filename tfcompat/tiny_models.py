@@ -13,7 +13,7 @@ transformers is imported inside the functions only: importing tfcompat does not 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from .errors import TfcompatError
 from .registry.versions import installed_transformers
@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 __all__ = [
-    "Kind", "TinyModelError", "attention_implementations", "model_class_name", "model_types", "tiny_config",
-    "tiny_model",
+    "Kind", "TinyImage", "TinyModelError", "attention_implementations", "model_class_name", "model_types",
+    "tiny_config", "tiny_image", "tiny_model",
 ]
 
 Kind = Literal["causal_lm", "image_text_to_text"]
@@ -65,6 +65,9 @@ _SIZES: dict[str, int] = {
     "linear_num_heads": 4, "linear_head_dim": 16, "mamba_n_heads": 8, "mamba_num_heads": 8, "mamba_d_head": 16,
     "mamba_head_dim": 16, "mamba_headdim": 16, "mamba_d_ssm": 128, "ssm_state_size": 16, "state_size": 16,
     "mamba_chunk_size": 16, "chunk_size": 16,  # the torch SSD scan pads to whole chunks
+    # vision towers: 32 x 32 images of 8 x 8 patches (a 4 x 4 grid, divisible by the usual 2 x 2 merges)
+    "image_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 64, "out_hidden_size": 64, "projection_dim": 64,
+    "mm_tokens_per_image": 4, "vision_hidden_size": 64, "text_hidden_size": 64,
 }
 # Capped, not set: a model may have none of these, and keeping one is enough to have that kind of layer or expert.
 _AT_MOST: dict[str, int] = {
@@ -115,6 +118,12 @@ _FILL_NONE: dict[str, dict[str, Any]] = {
     "DbrxAttentionConfig": {"clip_qkv": 8.0},  # clamped by
     "Dots1Config": {"n_shared_experts": 1},  # multiplied by
     "MllamaTextConfig": {"rope_scaling": {"rope_type": "default"}},  # read by the rotary embedding (4.x)
+}
+# M-RoPE sections the modeling code assumes where the config has none (5.x), by text config class: scaled to the
+# tiny head like a config's own.
+_MROPE: dict[str, list[int]] = {
+    "Qwen2VLTextConfig": [16, 24, 24], "Qwen2_5_VLTextConfig": [16, 24, 24], "Qwen2_5OmniTextConfig": [16, 24, 24],
+    "Glm4vTextConfig": [8, 12, 12], "Glm4vMoeTextConfig": [8, 12, 12], "GlmImageTextConfig": [8, 12, 12], "GlmOcrTextConfig": [8, 12, 12],
 }
 # Switches to the stock code path that runs on CPU, wherever a config has them.
 _FLAGS: dict[str, Any] = {"use_mamba_kernels": False}
@@ -181,7 +190,105 @@ def tiny_model(
     except Exception as exc:  # noqa: BLE001
         raise _error(model_type, f"{cls.__name__} does not build from the tiny config", cause=exc) from None
     _AFTER_BUILD.get(model_type, lambda m: None)(model)
+    with torch.no_grad():  # zero-initialized weights (gemma3's projector, gpt-oss' sinks) would make a path vacuous
+        for p in model.parameters():
+            if p.is_floating_point() and not p.any():
+                p.normal_(0.0, 0.02)
     return model.float().eval()
+
+
+class TinyImage(NamedTuple):
+    """One fake image for a tiny vision-language model: the image kwargs of its forward and the placeholder run.
+
+    inputs: `pixel_values` (and `image_grid_thw` / `image_sizes` where the model takes them), batch of one image.
+    token_id: the placeholder token id; tokens: how many placeholders the image fills in `input_ids`.
+    """
+
+    inputs: dict[str, torch.Tensor]
+    token_id: int
+    tokens: int
+
+
+def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
+    """A random image in the patch layout `model` expects, found by trying the layouts transformers' VLMs use.
+
+    Layouts, in order: flattened patches with a `(1, 3)` `image_grid_thw` (Qwen2-VL style, `(t*h*w, C*tp*p*p)`);
+    one `(1, C, S, S)` image (with `image_sizes` where the forward takes them); `(1, 1, C, S, S)` (Idefics3 style).
+    The placeholder count is what `get_image_features` returns, in rows of the text hidden size.
+    """
+    import inspect
+
+    import torch
+
+    config = model.config
+    token_id = _image_token_id(config)
+    vision = getattr(config, "vision_config", None)
+    if token_id is None or vision is None:
+        raise _error(config.model_type, "the config names no image token id or no vision config")
+    features = getattr(model, "get_image_features", None) or getattr(getattr(model, "model", None),
+                                                                    "get_image_features", None)
+    if features is None:
+        raise _error(config.model_type, "the model has no get_image_features")
+    hidden = config.get_text_config().hidden_size
+    params = inspect.signature(model.forward).parameters
+    g = torch.Generator().manual_seed(seed)
+    reasons = []
+    for layout in _layouts(vision, params, g):
+        try:
+            with torch.no_grad():
+                out = features(**layout)
+        except Exception as exc:  # noqa: BLE001 -- the next layout may fit
+            reasons.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:120])
+            continue
+        numel = sum(t.numel() for t in _tensors(out))
+        if numel and numel % hidden == 0:
+            return TinyImage(layout, token_id, numel // hidden)
+        reasons.append(f"get_image_features gave {numel} values, not rows of {hidden}")
+    raise _error(config.model_type, "no image layout fits its get_image_features", supported="; ".join(reasons))
+
+
+def _image_token_id(config: Any) -> int | None:
+    for key in ("image_token_id", "image_token_index", "image_token"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
+    import torch
+
+    channels = getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None) or 3
+    patch = getattr(vision, "patch_size", 8)
+    patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+    layouts = []
+    if "image_grid_thw" in params:
+        merge = getattr(vision, "spatial_merge_size", 2) or 1
+        temporal = getattr(vision, "temporal_patch_size", 1) or 1
+        h, w = 2 * merge, 3 * merge
+        layouts.append({"pixel_values": torch.randn(h * w, channels * temporal * patch * patch, generator=g),
+                        "image_grid_thw": torch.tensor([[1, h, w]])})
+    size = getattr(vision, "image_size", 32)
+    size = size[0] if isinstance(size, (list, tuple)) else size
+    size = size if isinstance(size, int) else 32
+    image = torch.randn(1, channels, size, size, generator=g)
+    layouts += [{"pixel_values": image}, {"pixel_values": image[:, None]}]
+    if "image_sizes" in params:
+        layouts.append({"pixel_values": image, "image_sizes": torch.tensor([[size, size]])})
+    return layouts
+
+
+def _tensors(out: Any) -> list[Any]:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    pooled = getattr(out, "pooler_output", None)  # 5.x returns a model output whose pooler_output is the features
+    if pooled is not None:
+        return _tensors(pooled)
+    return []
 
 
 def _config_class(model_type: str, kind: Kind) -> type[PretrainedConfig]:
@@ -319,6 +426,11 @@ def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, 
     for key, cap in _AT_MOST.items():
         if isinstance(values.get(key), int):
             kwargs[key] = min(values[key], cap)
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = values.get(key)
+        sections = rope.get("mrope_section", _MROPE.get(type(config).__name__)) if isinstance(rope, dict) else None
+        if isinstance(sections, list):
+            kwargs[key] = {**rope, "mrope_section": _mrope_sections(sections, {**values, **rope})}
     for key, value in values.items():
         if key == "per_layer_config" and isinstance(value, dict):
             # per-layer overrides keyed by layer index: the same sizes (the index is cut to the tiny layers later)
@@ -328,6 +440,14 @@ def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, 
         elif _is_token_key(key) and value is not None:
             kwargs[key] = [ids.get(v, v) for v in value] if isinstance(value, list) else ids.get(value, value)
     return kwargs
+
+
+def _mrope_sections(sections: list[int], values: dict[str, Any]) -> list[int]:
+    """M-RoPE's (t, h, w) split of the tiny head's rotary frequencies (head_dim 16 times the rotary fraction, halved)."""
+    total = max(len(sections), round(_SIZES["head_dim"] * values.get("partial_rotary_factor", 1.0) / 2))
+    scaled = [max(1, s * total // sum(sections)) for s in sections]
+    scaled[-1] += total - sum(scaled)
+    return scaled
 
 
 def _sizes(values: dict[str, Any], attribute_map: dict[str, str]) -> dict[str, Any]:
