@@ -123,7 +123,8 @@ _FILL_NONE: dict[str, dict[str, Any]] = {
 # tiny head like a config's own.
 _MROPE: dict[str, list[int]] = {
     "Qwen2VLTextConfig": [16, 24, 24], "Qwen2_5_VLTextConfig": [16, 24, 24], "Qwen2_5OmniTextConfig": [16, 24, 24],
-    "Glm4vTextConfig": [8, 12, 12], "Glm4vMoeTextConfig": [8, 12, 12], "GlmImageTextConfig": [8, 12, 12], "GlmOcrTextConfig": [8, 12, 12],
+    "Glm4vTextConfig": [8, 12, 12], "Glm4vMoeTextConfig": [8, 12, 12], "GlmImageTextConfig": [8, 12, 12],
+    "GlmOcrTextConfig": [8, 12, 12],
 }
 # Switches to the stock code path that runs on CPU, wherever a config has them.
 _FLAGS: dict[str, Any] = {"use_mamba_kernels": False}
