@@ -119,12 +119,14 @@ _FILL_NONE: dict[str, dict[str, Any]] = {
     "Dots1Config": {"n_shared_experts": 1},  # multiplied by
     "MllamaTextConfig": {"rope_scaling": {"rope_type": "default"}},  # read by the rotary embedding (4.x)
 }
-# M-RoPE sections the modeling code assumes where the config has none (5.x), by text config class: scaled to the
-# tiny head like a config's own.
-_MROPE: dict[str, list[int]] = {
-    "Qwen2VLTextConfig": [16, 24, 24], "Qwen2_5_VLTextConfig": [16, 24, 24], "Qwen2_5OmniTextConfig": [16, 24, 24],
-    "Glm4vTextConfig": [8, 12, 12], "Glm4vMoeTextConfig": [8, 12, 12], "GlmImageTextConfig": [8, 12, 12],
-    "GlmOcrTextConfig": [8, 12, 12],
+# M-RoPE sections the modeling code assumes where the config has none, and the 4.x rope type, by text config class:
+# scaled to the tiny head like a config's own.
+_MROPE: dict[str, tuple[list[int], str]] = {
+    "Qwen2VLTextConfig": ([16, 24, 24], "mrope"), "Qwen2_5_VLTextConfig": ([16, 24, 24], "mrope"),
+    "Qwen2_5OmniTextConfig": ([16, 24, 24], "mrope"), "Qwen3VLTextConfig": ([24, 20, 20], "default"),
+    "Qwen3VLMoeTextConfig": ([24, 20, 20], "default"), "Glm4vTextConfig": ([8, 12, 12], "default"),
+    "Glm4vMoeTextConfig": ([8, 12, 12], "default"), "GlmImageTextConfig": ([8, 12, 12], "default"),
+    "GlmOcrTextConfig": ([8, 12, 12], "default"),
 }
 # Switches to the stock code path that runs on CPU, wherever a config has them.
 _FLAGS: dict[str, Any] = {"use_mamba_kernels": False}
@@ -221,7 +223,7 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
 
     import torch
 
-    config = model.config
+    config: Any = model.config
     token_id = _image_token_id(config)
     vision = getattr(config, "vision_config", None)
     if token_id is None or vision is None:
@@ -411,13 +413,14 @@ def _holds(pattern: Any, default: list[Any], layers: int) -> bool:
 
 
 def _accepts_config_objects(cls: type, kwargs: dict[str, Any], subs: dict[str, Any]) -> bool:
+    """Whether `cls` keeps sub-configs given as config objects (some 4.x composites take dicts and drop objects)."""
     try:
-        cls(**{n: kwargs[n] for n in subs})
+        built = cls(**{n: kwargs[n] for n in subs})
     except (TypeError, AttributeError):
         return False
     except Exception:  # noqa: BLE001 -- other complaints are about the sizes, not the sub-configs
         return True
-    return True
+    return all(getattr(built, n, None) is not None for n in subs)
 
 
 def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, Any]:
@@ -427,10 +430,13 @@ def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, 
     for key, cap in _AT_MOST.items():
         if isinstance(values.get(key), int):
             kwargs[key] = min(values[key], cap)
+    mrope = _MROPE.get(type(config).__name__)
     for key in ("rope_parameters", "rope_scaling"):
-        rope = values.get(key)
-        sections = rope.get("mrope_section", _MROPE.get(type(config).__name__)) if isinstance(rope, dict) else None
-        if isinstance(sections, list):
+        rope = values.get(key, 0)
+        if rope is None and key == "rope_scaling" and mrope is not None and "rope_parameters" not in values:
+            rope = {"type": mrope[1], "rope_type": mrope[1]}  # 4.x: M-RoPE is read from rope_scaling
+        sections = rope.get("mrope_section", mrope and mrope[0]) if isinstance(rope, dict) else None
+        if isinstance(rope, dict) and isinstance(sections, list):
             kwargs[key] = {**rope, "mrope_section": _mrope_sections(sections, {**values, **rope})}
     for key, value in values.items():
         if key == "per_layer_config" and isinstance(value, dict):
