@@ -65,12 +65,15 @@ def machine(device: torch.device | None = None) -> dict[str, Any]:
     else:
         info["gpu"] = "none (CPU)"
         info["cpu_threads"] = torch.get_num_threads()
-    try:
-        import flash_attn  # noqa: F401
+    info["flash_attn"] = None
+    from importlib.metadata import PackageNotFoundError, version
 
-        info["flash_attn"] = getattr(flash_attn, "__version__", "installed")
-    except Exception:  # not installed, or a broken build
-        info["flash_attn"] = None
+    for dist in ("flash-attn-4", "flash-attn-3", "flash-attn"):  # FA4 installs flash_attn.cute, FA2 flash_attn
+        try:
+            info["flash_attn"] = f"{dist} {version(dist)}"
+            break
+        except PackageNotFoundError:
+            continue
     return info
 
 

@@ -45,10 +45,14 @@ def shapes(smoke: bool) -> list[tuple[str, list[int], int, int, int]]:
     odd = C.random_lengths(20205, 8, seed=11, min_len=64)
     return [
         ("8x1k", [1024] * 8, 28, 4, 128),
+        ("8 odd (8191)", C.random_lengths(8191, 8, seed=12, min_len=32), 28, 4, 128),
         ("8x4k", [4096] * 8, 28, 4, 128),
-        ("2x32k", [32768] * 2, 28, 4, 128),
         ("8 odd (20205)", odd, 28, 4, 128),
+        ("2x32k", [32768] * 2, 28, 4, 128),
+        ("4 odd (70703)", [13320, 30077, 15934, 11372], 28, 4, 128),
         ("8x4k", [4096] * 8, 32, 8, 128),
+        ("8 odd (20205)", odd, 32, 4, 128),
+        ("16x1000", [1000] * 16, 16, 16, 64),
         ("8x4k", [4096] * 8, 16, 16, 64),
         ("4x16k", [16384] * 4, 32, 8, 64),
     ]
@@ -168,7 +172,9 @@ def main() -> None:
             setattr(torch._dynamo.config, knob, 64)
     info = C.machine(device)
     info["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    print(C.machine_line(info), f"| cudnn {info['cudnn']}")
+    flash = A._flash_varlen(device) if device.type == "cuda" else None
+    info["flash_function"] = None if flash is None else f"{flash.__module__}.{flash.__name__}"
+    print(C.machine_line(info), f"| cudnn {info['cudnn']} | flash {info['flash_function']}")
     todo = shapes(smoke)
     if args.only:
         todo = [todo[int(i)] for i in args.only.split(",")]

@@ -17,6 +17,14 @@ same backend for every variant, ``--head``), the loss ``-(logprobs * advantage).
                  (transformers detects the packing and builds a ``(T, T)`` mask)
   flex_packed    stock, attn "flex_attention", the packed row, ``use_cache=False`` (transformers builds a
                  document block mask with ``create_block_mask`` and runs compiled flex attention)
+  tfcompat_fused ``tfcompat.patch(model, backend=B, fused=True)``: tfcompat plus Liger-Kernel's RMSNorm, SwiGLU
+                 and RoPE kernels where exact (`tfcompat.hf.fused`); one variant per backend, as tfcompat
+  liger_flex     Liger-Kernel's own monkey patch (``apply_liger_kernel_to_qwen2`` / ``_qwen3_vl_moe``: rope,
+                 rms_norm, swiglu on the instance) + stock flex_packed, with Liger's fused linear cross entropy as
+                 the head (mean token CE of the labels at temperature 1, no entropy: what Liger users run)
+  liger_flex_tfhead   the same with tfcompat's head (``--head``), as every other variant
+  liger_tfcompat Liger's monkey patch + ``tfcompat.patch(model, backend=B)``
+Liger's monkey patch cannot be undone: the three liger variants run last, on the same model.
 
 Reported per variant: ms per step (median of ``--reps`` after ``--warmup``, CUDA events), real tokens/s, peak
 memory, loss (a check: the variants agree to bf16 rounding), speed-up over padded, and model FLOPs utilization
@@ -36,7 +44,15 @@ kernel of its forward and backward) and elementwise / other, with each variant's
 
     python bench/train_step.py --out train_step.json                    # 28 layers, 8 x 512-4096 tokens
     python bench/train_step.py --long --out train_step_long.json        # 4 layers, 4 x 8k-32k tokens
+    python bench/train_step.py --moe --out train_step_moe.json          # Qwen3-30B-A3B-shaped MoE, 4 layers
     python bench/train_step.py --smoke                                  # CPU, tiny Qwen2, fp32
+
+``--moe``: the text stack of a Qwen3-VL-30B-A3B-shaped ``Qwen3VLMoeForConditionalGeneration`` (Qwen3-30B-A3B's
+text dims: hidden 2048, 32 query / 4 KV heads of 128 with q/k norms, 128 experts of 768, top 8, vocab 151936,
+untied head; mrope; a one-block vision tower that the text-only batch never runs), ``--layers`` (default 4),
+experts through transformers' ``grouped_mm`` experts implementation where the release has it (``--experts``).
+Model FLOPs count the active parameters: every matmul weight of the text stack and the head, the expert weights
+times ``top_k / n_experts``.
 """
 
 from __future__ import annotations
@@ -66,6 +82,14 @@ QWEN25_7B = dict(hidden_size=3584, num_attention_heads=28, num_key_value_heads=4
                  rope_theta=1e6, attention_dropout=0.0, use_sliding_window=False)
 SMOKE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=256,
              num_hidden_layers=2, tie_word_embeddings=False, attention_dropout=0.0, use_sliding_window=False)
+QWEN3_30B_A3B = dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                     intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                     vocab_size=151936, num_hidden_layers=4, tie_word_embeddings=False, rms_norm_eps=1e-6,
+                     attention_dropout=0.0, decoder_sparse_step=1, mlp_only_layers=[], mrope_section=[24, 20, 20])
+SMOKE_MOE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                 moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, vocab_size=256, num_hidden_layers=2,
+                 tie_word_embeddings=False, attention_dropout=0.0, decoder_sparse_step=1, mlp_only_layers=[],
+                 mrope_section=[4, 2, 2])
 TEMPERATURE = 0.7
 ENTROPY_COEF = 0.01
 
@@ -89,9 +113,50 @@ def build_model(dims: dict[str, Any], layers: int, max_len: int, dtype: torch.dt
     return model
 
 
-def matmul_params(model: torch.nn.Module) -> int:
-    """Weights of every nn.Linear (decoder projections, MLP, lm head): the P of 6 * P * T."""
-    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+def build_moe(dims: dict[str, Any], layers: int, max_len: int, dtype: torch.dtype, device: torch.device,
+              experts: str) -> torch.nn.Module:
+    from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+
+    text = {**{k: v for k, v in dims.items() if k != "mrope_section"}, "num_hidden_layers": layers,
+            "max_position_embeddings": max(32768, max_len),
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": dims["mrope_section"],
+                                "mrope_interleaved": True}}
+    vision = dict(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=dims["hidden_size"],
+                  patch_size=16, num_position_embeddings=16, deepstack_visual_indexes=[0])
+    cfg = Qwen3VLMoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    cfg._attn_implementation = "sdpa"
+    if experts and hasattr(cfg.text_config, "_experts_implementation"):
+        cfg.text_config._experts_implementation = experts
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = Qwen3VLMoeForConditionalGeneration(cfg)
+    finally:
+        torch.set_default_dtype(default)
+    with torch.no_grad():  # the constructor leaves the 3-d expert weights uninitialized
+        for name, p in model.named_parameters():
+            if "experts" in name:
+                p.normal_(0.0, 0.02)
+    model = model.to(dtype).train()
+    model.config.use_cache = False
+    return model
+
+
+def stack_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack the step runs: ``model.model`` (Qwen2) or the VLM's text model (MoE)."""
+    inner = model.model
+    return getattr(inner, "language_model", inner)
+
+
+def matmul_params(model: torch.nn.Module, active: float = 1.0) -> int:
+    """Matrix weights of the decoder stack (every 2-d parameter but the embedding table: projections, MLPs,
+    routers), ``active`` (top_k / n_experts) of the 3-d expert weights, and the lm head: the P of 6 * P * T."""
+    stack = stack_of(model)
+    dense = sum(p.numel() for n, p in stack.named_parameters() if p.ndim == 2 and "embed" not in n)
+    routed = sum(p.numel() for n, p in stack.named_parameters() if p.ndim == 3)
+    return int(dense + active * routed + model.lm_head.weight.numel())
 
 
 def model_flops(p_matmul: int, lengths: list[int], layers: int, hq: int, head_dim: int) -> dict[str, float]:
@@ -133,8 +198,14 @@ class Batch:
 
 
 def head_loss(hidden: torch.Tensor, model: torch.nn.Module, batch: Batch, head: str) -> torch.Tensor:
-    """hidden: ``(T, H)`` last hidden states of the real tokens in packed order. Returns the scalar loss."""
+    """hidden: ``(T, H)`` last hidden states of the real tokens in packed order. Returns the scalar loss.
+    head "liger": Liger-Kernel's fused linear cross entropy (mean over labelled tokens), else a tfcompat backend."""
     with torch.profiler.record_function("bench_head"):
+        if head == "liger":
+            from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+            return liger_fused_linear_cross_entropy(hidden, model.lm_head.weight, batch.labels,
+                                                    ignore_index=IGNORE_INDEX, reduction="mean")
         lp, ent = logprobs_entropy(hidden, model.lm_head.weight, batch.labels, TEMPERATURE, backend=head)
     return -(lp * batch.advantage).sum() / batch.n_labels - ENTROPY_COEF * ent.sum() / batch.n_labels
 
@@ -142,11 +213,12 @@ def head_loss(hidden: torch.Tensor, model: torch.nn.Module, batch: Batch, head: 
 def make_step(model: torch.nn.Module, batch: Batch, kind: str, head: str) -> Callable[[], torch.Tensor]:
     def step() -> torch.Tensor:
         model.zero_grad(set_to_none=True)
+        stack = stack_of(model)
         if kind == "padded":
-            hidden = model.model(input_ids=batch.padded_ids, attention_mask=batch.mask, use_cache=False)
+            hidden = stack(input_ids=batch.padded_ids, attention_mask=batch.mask, use_cache=False)
             hidden = hidden.last_hidden_state[batch.keep]  # (S, max_len, H) -> (T, H)
         else:
-            hidden = model.model(input_ids=batch.packed_ids, position_ids=batch.packed_pos, use_cache=False)
+            hidden = stack(input_ids=batch.packed_ids, position_ids=batch.packed_pos, use_cache=False)
             hidden = hidden.last_hidden_state[0]  # (1, T, H) -> (T, H)
         loss = head_loss(hidden, model, batch, head)
         loss.backward()
@@ -157,16 +229,31 @@ def make_step(model: torch.nn.Module, batch: Batch, kind: str, head: str) -> Cal
 
 @contextlib.contextmanager
 def variant(model: torch.nn.Module, name: str) -> Iterator[None]:
-    """Put the model in the variant's configuration, and back to stock sdpa afterwards."""
-    if name.startswith("tfcompat"):
-        with tfcompat.patch(model, backend=name[len("tfcompat["):-1]):
+    """Put the model in the variant's configuration, and back to stock sdpa afterwards (Liger's monkey patch,
+    applied before the first liger variant, stays)."""
+    if name.startswith(("tfcompat", "liger_tfcompat")):
+        backend = name[name.index("[") + 1:-1]
+        with tfcompat.patch(model, backend=backend, fused=name.startswith("tfcompat_fused")):
             yield
         return
-    set_attn(model, "flex_attention" if name == "flex_packed" else "sdpa")
+    set_attn(model, "flex_attention" if name in ("flex_packed", "liger_flex", "liger_flex_tfhead") else "sdpa")
     try:
         yield
     finally:
         set_attn(model, "sdpa")
+
+
+def apply_liger(model: torch.nn.Module, moe: bool) -> str:
+    """Liger-Kernel's own monkey patch on the instance, as its users apply it (rope, RMSNorm, SwiGLU; no loss
+    patch: the head is called separately). Returns liger-kernel's version."""
+    from importlib.metadata import version
+
+    from liger_kernel.transformers import monkey_patch
+
+    fn = monkey_patch.apply_liger_kernel_to_qwen3_vl_moe if moe else monkey_patch.apply_liger_kernel_to_qwen2
+    fn(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=model)
+    print(f"applied Liger-Kernel {version('liger-kernel')}: {fn.__name__}(rope, rms_norm, swiglu)", flush=True)
+    return version("liger-kernel")
 
 
 # ------------------------------------------------------------------------------------------------ profile
@@ -260,9 +347,12 @@ def main() -> None:
     p.add_argument("--max-len", type=int, default=None, help="longest sequence (default 4096; --long 32768)")
     p.add_argument("--long", action="store_true", help="long context: 4 sequences of 8k-32k tokens, 4 layers")
     p.add_argument("--no-checkpointing", action="store_true", help="turn gradient checkpointing off")
+    p.add_argument("--moe", action="store_true", help="Qwen3-30B-A3B-shaped MoE text stack (default 4 layers)")
+    p.add_argument("--experts", default="grouped_mm", help="transformers experts implementation (--moe)")
     p.add_argument("--variants", default=None,
-                   help="comma list of tfcompat, padded, sdpa_packed, flex_packed (default all; --long: "
-                        "tfcompat,flex_packed)")
+                   help="comma list of tfcompat, tfcompat_fused, padded, sdpa_packed, flex_packed, liger_flex, "
+                        "liger_flex_tfhead, liger_tfcompat (default tfcompat,padded,sdpa_packed,flex_packed; --long, "
+                        "--moe: tfcompat,flex_packed)")
     p.add_argument("--tfcompat-backends", default="auto", help="attention backends of the tfcompat variant, "
                    "comma-separated (one variant each)")
     p.add_argument("--head", default="auto", help="tfcompat.heads backend for every variant (default auto)")
@@ -277,43 +367,52 @@ def main() -> None:
     long = args.long
     warmup = args.warmup if args.warmup is not None else 1
     reps = args.reps if args.reps is not None else (2 if smoke else 3)
-    layers = args.layers or (SMOKE["num_hidden_layers"] if smoke else 4 if long else 28)
+    layers = args.layers or (SMOKE["num_hidden_layers"] if smoke else 4 if long or args.moe else 28)
     n_seq = args.seqs or (3 if smoke else 4 if long else 8)
     lo = args.min_len or (5 if smoke else 8192 if long else 512)
     hi = args.max_len or (40 if smoke else 32768 if long else 4096)
-    dims = SMOKE if smoke else QWEN25_7B
-    default_variants = "tfcompat,flex_packed" if long else "tfcompat,padded,sdpa_packed,flex_packed"
+    dims = (SMOKE_MOE if args.moe else SMOKE) if smoke else QWEN3_30B_A3B if args.moe else QWEN25_7B
+    default_variants = "tfcompat,flex_packed" if long or args.moe else "tfcompat,padded,sdpa_packed,flex_packed"
     names = (args.variants or default_variants).split(",")
     if smoke and "flex_packed" in names:
         names.remove("flex_packed")
         print("smoke: flex_packed skipped (torch has no flex attention backward on CPU)")
     variants = []
     for n in names:
-        if n == "tfcompat":
-            variants += [f"tfcompat[{b}]" for b in args.tfcompat_backends.split(",")]
-        elif n in ("padded", "sdpa_packed", "flex_packed"):
+        if n in ("tfcompat", "tfcompat_fused", "liger_tfcompat"):
+            variants += [f"{n}[{b}]" for b in args.tfcompat_backends.split(",")]
+        elif n in ("padded", "sdpa_packed", "flex_packed", "liger_flex", "liger_flex_tfhead"):
             variants.append(n)
         else:
             raise SystemExit(f"unknown variant {n!r}")
+    variants.sort(key=lambda v: v.startswith("liger"))  # Liger's monkey patch is for good: its variants last
 
     info = C.machine(device)
     print(C.machine_line(info))
     gen = torch.Generator().manual_seed(args.seed)
     lengths = torch.randint(lo, hi + 1, (n_seq,), generator=gen).tolist()
     batch = Batch(lengths, dims["vocab_size"], device, seed=args.seed + 1)
-    model = build_model(dims, layers, hi, dtype, device)
+    if args.moe:
+        model = build_moe(dims, layers, hi, dtype, device, args.experts)
+        active = dims["num_experts_per_tok"] / dims["num_experts"]
+    else:
+        model = build_model(dims, layers, hi, dtype, device)
+        active = 1.0
     if not args.no_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    p_all = sum(x.numel() for x in model.parameters())
-    p_mm = matmul_params(model)
-    hq, head_dim = dims["num_attention_heads"], dims["hidden_size"] // dims["num_attention_heads"]
+    p_all = sum(x.numel() for x in stack_of(model).parameters()) + model.lm_head.weight.numel()
+    p_mm = matmul_params(model, active)
+    hq = dims["num_attention_heads"]
+    head_dim = dims.get("head_dim") or dims["hidden_size"] // hq
     flops = model_flops(p_mm, lengths, layers, hq, head_dim)
     padded_tokens = n_seq * batch.max_len
     padding = 1 - batch.total / padded_tokens
     probe = torch.empty(1, hq, head_dim, device=device, dtype=dtype, requires_grad=True)
     auto_attention = select_backend(probe, "auto", k=probe[:, : dims["num_key_value_heads"]],
                                     seqs=from_lengths(lengths, device=device))
-    print(f"model: Qwen2 {layers} layers, {p_all / 1e9:.3f} B params ({p_mm / 1e9:.3f} B in matmuls), {dtype}, "
+    arch = (f"Qwen3-VL-MoE text, experts {getattr(stack_of(model).config, '_experts_implementation', None)!r}"
+            if args.moe else "Qwen2")
+    print(f"model: {arch} {layers} layers, {p_all / 1e9:.3f} B params ({p_mm / 1e9:.3f} B active in matmuls), {dtype}, "
           f"gradient checkpointing {'off' if args.no_checkpointing else 'on'}; head backend {args.head!r}; "
           f"tfcompat attention 'auto' -> {auto_attention!r}")
     print(f"batch: {n_seq} sequences {lengths}: {batch.total} real tokens; padded {n_seq} x {batch.max_len} = "
@@ -326,7 +425,8 @@ def main() -> None:
 
     def save() -> None:  # after every variant: a run cut short keeps what it measured
         C.write_json(args.out, {
-            "benchmark": "train_step", "smoke": smoke, "long": long, "machine": info, "dtype": str(dtype),
+            "benchmark": "train_step", "smoke": smoke, "long": long, "moe": args.moe, "machine": info,
+            "dtype": str(dtype), "liger_kernel": liger_version,
             "model": {**dims, "num_hidden_layers": layers}, "params": p_all, "matmul_params": p_mm,
             "gradient_checkpointing": not args.no_checkpointing, "head": args.head, "attention_auto": auto_attention,
             "lengths": lengths, "real_tokens": batch.total, "padded_tokens": padded_tokens, "padding": padding,
@@ -334,9 +434,12 @@ def main() -> None:
             "results": results, "speedups": ratios,
         })
 
+    liger_version = None
     for name in variants:
         kind = "padded" if name == "padded" else "packed"
-        step = make_step(model, batch, kind, args.head)
+        if name.startswith("liger") and liger_version is None:
+            liger_version = apply_liger(model, args.moe)
+        step = make_step(model, batch, kind, "liger" if name == "liger_flex" else args.head)
         with variant(model, name):
             gc.collect()
             if device.type == "cuda":
@@ -375,9 +478,9 @@ def main() -> None:
     print(f"\nforward + head + backward, median of {reps} after {warmup} warm-up:")
     print(C.table(["variant", "ms/step", "real tokens/s", "model TFLOP/s", "MFU", "peak GiB", "vs padded", "loss"],
                   rows))
-    tf = [n for n in results if n.startswith("tfcompat") and "error" not in results[n]]
+    tf = [n for n in results if n.startswith(("tfcompat", "liger_tfcompat")) and "error" not in results[n]]
     for t in tf:
-        for other in ("padded", "sdpa_packed", "flex_packed"):
+        for other in ("padded", "sdpa_packed", "flex_packed", "liger_flex", "liger_flex_tfhead"):
             if other in results and "error" not in results[other]:
                 ratios[f"{t} / {other}"] = results[other]["ms"] / results[t]["ms"]
     for k, v in ratios.items():

@@ -11,9 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import assert_close
-from tfcompat import heads
 from tfcompat.errors import InvalidInputError
-from tfcompat.heads import IGNORE_INDEX, LogprobsEntropy, logprobs_entropy
+from tfcompat.heads import IGNORE_INDEX, LogprobsEntropy, _tiles, _torch, logprobs_entropy
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
@@ -126,7 +125,7 @@ def chunked_cases(draw: st.DrawFn) -> tuple[Case, int]:
 def unaligned_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiles of any row and column count (the default rounds them up to multiples of 128), so that small
     cases are cut into many tiles."""
-    monkeypatch.setattr(heads, "_ALIGN", 1)
+    monkeypatch.setattr(_tiles, "_ALIGN", 1)
 
 
 @pytest.mark.usefixtures("unaligned_tiles")
@@ -185,9 +184,9 @@ class TestAlignedTiles:
             shapes.append((logits.shape[0], first_column, logits.shape[1]))
             return torch_grad_logits(logits, stats, labels, first_column)
 
-        torch_row_stats, torch_grad_logits = heads._torch_row_stats, heads._torch_grad_logits
-        monkeypatch.setattr(heads, "_torch_row_stats", row_stats)
-        monkeypatch.setattr(heads, "_torch_grad_logits", grad_logits)
+        torch_row_stats, torch_grad_logits = _torch._torch_row_stats, _torch._torch_grad_logits
+        monkeypatch.setattr(_torch, "_torch_row_stats", row_stats)
+        monkeypatch.setattr(_torch, "_torch_grad_logits", grad_logits)
         case = make_case((tokens,), self.VOCAB, self.HIDDEN, seed=tokens, ignored=0.1)
         chunked = run(case, "torch", chunk_size=50)
         walk_vocab = tokens < self.VOCAB

@@ -24,10 +24,10 @@ from tests.test_heads import (
 )
 from tfcompat import heads
 from tfcompat.errors import InvalidInputError
-from tfcompat.heads import IGNORE_INDEX, logprobs_entropy
+from tfcompat.heads import IGNORE_INDEX, _tiles, logprobs_entropy
 
 pytest.importorskip("triton", reason="backend 'triton' needs the triton package (nox -s triton installs it)")
-from tfcompat import _triton_heads  # noqa: E402
+from tfcompat.heads import _triton as _triton_heads  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 if not (CUDA or heads._triton_interpreted()):
@@ -48,7 +48,7 @@ def triton_and_reference(case: Case, chunk_size: int):
 @pytest.fixture
 def unaligned_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiles of any row and column count, so that small cases are cut into many tiles."""
-    monkeypatch.setattr(heads, "_ALIGN", 1)
+    monkeypatch.setattr(_tiles, "_ALIGN", 1)
 
 
 @pytest.fixture(params=[None, 16], ids=["one-token-block", "token-blocks-of-16"])
@@ -148,7 +148,7 @@ class TestAlignedTiles:
         """Rows are a multiple of 128 (or all tokens), at most TOKEN_BLOCK; columns a multiple of the kernels'
         column block (or the whole vocabulary); the tile holds about max(T * H, MIN_TILE) logits, or chunk_size * V."""
         vocab, hidden_size, block = 152064, 3584, _triton_heads.COLUMN_BLOCK
-        rows, columns = heads._triton_tiles(tokens, hidden_size, vocab, chunk_size)
+        rows, columns = _triton_heads._triton_tiles(tokens, hidden_size, vocab, chunk_size)
         assert rows == tokens or (rows % 128 == 0 and rows <= _triton_heads.TOKEN_BLOCK)
         assert columns == vocab or columns % block == 0
         budget = max(tokens * hidden_size, _triton_heads.MIN_TILE) if chunk_size is None else chunk_size * vocab

@@ -12,7 +12,7 @@ import tfcompat
 from tests.helpers import max_token_diff, skip_if_stock_rejects_videos
 from tfcompat.core.context import ForwardContext
 from tfcompat.core.packing import from_lengths
-from tfcompat.hf.attention import ATTENTION_KEY
+from tfcompat.hf.attention import ATTENTION_KEY, packed_attention
 from tfcompat.registry import installed_families
 from tfcompat.selfcheck import Sequence, pack, packed_inputs, sample_case, sample_sequences, stock_inputs, tiny_model
 
@@ -113,7 +113,7 @@ class TestPatchLifecycle:
             model(input_ids=ids, position_ids=tfcompat.rope_index(model, ids), use_cache=False)
         assert "forward" in vars(text_model)
         assert all(c._attn_implementation == ATTENTION_KEY for c in configs.values())
-        assert interface._global_mapping[ATTENTION_KEY] is resolved.attention_function
+        assert interface._global_mapping[ATTENTION_KEY] is packed_attention
         handle.undo()
 
         assert "forward" not in vars(text_model)

@@ -10,9 +10,12 @@ import pytest
 
 import tfcompat
 from tfcompat import registry
+from tfcompat.errors import TfcompatError
 from tfcompat.inputs.reference_rope import REFERENCES
-from tfcompat.registry import lookup
-from tfcompat.registry.versions import release_floor
+from tfcompat.registry import lookup, tables
+from tfcompat.registry.records import LinearAttention
+from tfcompat.registry.validation import check_family
+from tfcompat.registry.versions import VersionRange, release_floor
 
 FAMILY = registry.family("glm4v")
 FAMILY_FILES = sorted((Path(tfcompat.__file__).parent / "registry" / "tables").glob("*.py"))
@@ -122,3 +125,38 @@ class TestForwardCompatibility:
         broken = replace(entry, vision=replace(entry.vision, owner="text_model"))
         with pytest.raises(tfcompat.SymbolProbeError, match="Glm4vTextModel.get_image_features is missing"):
             registry.resolve_entry(FAMILY, broken, registry.versions.installed_transformers(), False)
+
+
+class TestTableValidation:
+    """Rule: a malformed family table fails when `registry.families()` collects it, in any environment."""
+
+    @pytest.mark.parametrize("fam, match", [
+        (lambda f: replace(f, entries=()), "no entries"),
+        (lambda f: replace(f, entries=(f.entries[1], f.entries[0], *f.entries[2:])), "not contiguous"),
+        (lambda f: replace(f, entries=(f.entries[0], *f.entries[2:])), "not contiguous"),
+        (lambda f: replace(f, entries=(replace(f.entries[0], versions=VersionRange(
+            f.entries[0].versions.low, f.entries[1].versions.high)), *f.entries[1:])), "not contiguous"),
+        (lambda f: replace(f, entries=(replace(f.entries[0], vision=None), *f.entries[1:])), "no vision tower"),
+        (lambda f: replace(f, entries=(replace(f.entries[0], family="qwen2_vl"), *f.entries[1:])), "names family"),
+        (lambda f: replace(f, entries=(replace(f.entries[0], classes={
+            k: v for k, v in f.entries[0].classes.items() if k != "rotary"}), *f.entries[1:])), "no class role rotary"),
+        (lambda f: replace(f, entries=(replace(f.entries[0], linear_attention=LinearAttention()),
+                                       *f.entries[1:])), "linear_attention"),
+        (lambda f: replace(f, sample_vision=()), "sample_vision"),
+    ], ids=["empty", "order", "gap", "overlap", "vision", "key", "roles", "linear", "sample"])
+    def test_bad_table_is_refused(self, fam, match):
+        check_family(FAMILY)  # non-vacuity: the real table passes
+        with pytest.raises(TfcompatError, match=r"family table of 'glm4v' is malformed(.|\n)*" + match):
+            check_family(fam(FAMILY))
+
+    def test_families_checks_every_table(self, monkeypatch):
+        broken = replace(FAMILY, entries=(FAMILY.entries[0], *FAMILY.entries[2:]))
+        monkeypatch.setattr(tables, "FAMILIES", (*tables.FAMILIES, broken))
+        lookup.families.cache_clear()
+        try:
+            with pytest.raises(TfcompatError, match="not contiguous"):
+                registry.families()
+        finally:
+            monkeypatch.undo()
+            lookup.families.cache_clear()
+        assert "glm4v" in registry.families()

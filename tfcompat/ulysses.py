@@ -9,6 +9,9 @@ handed to every layer in the forward's kwargs: no per-layer gather of position i
 
 GQA: K/V are split by heads too. With ``Hkv % sp == 0`` nothing is repeated; with ``sp % Hkv == 0`` each KV
 head is repeated ``sp // Hkv`` times, just enough for one KV head per rank, never to full multi-head.
+
+The exchange verbs the attention cores call (`seq_to_heads`, `qkv_to_heads`, `heads_to_seq`, `kv_repeats`,
+`check_heads`) live beside the exchange, in `tfcompat.core.a2a`, and are re-exported here.
 """
 
 from __future__ import annotations
@@ -22,13 +25,13 @@ import torch
 import torch.distributed as dist
 
 from .core import a2a
-from .core.a2a import Transport
+from .core.a2a import Transport, check_heads, group_size, heads_to_seq, kv_repeats, qkv_to_heads, seq_to_heads
 from .core.context import CONTEXT_KWARG, ForwardContext
-from .core.extras import VISUAL_KWARG
+from .core.extras import VISUAL_KWARG, Embedded
+from .core.labels import shift_labels
 from .core.packing import PackedSeqs, check_text_positions, from_host_positions
 from .core.position_ids import split_positions
 from .errors import InvalidInputError
-from .inputs.embedding import Embedded
 
 __all__ = [
     "Shard",
@@ -42,53 +45,6 @@ __all__ = [
     "seq_to_heads",
     "shard_inputs",
 ]
-
-
-def check_heads(num_heads: int, num_kv_heads: int, sp: int, *, family: str | None = None,
-                transformers_version: str | None = None) -> None:
-    """Raise `InvalidInputError` unless ``sp`` divides the query heads and divides or is divided by the KV heads."""
-    if num_heads % sp or (num_kv_heads % sp and sp % num_kv_heads):
-        raise InvalidInputError(
-            f"cannot split {num_heads} query / {num_kv_heads} KV heads over a sequence-parallel group of {sp}",
-            family=family,
-            transformers_version=transformers_version,
-            why="Ulysses gives each rank num_heads / sp query heads, and either num_kv_heads / sp KV heads or one "
-            "KV head repeated sp / num_kv_heads times",
-            supported="sp dividing num_attention_heads, and sp dividing or divided by num_key_value_heads",
-            fix=f"use a group size among {[d for d in range(1, num_heads + 1) if not num_heads % d and (not num_kv_heads % d or not d % num_kv_heads)]}",
-        )
-
-
-def group_size(group: dist.ProcessGroup) -> int:
-    return dist.get_world_size(group)
-
-
-def kv_repeats(num_kv_heads: int, sp: int) -> int:
-    """Copies of each KV head needed for the head split: ``sp // Hkv`` when ``Hkv < sp``, else 1."""
-    return sp // num_kv_heads if num_kv_heads < sp else 1
-
-
-def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup, transport: Transport = "all_to_all") -> torch.Tensor:
-    """``(T/sp, H, D)`` sequence shard -> ``(T, H/sp, D)`` head shard (this rank's heads, every token)."""
-    return a2a.exchange((x,), "seq_to_heads", group, transport)[0]
-
-
-def qkv_to_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup,
-                 transport: Transport = "all_to_all") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`seq_to_heads` of a layer's q, k and v in one exchange (one all-to-all forward, one backward).
-
-    q: ``(T/sp, Hq, D)``; k, v: ``(T/sp, Hkv, D)``. Returns ``(T, Hq/sp, D)`` and twice ``(T, max(Hkv/sp, 1), D)``
-    (views into one received buffer). With ``Hkv < sp`` rank ``r`` receives KV head ``r // kv_repeats(Hkv, sp)``,
-    read where it lies: no repeated K/V is built, and the backward sums each head's gradients over its copies.
-    """
-    repeat = kv_repeats(k.shape[1], group_size(group))
-    q, k, v = a2a.exchange((q, k, v), "seq_to_heads", group, transport, (1, repeat, repeat))
-    return q, k, v
-
-
-def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup, transport: Transport = "all_to_all") -> torch.Tensor:
-    """``(T, H/sp, D)`` head shard -> ``(T/sp, H, D)`` sequence shard; the inverse of `seq_to_heads`."""
-    return a2a.exchange((x,), "heads_to_seq", group, transport)[0]
 
 
 @dataclass
@@ -131,9 +87,10 @@ def shard_inputs(
 ) -> Shard:
     """Pad a packed row to a multiple of the group size and take this rank's slice.
 
-    input_ids: ``(1, T)``; or inputs_embeds: ``(1, T, H)``, or for VLMs the result of `tfcompat.embed_inputs` (whole
-    images go through the vision tower first; its per-token extras are sliced to this rank too: the visual mask
-    by token, the DeepStack rows by the visual tokens inside this rank's slice); position_ids: ``(4, 1, T)`` or ``(1, T)``, each sequence's text row from 0;
+    input_ids: ``(1, T)``; or inputs_embeds: ``(1, T, H)``, or for VLMs the result of `tfcompat.embed_inputs`
+    (whole images go through the vision tower first; its per-token extras are sliced to this rank too: the visual
+    mask by token, the DeepStack rows by the visual tokens inside this rank's slice); position_ids: ``(4, 1, T)``
+    or ``(1, T)``, each sequence's text row from 0;
     labels: ``(1, T)`` next-token targets are taken from it after a global shift (pass ``input_ids`` with
     ignored positions set to ``ignore_index``). The pad forms its own sequence. Computes the global
     boundaries here, checks that every rank holds the same ``T`` and agrees on the transport (one small
@@ -145,10 +102,12 @@ def shard_inputs(
     if not (dist.is_available() and dist.is_initialized()):
         raise InvalidInputError("shard_inputs needs an initialized torch.distributed",
                                 why="it gathers every rank's length and boundaries over the sequence-parallel group",
-                                fix="call torch.distributed.init_process_group(...) first (and patch with ulysses_group)")
+                                fix="call torch.distributed.init_process_group(...) first (and patch with "
+                                "ulysses_group)")
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise InvalidInputError("shard_inputs: group is not a torch.distributed ProcessGroup",
-                                why=f"got {type(group).__name__}", fix="pass the group given to patch(ulysses_group=...)")
+                                why=f"got {type(group).__name__}",
+                                fix="pass the group given to patch(ulysses_group=...)")
     if (input_ids is None) == (inputs_embeds is None):
         raise InvalidInputError("shard_inputs takes exactly one of input_ids and inputs_embeds",
                                 fix="pass input_ids (1, T), or inputs_embeds (1, T, H) / the embed_inputs result")
@@ -157,7 +116,8 @@ def shard_inputs(
         # visual first: mypy retypes inputs_embeds as it binds the targets
         visual, inputs_embeds = inputs_embeds.visual, inputs_embeds.inputs_embeds
     if transport not in ("auto", *get_args(Transport)):
-        raise InvalidInputError(f"unknown Ulysses transport {transport!r}", supported=", ".join(("auto", *get_args(Transport))),
+        raise InvalidInputError(f"unknown Ulysses transport {transport!r}",
+                                supported=", ".join(("auto", *get_args(Transport))),
                                 fix="pass one of the supported transports")
     tokens = cast(torch.Tensor, input_ids if input_ids is not None else inputs_embeds)  # exactly one (checked)
     if tokens.shape[0] != 1:
@@ -166,7 +126,8 @@ def shard_inputs(
             fix="pack the batch into one row (B = 1) before sharding",
         )
     if position_ids is None:
-        raise InvalidInputError("shard_inputs needs position_ids", fix="pass tfcompat.rope_index per sequence, concatenated")
+        raise InvalidInputError("shard_inputs needs position_ids",
+                                fix="pass tfcompat.rope_index per sequence, concatenated")
     group = group if group is not None else cast(dist.ProcessGroup, dist.group.WORLD)  # initialized: not None
     sp, rank = dist.get_world_size(group), dist.get_rank(group)
     total = tokens.shape[1]
@@ -209,16 +170,14 @@ def shard_inputs(
     if visual is not None:
         counts = host[table.numel() + padded:]
         before = int(counts[: local.start].sum())
-        inputs[VISUAL_KWARG] = visual.pad_and_slice(pad, local, before, int(counts[local.start: min(local.stop, total)].sum()))
+        inside = int(counts[local.start: min(local.stop, total)].sum())
+        inputs[VISUAL_KWARG] = visual.pad_and_slice(pad, local, before, inside)
     inputs[CONTEXT_KWARG] = ForwardContext(seqs, group=group, transport=transport)
 
     local_labels = None
-    if labels is not None:
-        shifted = labels.new_full((1, padded), ignore_index)
-        shifted[:, : total - 1] = labels[:, 1:total]
-        ends = seqs.cu_seqlens[1:].to(labels.device, torch.long) - 1  # each sequence's last token predicts nothing
-        shifted[0].index_fill_(0, ends, ignore_index)  # not shifted[0, ends] = ...: that syncs on CUDA
-        local_labels = shifted[:, local]
+    if labels is not None:  # shifted on the whole row, within each sequence (the pad is one of its own)
+        row = torch.cat([labels, labels.new_full((1, pad), ignore_index)], dim=1)  # (1, T) -> (1, T + pad)
+        local_labels = shift_labels(row, seqs, ignore_index)[:, local]
     return Shard(inputs, local_labels, group, rank, sp, total, padded, seqs)
 
 

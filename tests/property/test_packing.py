@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 import tfcompat
 from tfcompat.core.attention import varlen_attention
 from tfcompat.core.packing import from_lengths, from_text_positions
-from tfcompat.core.position_ids import split_positions, to_text_model_layout
+from tfcompat.core.position_ids import split_positions
+from tfcompat.hf.forward import to_text_model_layout
 
 SETTINGS = settings(max_examples=100, deadline=None)
 

@@ -42,7 +42,8 @@ import torch.distributed as dist
 
 from ..errors import InvalidInputError, TransportError
 
-__all__ = ["Direction", "Transport", "exchange", "symm_mem_reason"]
+__all__ = ["Direction", "Transport", "check_heads", "exchange", "group_size", "heads_to_seq", "kv_repeats",
+           "qkv_to_heads", "seq_to_heads", "symm_mem_reason"]
 
 Transport = Literal["all_to_all", "symm_mem"]
 Direction = Literal["seq_to_heads", "heads_to_seq"]
@@ -61,6 +62,55 @@ def exchange(xs: Sequence[torch.Tensor], direction: Direction, group: dist.Proce
     """
     repeats = tuple(repeats) if repeats is not None else (1,) * len(xs)
     return _Exchange.apply(direction, group, transport, repeats, *xs)
+
+
+def check_heads(num_heads: int, num_kv_heads: int, sp: int, *, family: str | None = None,
+                transformers_version: str | None = None) -> None:
+    """Raise `InvalidInputError` unless ``sp`` divides the query heads and divides or is divided by the KV heads."""
+    if num_heads % sp or (num_kv_heads % sp and sp % num_kv_heads):
+        sizes = [d for d in range(1, num_heads + 1)
+                 if not num_heads % d and (not num_kv_heads % d or not d % num_kv_heads)]
+        raise InvalidInputError(
+            f"cannot split {num_heads} query / {num_kv_heads} KV heads over a sequence-parallel group of {sp}",
+            family=family,
+            transformers_version=transformers_version,
+            why="Ulysses gives each rank num_heads / sp query heads, and either num_kv_heads / sp KV heads or one "
+            "KV head repeated sp / num_kv_heads times",
+            supported="sp dividing num_attention_heads, and sp dividing or divided by num_key_value_heads",
+            fix=f"use a group size among {sizes}",
+        )
+
+
+def group_size(group: dist.ProcessGroup) -> int:
+    return dist.get_world_size(group)
+
+
+def kv_repeats(num_kv_heads: int, sp: int) -> int:
+    """Copies of each KV head needed for the head split: ``sp // Hkv`` when ``Hkv < sp``, else 1."""
+    return sp // num_kv_heads if num_kv_heads < sp else 1
+
+
+def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup, transport: Transport = "all_to_all") -> torch.Tensor:
+    """``(T/sp, H, D)`` sequence shard -> ``(T, H/sp, D)`` head shard (this rank's heads, every token)."""
+    return exchange((x,), "seq_to_heads", group, transport)[0]
+
+
+def qkv_to_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup,
+                 transport: Transport = "all_to_all") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`seq_to_heads` of a layer's q, k and v in one exchange (one all-to-all forward, one backward).
+
+    q: ``(T/sp, Hq, D)``; k, v: ``(T/sp, Hkv, D)``. Returns ``(T, Hq/sp, D)`` and twice ``(T, max(Hkv/sp, 1), D)``
+    (views into one received buffer). With ``Hkv < sp`` rank ``r`` receives KV head ``r // kv_repeats(Hkv, sp)``,
+    read where it lies: no repeated K/V is built, and the backward sums each head's gradients over its copies.
+    """
+    repeat = kv_repeats(k.shape[1], group_size(group))
+    q, k, v = exchange((q, k, v), "seq_to_heads", group, transport, (1, repeat, repeat))
+    return q, k, v
+
+
+def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup, transport: Transport = "all_to_all") -> torch.Tensor:
+    """``(T, H/sp, D)`` head shard -> ``(T/sp, H, D)`` sequence shard; the inverse of `seq_to_heads`."""
+    return exchange((x,), "heads_to_seq", group, transport)[0]
 
 
 class _Exchange(torch.autograd.Function):

@@ -4,16 +4,17 @@ Qwen3-VL's text model adds DeepStack features (the vision tower's intermediate-l
 states of its first decoder layers at the visual tokens. Whoever runs the vision tower outside the forward
 (`tfcompat.embed_inputs`) must hand those on: `VisualExtras` carries them, in the forward's kwargs under
 `VISUAL_KWARG`, to the patched text model, which passes them to the stock one; `tfcompat.ulysses.shard_inputs`
-slices them to a rank's tokens.
+slices them to a rank's tokens. `Embedded` is what `tfcompat.embed_inputs` returns: the input embeddings and
+those extras.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["VISUAL_KWARG", "VisualExtras"]
+__all__ = ["VISUAL_KWARG", "Embedded", "VisualExtras"]
 
 VISUAL_KWARG = "tfcompat_visual"
 
@@ -35,3 +36,21 @@ class VisualExtras(NamedTuple):
         mask = torch.cat([self.visual_pos_masks, self.visual_pos_masks.new_zeros(1, pad)], dim=1)[:, local]
         rows = tuple(x.narrow(0, visual_before, visual_inside) for x in self.deepstack_visual_embeds)
         return VisualExtras(mask, rows)
+
+
+class Embedded(NamedTuple):
+    """What `embed_inputs` returns: the input embeddings and the text model's other inputs.
+
+    inputs_embeds: ``(B, L, H)``. visual: the DeepStack inputs (`VisualExtras`) for families
+    whose text model takes them (Qwen3-VL), else None.
+    """
+
+    inputs_embeds: torch.Tensor
+    visual: VisualExtras | None = None
+
+    def model_inputs(self) -> dict[str, Any]:
+        """Keyword arguments for the patched model: ``inputs_embeds`` and, where present, the extras."""
+        inputs: dict[str, Any] = {"inputs_embeds": self.inputs_embeds}
+        if self.visual is not None:
+            inputs[VISUAL_KWARG] = self.visual
+        return inputs

@@ -67,9 +67,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .. import ulysses
 from ..errors import InvalidInputError
 from . import _linear_kernels as _k
+from . import a2a
 from .a2a import Transport
 from .packing import PackedSeqs
 
@@ -290,7 +290,7 @@ def qkv_seq_to_heads(x: torch.Tensor, heads: LinearHeads, group: dist.ProcessGro
                      transport: Transport = "all_to_all") -> torch.Tensor:
     """The conv input ``(T/sp, 2 Hk Dk + Hv Dv)`` of this rank's tokens -> ``(T, C_r)``: every token, the channels
     ``[q | k | v]`` of this rank's heads (``C_r`` = `local_heads`' ``conv_dim``). One all-to-all."""
-    sp = ulysses.group_size(group)
+    sp = a2a.group_size(group)
     tokens = x.shape[0]
     q, k, v = x.split([heads.key_dim, heads.key_dim, heads.value_dim], dim=-1)
     reps = sp // heads.num_k_heads if heads.num_k_heads < sp else 1
@@ -302,14 +302,14 @@ def qkv_seq_to_heads(x: torch.Tensor, heads: LinearHeads, group: dist.ProcessGro
         return t.reshape(tokens, sp, -1)  # (T/sp, max(Hk, sp), Dk) -> (T/sp, sp, Hk_r Dk)
 
     chunks = torch.cat([by_rank(q), by_rank(k), v.reshape(tokens, sp, -1)], dim=-1)  # (T/sp, sp, C_r)
-    return ulysses.seq_to_heads(chunks, group, transport)[:, 0]  # (T, 1, C_r) -> (T, C_r)
+    return a2a.seq_to_heads(chunks, group, transport)[:, 0]  # (T, 1, C_r) -> (T, C_r)
 
 
 def gates_seq_to_heads(g: torch.Tensor, beta: torch.Tensor, group: dist.ProcessGroup,
                        transport: Transport = "all_to_all") -> tuple[torch.Tensor, torch.Tensor]:
     """g ``(T/sp, Hv)`` (fp32) and beta ``(T/sp, Hv)`` -> both ``(T, Hv/sp)``, dtypes kept. One all-to-all."""
     both = torch.stack([g, beta.to(g.dtype)], dim=-1)  # (T/sp, Hv, 2)
-    g, beta_out = ulysses.seq_to_heads(both, group, transport).unbind(-1)  # (T, Hv/sp, 2) -> 2 x (T, Hv/sp)
+    g, beta_out = a2a.seq_to_heads(both, group, transport).unbind(-1)  # (T, Hv/sp, 2) -> 2 x (T, Hv/sp)
     return g, beta_out.to(beta.dtype)
 
 
@@ -361,7 +361,7 @@ def linear_attention(
     beta = b.sigmoid()
     g = -params.A_log.float().exp() * F.softplus(a.float() + params.dt_bias)  # as the stock forward: fp32
     if group is not None:
-        sp, rank = ulysses.group_size(group), dist.get_rank(group)
+        sp, rank = a2a.group_size(group), dist.get_rank(group)
         check_linear_heads(heads, sp)
         if mixed_qkv.shape[0] * sp != seqs.total:
             raise InvalidInputError("a rank's tokens times the group size must be the packed row",
@@ -378,5 +378,5 @@ def linear_attention(
     v = v.unflatten(-1, (heads.num_v_heads, heads.head_v_dim))  # (T, Hv Dv) -> (T, Hv, Dv)
     out = packed_gated_delta_rule(q, k, v, g, beta, seqs, use_qk_l2norm=True, backend=backend)
     if group is not None:
-        out = ulysses.heads_to_seq(out, group, transport)  # (T, Hv/sp, Dv) -> (T/sp, Hv, Dv)
+        out = a2a.heads_to_seq(out, group, transport)  # (T, Hv/sp, Dv) -> (T/sp, Hv, Dv)
     return out

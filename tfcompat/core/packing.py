@@ -11,10 +11,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from ..errors import InvalidInputError
 
-__all__ = ["PackedSeqs", "check_text_positions", "from_host_positions", "from_lengths", "from_text_positions"]
+__all__ = [
+    "PackedSeqs", "check_text_positions", "chunked", "from_host_positions", "from_lengths", "from_text_positions",
+]
 
 
 class PackedSeqs(NamedTuple):
@@ -122,6 +125,28 @@ def from_host_positions(host: torch.Tensor, *, device: torch.device, family: str
     begin = starts.nonzero().flatten()
     lengths = torch.diff(torch.cat([begin, torch.tensor([flat.numel()])])).tolist()
     return from_lengths(lengths, device=device)
+
+
+_chunked = WeakTensorKeyDictionary()  # a forward's cu_seqlens tensor -> {chunk size: its chunked PackedSeqs}
+
+
+def chunked(seqs: PackedSeqs, size: int) -> PackedSeqs:
+    """The boundaries of chunked attention (llama4): each sequence cut into chunks of ``size`` tokens counted from
+    its start (the last chunk shorter), each chunk its own sequence.
+
+    Lengths ``[5, 3]`` with size 2 -> ``[2, 2, 1, 2, 1]``. From the host lengths: no sync (one host-to-device copy
+    of the new ``cu_seqlens``). Cached on ``seqs.cu_seqlens`` (weakly), like the flex block masks: every chunked
+    layer of a forward, and the checkpointing recompute, share one result (and its block masks).
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise InvalidInputError("the attention chunk size must be a positive int", why=f"got {size!r}")
+    per_size = _chunked.get(seqs.cu_seqlens)
+    if per_size is None:
+        per_size = _chunked[seqs.cu_seqlens] = {}
+    if size not in per_size:
+        lengths = [min(size, n - start) for n in seqs.lengths for start in range(0, n, size)]
+        per_size[size] = from_lengths(lengths, device=seqs.cu_seqlens.device)
+    return per_size[size]
 
 
 def _cumsum(values: tuple[int, ...]) -> list[int]:

@@ -3,7 +3,7 @@
 The contract, the same on every transformers version: position ids are ``(4, B, L)`` rows
 ``[text; t; h; w]`` (M-RoPE families) or ``(B, L)`` (text only: all four rows equal it). The text row
 drives sequence boundaries and masks; ``t, h, w`` drive the multimodal rotary. Each registry entry says
-which layout its text model accepts, and `to_text_model_layout` converts.
+which layout its text model accepts, and `tfcompat.hf.forward.to_text_model_layout` converts.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from typing import NamedTuple
 import torch
 
 from ..errors import InvalidInputError
-from ..registry.records import TextModelLayout
 
-__all__ = ["Positions", "split_positions", "to_text_model_layout", "text_row_from_mask"]
+__all__ = ["Positions", "split_positions", "text_row_from_mask"]
 
 
 class Positions(NamedTuple):
@@ -65,15 +64,6 @@ def split_positions(position_ids: torch.Tensor, *, seq_len: int, family: str | N
         why=f"got {tuple(position_ids.shape)}",
         supported="(4, B, L) [text; t; h; w] or (B, L)",
     )
-
-
-def to_text_model_layout(positions: Positions, layout: TextModelLayout) -> torch.Tensor:
-    """What the installed text model takes: ``(3, B, L)`` "mrope", ``(4, B, L)`` "text+mrope", ``(B, L)`` "text"."""
-    if layout == "text":
-        return positions.text
-    if layout == "mrope":
-        return positions.mrope
-    return torch.cat([positions.text[None], positions.mrope], dim=0)
 
 
 def text_row_from_mask(attention_mask: torch.Tensor | None, batch: int, length: int, device: torch.device) -> torch.Tensor:

@@ -37,13 +37,24 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from . import IGNORE_INDEX, _accumulate_mm, _spans
+from ._tiles import _ALIGN, IGNORE_INDEX, _accumulate_mm, _aligned, _spans
 
 TOKEN_BLOCK = 16384  # the most tokens in a tile: bounds its size when T is large
 COLUMN_BLOCK = 1024  # columns per step of both kernels; tile widths are multiples of it, so no lane idles
 # the fewest logits in a default tile: below that the host's launches (six per tile) outlast the GPU's work
 # (measured on an H200 at T = 1024, H = 3584: tiles of T * H logits, 38 of them, took 15.8 ms; 2 tiles 7.1 ms)
 MIN_TILE = 2**24
+
+
+def _triton_tiles(tokens: int, hidden_size: int, vocab: int, chunk_size: int | None) -> tuple[int, int]:
+    """Backend ``"triton"``'s tile ``(rows, columns)``: at most `TOKEN_BLOCK` tokens (a multiple of `_ALIGN`)
+    by enough columns for about ``max(T * H, MIN_TILE)`` logits (``chunk_size * V`` when given), a multiple of
+    the kernels' column block (8 * `_ALIGN` by default)."""
+    rows = _aligned(min(tokens, TOKEN_BLOCK), tokens)
+    logits = max(tokens * hidden_size, MIN_TILE) if chunk_size is None else chunk_size * vocab
+    block = min(COLUMN_BLOCK, 8 * _ALIGN)
+    columns = -(-logits // max(rows, 1))  # enough for the budget, rounded up to whole column blocks
+    return rows, min(-(-columns // block) * block, vocab)
 
 
 @triton.jit
@@ -116,7 +127,7 @@ def _tile_stats(logits: torch.Tensor, first_column: int, labels: torch.Tensor, t
 def _grad_logits(logits: torch.Tensor, first_column: int, labels: torch.Tensor, temperature: torch.Tensor,
                  coefs: torch.Tensor) -> torch.Tensor:
     """The loss's gradient with respect to ``logits`` ``(R, C)``, written over them and returned. coefs
-    ``(4, R)`` float32: logsumexp, label_coef, entropy_coef, shift (see ``heads._RowStats``)."""
+    ``(4, R)`` float32: logsumexp, label_coef, entropy_coef, shift (see `tfcompat.heads._torch._RowStats`)."""
     rows, columns = logits.shape
     block = min(COLUMN_BLOCK, triton.next_power_of_2(columns))
     _grad_logits_kernel[(rows, triton.cdiv(columns, block))](

@@ -2,10 +2,14 @@
 
 transformers' attention modules compute q/k/v, apply their own rotary, then call
 ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation](module, q, k, v, mask, scaling=..., **kwargs)``.
-A patched model's text config names `ATTENTION_KEY`, registered here, so the stock forward (and the stock
+A patched model's text config names `ATTENTION_KEY` (declared by the registry, whose ``explain()`` names it),
+registered here, so the stock forward (and the stock
 rotary of that version) runs unchanged and only the attention itself is ours. The key has no mask function
 registered, so transformers builds no (T, T) mask for it. The packed boundaries arrive in the
-`tfcompat.context.ForwardContext`.
+`tfcompat.context.ForwardContext`; what each layer does beyond causal attention (window, softcap, sinks, chunks),
+in the `AttentionFeatures` that `patch()` records on its attention module under `FEATURES_ATTR`. Every kwarg
+transformers passes is either used, checked against those features, or known to change nothing here: anything
+else raises `PatchedModelError` rather than being dropped.
 """
 
 from __future__ import annotations
@@ -14,15 +18,32 @@ import importlib
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from .. import ulysses
-from ..core.attention import varlen_attention
+from ..core import a2a
+from ..core.attention import AttentionFeatures, varlen_attention
 from ..core.context import BRIDGE_ATTR, CONTEXT_KWARG, StockContext
+from ..core.packing import chunked
 from ..errors import PatchedModelError
+from ..registry.lookup import ATTENTION_KEY
 
-__all__ = ["ATTENTION_KEY", "packed_attention", "register", "stock_function", "unregister"]
+__all__ = ["ATTENTION_KEY", "FEATURES_ATTR", "packed_attention", "rank_heads", "register", "stock_function",
+           "unregister"]
 
-ATTENTION_KEY = "tfcompat_packed"
+FEATURES_ATTR = "_tfcompat_features"  # on each patched attention module: its AttentionFeatures (absent: none)
+
+# Kwargs that reach the attention function and change nothing in attention over packed sequences, from
+# transformers' modeling files (4.53-5.24): the decoder layer's and model's pass-through kwargs (positions, cache
+# objects and flags; a cache that adds past keys fails the core's shape check instead), the output flags
+# (packed attention returns no weights, as stock sdpa), the packed-flash kwargs of DataCollatorWithFlattening
+# (stock eager and sdpa ignore them too; the boundaries here come from the position ids) and the trainer's
+# num_items_in_batch.
+_HARMLESS = frozenset({
+    CONTEXT_KWARG, "position_ids", "cache_position", "position_embeddings", "use_cache", "past_key_value",
+    "past_key_values", "cache", "output_attentions", "output_hidden_states", "output_router_logits",
+    "num_items_in_batch", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx",
+})
+_CHECKED = frozenset({"sliding_window", "softcap", "s_aux", "is_causal"})  # compared with the layer's features
 
 
 def packed_attention(
@@ -37,9 +58,11 @@ def packed_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature over the packed core.
 
-    query: ``(B, Hq, L, D)``; key, value: ``(B, Hkv, L, D)`` (already rotated by the stock forward).
-    Returns ``(B, L, Hq, D)`` and no weights. ``attention_mask`` is ignored: causality and sequence
-    boundaries come from the context. A `tfcompat.context.StockContext` (an ordinary call recomputed under
+    query: ``(B, Hq, L, Dqk)``; key: ``(B, Hkv, L, Dqk)``; value: ``(B, Hkv, L, Dv)`` (already rotated by the stock
+    forward). Returns ``(B, L, Hq, Dv)`` and no weights. ``attention_mask`` is ignored: causality and sequence
+    boundaries come from the context, windows, softcap and chunks from the module's `FEATURES_ATTR`, sinks from
+    ``s_aux`` (gpt-oss) or ``module.sinks``; `PatchedModelError` for a kwarg that disagrees with them, for dropout,
+    and for any other kwarg this adapter does not know to be harmless. A `tfcompat.context.StockContext` (an ordinary call recomputed under
     gradient checkpointing) goes to the stock function instead, with the stock mask. Under Ulysses (``B == 1``, ``L = T / sp``), q/k/v are traded for a
     head split before the core and back after it.
     """
@@ -52,19 +75,73 @@ def packed_attention(
             why="the attention was called outside the patched text model's forward",
             fix="call the patched model (or its text model) rather than a decoder layer directly, or undo() the patch",
         )
+    features = module.__dict__.get(FEATURES_ATTR) or AttentionFeatures()
+    sinks = _layer_sinks(module, features, dropout, kwargs)
+    seqs = ctx.seqs if features.chunk is None else chunked(ctx.seqs, features.chunk)  # cached per forward
     b, hq, length, d = query.shape
+    dv = value.shape[-1]
     # (B, H, L, D) -> (B * L, H, D)
     q = query.transpose(1, 2).reshape(b * length, hq, d)
     k = key.transpose(1, 2).reshape(b * length, key.shape[1], d)
-    v = value.transpose(1, 2).reshape(b * length, value.shape[1], d)
+    v = value.transpose(1, 2).reshape(b * length, value.shape[1], dv)
     if ctx.group is None:
-        out = varlen_attention(q, k, v, ctx.seqs, scale=scaling, backend=ctx.backend)
-        return out.view(b, length, hq, d), None
+        out = varlen_attention(q, k, v, seqs, scale=scaling, window=features.window, softcap=features.softcap,
+                               sinks=sinks, backend=ctx.backend)
+        return out.view(b, length, hq, dv), None
     # one exchange: (T/sp, Hq, D), 2 x (T/sp, Hkv, D) -> (T, Hq/sp, D), 2 x (T, max(Hkv/sp, 1), D); with Hkv < sp
     # each rank receives its one KV head (repeated sp // Hkv times over the group, not to full multi-head)
-    q, k, v = ulysses.qkv_to_heads(q, k, v, ctx.group, ctx.transport)
-    out = varlen_attention(q, k, v, ctx.seqs, scale=scaling, backend=ctx.backend)
-    return ulysses.heads_to_seq(out, ctx.group, ctx.transport).view(b, length, hq, d), None
+    q, k, v = a2a.qkv_to_heads(q, k, v, ctx.group, ctx.transport)
+    if sinks is not None:
+        sinks = rank_heads(sinks, q.shape[1], ctx.group)
+    out = varlen_attention(q, k, v, seqs, scale=scaling, window=features.window, softcap=features.softcap,
+                           sinks=sinks, backend=ctx.backend)
+    return a2a.heads_to_seq(out, ctx.group, ctx.transport).view(b, length, hq, dv), None
+
+
+def rank_heads(per_head: torch.Tensor, heads: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """This rank's slice of a per-query-head tensor under Ulysses: after `tfcompat.core.a2a.qkv_to_heads` rank ``r``
+    holds query heads ``[r * heads, (r + 1) * heads)``. per_head: ``(Hq, ...)``; returns ``(heads, ...)`` (a view:
+    the gradient reaches the full tensor, each rank its own heads)."""
+    rank = dist.get_rank(group)
+    return per_head[rank * heads:(rank + 1) * heads]
+
+
+def _layer_sinks(module: torch.nn.Module, features: AttentionFeatures, dropout: float | None,
+                 kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """Check what transformers passed against the layer's recorded features; the layer's sinks ``(Hq,)`` or None."""
+    def refuse(what: str, why: str, fix: str) -> PatchedModelError:
+        return PatchedModelError(f"{type(module).__name__} {what}", why=why, fix=fix)
+
+    refit = "patch() the model again after changing its config or modules, or undo() the patch"
+    for name, recorded in (("sliding_window", features.window), ("softcap", features.softcap)):
+        if name in kwargs and kwargs[name] != recorded:
+            raise refuse(f"passed {name}={kwargs[name]!r} to the packed attention, but patch() recorded {recorded!r}",
+                         why=f"the layer's attention features were read at patch time: {features}", fix=refit)
+    if kwargs.get("is_causal") is False:
+        raise refuse("asked for non-causal attention (is_causal=False)",
+                     why="tfcompat's packed attention is causal within each sequence",
+                     fix="run bidirectional attention unpatched (undo() the patch)")
+    if dropout:
+        raise refuse(f"asked for attention dropout {dropout!r}",
+                     why="tfcompat's packed attention has no dropout (it would be silently skipped)",
+                     fix="set the config's attention_dropout to 0.0, or undo() the patch")
+    unknown = sorted(name for name, value in kwargs.items()
+                     if value is not None and name not in _HARMLESS and name not in _CHECKED)
+    if unknown:
+        raise refuse(f"passed {', '.join(unknown)} to the packed attention, which does not implement "
+                     f"{'it' if len(unknown) == 1 else 'them'}",
+                     why="an attention argument the core does not know could change the result; it is not dropped",
+                     fix="undo() the patch for this model, and report the model type to tfcompat")
+    sinks = kwargs.get("s_aux")
+    if sinks is None and features.sinks:
+        sinks = getattr(module, "sinks", None)
+        if not isinstance(sinks, torch.Tensor):
+            raise refuse("has no attention sinks, but patch() recorded that it uses them",
+                         why="neither an s_aux argument nor a sinks tensor on the module", fix=refit)
+    if sinks is not None and not features.sinks:
+        raise refuse("passed attention sinks (s_aux), but patch() recorded none",
+                     why=f"the layer's attention features were read at patch time: {features}", fix=refit)
+    return sinks
 
 
 def stock_function(ctx: StockContext) -> Any:

@@ -25,13 +25,14 @@ from typing import Any
 import torch
 
 from ..core.context import ForwardContext, StockContext
-from ..core.packing import PackedSeqs, from_host_positions
-from ..core.position_ids import split_positions
+from ..core.packing import from_host_positions
+from ..core.position_ids import Positions, split_positions
 from ..errors import InvalidInputError, PatchedModelError
 from ..inputs.vision_inputs import check_vision_inputs
 from ..registry import Resolved
+from ..registry.records import TextModelLayout
 
-__all__ = ["CACHE_ARGS", "Router", "mask_labels", "mask_shift_labels"]
+__all__ = ["CACHE_ARGS", "Router", "to_text_model_layout"]
 
 # the names transformers' forwards give their cache argument, across releases
 CACHE_ARGS = ("past_key_values", "past_key_value", "cache")
@@ -39,24 +40,14 @@ PER_SEQUENCE_FIX = ("pack the sequences with tfcompat.pack(model, examples), or 
                     "sequence alone and concatenate the results on the last dim")
 
 
-def mask_labels(labels: torch.Tensor, seqs: PackedSeqs, ignore_index: int = -100) -> torch.Tensor:
-    """``labels (B, L)`` of a packed batch with ``ignore_index`` at every sequence start.
-
-    transformers' causal-LM loss shifts labels by one over the whole row (``logits[t]`` predicts
-    ``labels[t + 1]``), so ``labels`` at a sequence start is only ever the target of the previous sequence's
-    last token. Ignoring it there makes the row's loss the sum of its sequences' losses, on every release,
-    whether or not the forward passes ``shift_labels`` on to the loss function.
-    """
-    flat = labels.reshape(-1).index_fill(0, seqs.cu_seqlens[:-1].to(labels.device, torch.long), ignore_index)
-    return flat.view_as(labels)  # (B * L,) -> (B, L)
-
-
-def mask_shift_labels(shift_labels: torch.Tensor, seqs: PackedSeqs, ignore_index: int = -100) -> torch.Tensor:
-    """``shift_labels (B, L)`` (already shifted: ``shift_labels[t]`` is the target of token ``t``) with
-    ``ignore_index`` at every sequence's last token, which has no next token inside its sequence."""
-    ends = seqs.cu_seqlens[1:].to(shift_labels.device, torch.long) - 1
-    return shift_labels.reshape(-1).index_fill(0, ends, ignore_index).view_as(shift_labels)  # (B * L,) -> (B, L)
-
+def to_text_model_layout(positions: Positions, layout: TextModelLayout) -> torch.Tensor:
+    """What the installed text model takes (`tfcompat.registry.records.Entry.text_model_positions`): ``(3, B, L)``
+    "mrope", ``(4, B, L)`` "text+mrope", ``(B, L)`` "text"."""
+    if layout == "text":
+        return positions.text
+    if layout == "mrope":
+        return positions.mrope
+    return torch.cat([positions.text[None], positions.mrope], dim=0)  # (1, B, L) + (3, B, L) -> (4, B, L)
 
 
 def _pad_tails_as_sequences(text: torch.Tensor, mrope: torch.Tensor, attended: torch.Tensor) -> tuple[torch.Tensor,
@@ -67,6 +58,7 @@ def _pad_tails_as_sequences(text: torch.Tensor, mrope: torch.Tensor, attended: t
     pad = ~attended
     tail = pad.long().cumsum(-1) - 1  # (B, L): 0, 1, ... over each row's padding
     return torch.where(pad, tail, text), torch.where(pad, tail, mrope)
+
 
 class Router:
     """Decides packed or stock for the forwards of one patched model (built by `tfcompat.patch`).
@@ -81,10 +73,25 @@ class Router:
         self.r, self.key, self.stock, self.eager, self.group = r, key, stock, eager, group
         self.vision_config = vision_config
         self.context = StockContext(stock[0][1] if stock else "eager", eager)
+        # the split of the position ids `decide` made for a packed forward, kept for the text model's forward
+        self._split: tuple[torch.Tensor, tuple[int, ...], Positions] | None = None
 
-    def error(self, what: str, why: str, fix: str, supported: str = "") -> InvalidInputError:
-        return InvalidInputError(what, family=self.r.family, transformers_version=self.r.transformers_version,
-                                 why=why, supported=supported, fix=fix)
+    def positions(self, position_ids: torch.Tensor, tokens: torch.Tensor) -> Positions:
+        """``position_ids`` split by role (`tfcompat.core.position_ids.split_positions`), one row per row of
+        ``tokens`` (``(B, L)`` ids or ``(B, L, H)`` embeddings); `InvalidInputError` otherwise.
+
+        Once per forward: the split `decide` made for a packed forward is handed to the next call with the same
+        tensor (the text model's forward, below the model given to `tfcompat.patch`).
+        """
+        kept, self._split = self._split, None
+        if kept is not None and kept[0] is position_ids and kept[1] == tuple(tokens.shape[:2]):
+            return kept[2]
+        positions = split_positions(position_ids, seq_len=tokens.shape[1], family=self.r.family)
+        if positions.text.shape[0] != tokens.shape[0]:
+            raise self.r.error(InvalidInputError, "position_ids and the input tokens differ in batch size",
+                               why=f"{positions.text.shape[0]} position rows for {tokens.shape[0]} token rows",
+                               fix="build one row of position ids per row of tokens")
+        return positions
 
     def check_key(self) -> None:
         """`PatchedModelError` when a config no longer names tfcompat's key (``set_attn_implementation`` after
@@ -128,22 +135,20 @@ class Router:
             return self.context
         if position_ids.ndim == 3 and position_ids.shape[0] == 3:
             if user_call:
-                raise self.error(
-                    "3-row position ids have no text row", "(3, B, L) ids are [t; h; w] only; a patched model cannot "
-                    "tell a packed row of them from one sequence, nor find the sequence boundaries",
-                    "pass tfcompat.rope_index(model, ids, ...) (4 rows) per sequence, concatenated (or tfcompat.pack); "
-                    "for an ordinary call pass no position_ids", supported="(4, B, L) [text; t; h; w] or (B, L)")
+                raise self.r.error(
+                    InvalidInputError, "3-row position ids have no text row",
+                    why="(3, B, L) ids are [t; h; w] only; a patched model cannot tell a packed row of them from one "
+                    "sequence, nor find the sequence boundaries",
+                    fix="pass tfcompat.rope_index(model, ids, ...) (4 rows) per sequence, concatenated (or "
+                    "tfcompat.pack); for an ordinary call pass no position_ids",
+                    supported="(4, B, L) [text; t; h; w] or (B, L)")
             return self.context
         if tokens.device.type == "meta":
-            raise self.error("a patched forward got meta tensors",
-                             "the packed path reads the position ids to find the sequence boundaries; meta tensors "
-                             "have no values", "materialize the model and the inputs (model.to_empty(device=...), "
-                             "then load the weights) before running it")
-        positions = split_positions(position_ids, seq_len=tokens.shape[1], family=self.r.family)
-        if positions.text.shape[0] != tokens.shape[0]:
-            raise self.error("position_ids and the input tokens differ in batch size",
-                             f"{positions.text.shape[0]} position rows for {tokens.shape[0]} token rows",
-                             "build one row of position ids per row of tokens")
+            raise self.r.error(InvalidInputError, "a patched forward got meta tensors",
+                               why="the packed path reads the position ids to find the sequence boundaries; meta "
+                               "tensors have no values", fix="materialize the model and the inputs "
+                               "(model.to_empty(device=...), then load the weights) before running it")
+        positions = self.positions(position_ids, tokens)
         mask = a.get("attention_mask")
         if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != positions.text.shape):
             return self.context  # a 4-D or precomputed mask: the caller asked for the stock masking
@@ -163,23 +168,26 @@ class Router:
                 return self.context
             text, mrope = _pad_tails_as_sequences(text, mrope, host[4].bool())
         if vision and bool(host[-1].any()):
-            raise self.error(
-                "vision placeholders with text-only (B, L) position ids",
-                "image and video tokens take M-RoPE positions [t; h; w] that a (B, L) row cannot carry; the model "
-                "would place every vision token on the text row", PER_SEQUENCE_FIX + " (4-row ids)")
+            raise self.r.error(
+                InvalidInputError, "vision placeholders with text-only (B, L) position ids",
+                why="image and video tokens take M-RoPE positions [t; h; w] that a (B, L) row cannot carry; the "
+                "model would place every vision token on the text row", fix=PER_SEQUENCE_FIX + " (4-row ids)")
         self._check_packed(text, mrope if position_ids.ndim == 3 else None)
         seqs = from_host_positions(text, device=tokens.device, family=self.r.family)
         if a.get("use_cache") is True:  # asked for, not defaulted: generate()'s prefill on 5.4+ passes only this
             if len(seqs.lengths) == text.shape[0]:  # one sequence per row: the stock forward builds its cache
                 return self.context
-            raise self.error(
-                "a packed row cannot build a KV cache", f"use_cache=True with {len(seqs.lengths)} sequences in "
-                f"{text.shape[0]} row(s); a cache continues one sequence per row",
-                "pass use_cache=False (or leave it unset) for packed rows; generate() with one sequence per row")
+            raise self.r.error(
+                InvalidInputError, "a packed row cannot build a KV cache",
+                why=f"use_cache=True with {len(seqs.lengths)} sequences in {text.shape[0]} row(s); a cache continues "
+                "one sequence per row",
+                fix="pass use_cache=False (or leave it unset) for packed rows; generate() with one sequence per row")
         if self.group is not None:
-            raise self.error("a sequence-parallel forward needs the inputs of tfcompat.ulysses.shard_inputs",
-                             "the model was patched with ulysses_group, and no shard context was passed",
-                             "model(**tfcompat.ulysses.shard_inputs(ids, position_ids, group=group).model_inputs)")
+            raise self.r.error(
+                InvalidInputError, "a sequence-parallel forward needs the inputs of tfcompat.ulysses.shard_inputs",
+                why="the model was patched with ulysses_group, and no shard context was passed",
+                fix="model(**tfcompat.ulysses.shard_inputs(ids, position_ids, group=group).model_inputs)")
+        self._split = (position_ids, tuple(tokens.shape[:2]), positions)
         return ForwardContext(seqs)
 
     def _packed_with_padding(self, text: torch.Tensor, mask: torch.Tensor) -> bool:
@@ -194,10 +202,11 @@ class Router:
         gaps = ~attended & attended.flip(-1).long().cumsum(-1).flip(-1).bool()  # a zero before an attended token
         if bool(gaps.any()):
             row, col = (int(i) for i in gaps.nonzero()[0])
-            raise self.error(
-                "a packed row with padding before its end", f"row {row} restarts its position ids and its "
-                f"attention_mask is 0 at token {col}, before attended tokens; packed rows may carry padding only at "
-                "their end (right padding)", "pad packed rows on the right, or drop the padding (attention_mask=None)")
+            raise self.r.error(
+                InvalidInputError, "a packed row with padding before its end",
+                why=f"row {row} restarts its position ids and its attention_mask is 0 at token {col}, before attended "
+                "tokens; packed rows may carry padding only at their end (right padding)",
+                fix="pad packed rows on the right, or drop the padding (attention_mask=None)")
         return True
 
     def _check_packed(self, text: torch.Tensor, mrope: torch.Tensor | None) -> None:
@@ -208,11 +217,11 @@ class Router:
         bad = starts & (mrope != 0).any(0)
         if bool(bad.any()):
             row, col = (int(i) for i in bad.nonzero()[0])
-            raise self.error(
-                "position ids are not per sequence",
-                f"at row {row}, token {col} the text row restarts at 0 but [t; h; w] = "
+            raise self.r.error(
+                InvalidInputError, "position ids are not per sequence",
+                why=f"at row {row}, token {col} the text row restarts at 0 but [t; h; w] = "
                 f"{[int(x) for x in mrope[:, row, col]]}; a sequence's M-RoPE positions start at 0 too, so these were "
-                "computed over more than one sequence (rope_index on the whole packed row?)", PER_SEQUENCE_FIX)
+                "computed over more than one sequence (rope_index on the whole packed row?)", fix=PER_SEQUENCE_FIX)
 
     @contextlib.contextmanager
     def stock_attention(self) -> Iterator[None]:

@@ -9,7 +9,9 @@ function is replaced; removed again when the last patched model is undone). Per 
 - an instance ``forward`` on the text model that accepts contract position ids, computes the packed
   boundaries once per forward and passes them down in kwargs;
 - where the installed decoder layer drops ``**kwargs``, a forward pre-hook on each decoder layer that hands
-  the boundaries to its attention.
+  the boundaries to its attention;
+- on each attention module, its attention features (window, softcap, sinks, chunk: `tfcompat.hf.features`) under
+  `tfcompat.hf.attention.FEATURES_ATTR`.
 """
 
 from __future__ import annotations
@@ -23,39 +25,26 @@ from typing import Any, cast, get_args
 
 import torch
 
+from ..core.a2a import check_heads
 from ..core.attention import Backend
 from ..core.context import BRIDGE_ATTR, CONTEXT_KWARG, ForwardContext, StockContext
 from ..core.extras import VISUAL_KWARG, VisualExtras
-from ..core.position_ids import split_positions, to_text_model_layout
+from ..core.labels import mask_ends, mask_starts
+from ..core.position_ids import split_positions
 from ..errors import InvalidInputError, PatchedModelError, PatchError
 from ..registry import Resolved, resolve_model
-from ..ulysses import check_heads
 from . import attention as hf_attention
+from . import fused as hf_fused
 from . import linear_attention as hf_linear_attention
-from .forward import Router, mask_labels, mask_shift_labels
+from .changes import Record
+from .features import ModuleFeatures, module_features, unsupported
+from .forward import Router, to_text_model_layout
 
 __all__ = ["PatchHandle", "Record", "is_patched", "patch"]
 
 _MISSING = object()
 _HANDLE_ATTR = "_tfcompat_handle"
 
-
-@dataclass(frozen=True)
-class Record:
-    """One change: ``target.attr`` went from ``old`` to ``new`` (``old`` is `None` with ``was_set=False``
-    when the attribute was not in the instance's ``__dict__``); scope is "instance", "config", "hook" or
-    "process"."""
-
-    scope: str
-    target: Any
-    attr: str
-    old: Any
-    new: Any
-    was_set: bool
-    note: str
-
-    def __str__(self) -> str:
-        return f"[{self.scope}] {type(self.target).__name__}.{self.attr}: {self.note}"
 
 
 class PatchHandle:
@@ -104,7 +93,8 @@ class PatchHandle:
         self.undo()
 
     def explain(self) -> str:
-        head = f"tfcompat patch of {type(self.model).__name__} ({'active' if self.active else 'undone'}), options {self.options}"
+        state = "active" if self.active else "undone"
+        head = f"tfcompat patch of {type(self.model).__name__} ({state}), options {self.options}"
         return "\n".join([head, *(f"  {r}" for r in self.records), self.resolved.explain()])
 
 
@@ -115,6 +105,7 @@ def patch(
     ulysses_group: Any = _MISSING,
     backend: Backend = "auto",
     linear_backend: hf_linear_attention.LinearBackend = "auto",
+    fused: hf_fused.Fused = False,
 ) -> PatchHandle:
     """Make a stock transformers model accept packed batches; returns a `PatchHandle`.
 
@@ -127,6 +118,9 @@ def patch(
     linear_backend: the kernels of linear-attention (Gated DeltaNet) layers, where the family has them:
         ``"auto"`` (flash-linear-attention / causal-conv1d where installed and usable, else torch), ``"fla"``
         (flash-linear-attention required), ``"torch"`` (exact on any device).
+    fused: Liger-Kernel's RMSNorm / SwiGLU / RoPE kernels where exact for the module (`tfcompat.hf.fused`):
+        False (default), True or a subset of ``("rms_norm", "swiglu", "rope")`` (`PatchError` for a module they
+        would not compute exactly, or without liger-kernel), ``"auto"`` (where exact, if liger-kernel imports).
 
     Idempotent: patching a patched model with the same options returns its handle. Everything that cannot
     apply raises `PatchError` here, never inside a forward. See the module docstring for what is changed.
@@ -141,7 +135,7 @@ def patch(
                          fix="pass one of the supported backends")
     ulysses_group = _check_group(ulysses_group)
     options = {"remove_padding": remove_padding, "ulysses_group": ulysses_group, "backend": backend,
-               "linear_backend": linear_backend}
+               "linear_backend": linear_backend, "fused": fused}
     existing = vars(model).get(_HANDLE_ATTR)
     if existing is not None and existing.active:
         if existing.options != options:
@@ -159,7 +153,8 @@ def patch(
         raise PatchError("model has no config.model_type", why=f"got {type(model).__name__}",
                          fix="pass a transformers PreTrainedModel")
     resolved = resolve_model(model)
-    plan = _plan(model, resolved, ulysses_group, linear_backend)
+    plan = _plan(model, resolved, ulysses_group, linear_backend, backend)
+    fused_modules = hf_fused.prepare(model, fused, resolved.family, resolved.transformers_version)
 
     handle = PatchHandle(model, resolved, options)
     hf_attention.register()
@@ -190,8 +185,12 @@ def patch(
 
         handle._add(Record("hook", layer, "forward_pre_hook", None, hook, True,
                            "hands packed boundaries to self-attention (layer drops **kwargs)"), remove)
+    for attn, features, note in plan.features:
+        handle._set("instance", attn, hf_attention.FEATURES_ATTR, features, note)
     for module, forward in plan.linear:
-        handle._set("instance", module, "forward", forward, "packed Gated DeltaNet (conv and state restart per sequence)")
+        handle._set("instance", module, "forward", forward,
+                    "packed Gated DeltaNet (conv and state restart per sequence)")
+    hf_fused.apply(handle, fused_modules)
     handle._set("instance", model, "__deepcopy__", _deepcopy(handle), "copy.deepcopy gives a copy patched alike")
     handle._set("instance", model, "__reduce_ex__", _refuse_pickle(handle), "pickling raises PatchedModelError")
     handle._set("instance", model, _HANDLE_ATTR, handle, "the active handle (idempotence)")
@@ -218,15 +217,16 @@ def _check_group(group: Any) -> Any:
     if group is None and not initialized:
         raise PatchError(
             "ulysses_group=None while torch.distributed is not initialized",
-            why="dist.group.WORLD is None until init_process_group runs, so patch(model, ulysses_group=dist.group.WORLD) "
-            "would silently become a single-process patch",
+            why="dist.group.WORLD is None until init_process_group runs, so "
+            "patch(model, ulysses_group=dist.group.WORLD) would silently become a single-process patch",
             fix="call torch.distributed.init_process_group(...) before patch(); for a single-process patch leave "
             "ulysses_group out")
     if group is not None and not (initialized and isinstance(group, dist.ProcessGroup)):
         raise PatchError(
             "ulysses_group is not a process group of an initialized torch.distributed",
             why=f"got {type(group).__name__}" + ("" if initialized else " and torch.distributed is not initialized"),
-            supported="a torch.distributed.ProcessGroup (dist.group.WORLD, dist.new_group(ranks), device_mesh['sp'].get_group())",
+            supported="a torch.distributed.ProcessGroup (dist.group.WORLD, dist.new_group(ranks), "
+            "device_mesh['sp'].get_group())",
             fix="init_process_group first, then pass the sequence-parallel group")
     return group
 
@@ -237,8 +237,8 @@ def _takes_kwargs(fn: Callable[..., Any]) -> bool:
 
 def _top_forward(original: Callable[..., Any], router: Router) -> Callable[..., Any]:
     """Wrap the bound forward of the model given to `patch` (when it is not the text model): decide packed or
-    stock once for the whole call (`tfcompat.routing`) and, on a packed row, make the loss per sequence
-    (`tfcompat.routing.mask_labels`)."""
+    stock once for the whole call (`tfcompat.hf.forward`) and, on a packed row, make the loss per sequence
+    (`tfcompat.core.labels`)."""
     sig = inspect.signature(original)
     var_kw = next(p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD)
 
@@ -262,22 +262,23 @@ def _per_sequence_labels(a: dict[str, Any], extra: dict[str, Any], ctx: ForwardC
     """Labels of a packed row: ignored at each sequence start (``labels``) or end (``shift_labels``)."""
     tokens = a.get("inputs_embeds") if a.get("inputs_embeds") is not None else a.get("input_ids")
     ignore = extra.get("ignore_index", -100)
-    for name, where, fn in (("labels", a, mask_labels), ("shift_labels", extra, mask_shift_labels)):
+    r = router.r
+    for name, where, fn in (("labels", a, mask_starts), ("shift_labels", extra, mask_ends)):
         labels = where.get(name)
         if labels is None:
             continue
         if ctx.group is not None and name == "labels":
-            raise router.error(
-                "labels passed to a sequence-parallel forward",
-                "each rank holds a slice of the packed row; transformers would shift the labels inside the slice",
-                "compute the loss from tfcompat.ulysses.gather_outputs(out.logits, shard) and shard.labels (already "
-                "shifted on the whole row), or pass shift_labels=shard.labels")
+            raise r.error(
+                InvalidInputError, "labels passed to a sequence-parallel forward",
+                why="each rank holds a slice of the packed row; transformers would shift the labels inside the slice",
+                fix="compute the loss from tfcompat.ulysses.gather_outputs(out.logits, shard) and shard.labels "
+                "(already shifted on the whole row), or pass shift_labels=shard.labels")
         if ctx.group is not None:
             continue  # shard.labels are shifted and masked on the whole row already
         if tokens is not None and tuple(labels.shape) != tuple(tokens.shape[:2]):
-            raise router.error(f"{name} and the input tokens differ in shape",
-                               f"{name} {tuple(labels.shape)}, tokens {tuple(tokens.shape[:2])}",
-                               f"pass one {name[:-1]} per token, (B, L) like input_ids")
+            raise r.error(InvalidInputError, f"{name} and the input tokens differ in shape",
+                          why=f"{name} {tuple(labels.shape)}, tokens {tuple(tokens.shape[:2])}",
+                          fix=f"pass one {name[:-1]} per token, (B, L) like input_ids")
         where[name] = fn(labels, ctx.seqs, ignore)
 
 
@@ -333,13 +334,12 @@ class _Plan:
     text_models: list[torch.nn.Module]
     bridges: list[tuple[torch.nn.Module, torch.nn.Module]]
     linear: list[tuple[torch.nn.Module, Callable[..., torch.Tensor]]]
+    features: list[tuple[torch.nn.Module, Any, str]]
 
 
-def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) -> _Plan:
+def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, backend: str) -> _Plan:
     """Find what to change and check it can be changed, before changing anything."""
-    def error(what: str, why: str, fix: str = "") -> PatchError:
-        return PatchError(what, family=r.family, transformers_version=r.transformers_version, why=why,
-                          supported=f"entry {r.entry.versions}", fix=fix)
+    entry = f"entry {r.entry.versions}"
 
     text_models = [m for m in model.modules() if isinstance(m, r.text_model_cls)]
     attentions = [m for m in model.modules() if isinstance(m, r.attention_cls)]
@@ -347,24 +347,28 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) 
     linears = [m for m in model.modules() if linear_cls is not None and isinstance(m, linear_cls)]
     if not text_models or not (attentions or linears):
         mixers = " or ".join(c.__name__ for c in (r.attention_cls, linear_cls) if c is not None)
-        raise error(f"cannot patch {type(model).__name__}",
-                    f"found {len(text_models)} {r.text_model_cls.__name__} and {len(attentions) + len(linears)} {mixers}",
-                    "pass the model built by transformers for this family")
+        raise r.error(PatchError, f"cannot patch {type(model).__name__}", supported=entry,
+                      why=f"found {len(text_models)} {r.text_model_cls.__name__} and {len(attentions) + len(linears)} "
+                      f"{mixers}", fix="pass the model built by transformers for this family")
     for tm in text_models:
         params = inspect.signature(tm.forward).parameters.values()
         if not any(p.kind is p.VAR_KEYWORD for p in params):
-            raise error(f"{type(tm).__name__}.forward takes no **kwargs", "boundaries cannot reach attention")
+            raise r.error(PatchError, f"{type(tm).__name__}.forward takes no **kwargs",
+                          why="boundaries cannot reach attention", supported=entry)
     configs: list[Any] = []
+    features: list[tuple[torch.nn.Module, ModuleFeatures]] = []
     for attn in attentions:
         cfg: Any = attn.config  # a PretrainedConfig (torch types a Module attribute read `Tensor | Module`)
         if getattr(cfg, "attention_dropout", 0.0):
-            raise error("attention dropout is not supported by the packed core",
-                        f"config.attention_dropout = {cfg.attention_dropout}", "set attention_dropout=0.0")
-        sliding = _sliding(attn, cfg)
-        if sliding:
-            raise error("sliding-window attention is not supported by the packed core", sliding,
-                        "build the model without sliding layers (use_sliding_window=False, every layer_types entry "
-                        "'full_attention')")
+            raise r.error(PatchError, "attention dropout is not supported by the packed core",
+                          why=f"config.attention_dropout = {cfg.attention_dropout}", fix="set attention_dropout=0.0",
+                          supported=entry)
+        found = module_features(attn, cfg)
+        if found.refusal:
+            raise r.error(PatchError, f"{type(attn).__name__} (layer {getattr(attn, 'layer_idx', '?')}) does what the "
+                          "packed core cannot", why=found.refusal, supported=entry,
+                          fix="run the model unpatched, or build it without the feature")
+        features.append((attn, found))
         if group is not None:
             import torch.distributed as dist
 
@@ -372,10 +376,14 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) 
                 check_heads(cfg.num_attention_heads, cfg.num_key_value_heads, dist.get_world_size(group),
                             family=r.family, transformers_version=r.transformers_version)
             except InvalidInputError as exc:
-                raise PatchError(exc.what, family=r.family, transformers_version=r.transformers_version, why=exc.why,
-                                 supported=exc.supported, fix=exc.fix) from None
+                raise r.error(PatchError, exc.what, why=exc.why, supported=exc.supported, fix=exc.fix) from None
         if all(cfg is not c for c in configs):
             configs.append(cfg)
+    for attn, found in features:  # after every module's refusal: what no backend can do is named first
+        gap = unsupported(backend, found.features, qk_dim=found.qk_dim, v_dim=found.v_dim)
+        if gap:
+            raise r.error(PatchError, f"attention backend {backend!r} cannot run {type(attn).__name__} ({found.note})",
+                          why=gap, supported=entry, fix="pass backend='auto' (or 'sdpa')")
     for tm in text_models:
         if all(tm.config is not c for c in configs):
             configs.append(tm.config)
@@ -384,23 +392,12 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str) 
         for layer in (m for m in model.modules() if isinstance(m, r.decoder_layer_cls)):
             children = [c for c in layer.children() if isinstance(c, r.attention_cls)]
             if len(children) != 1:
-                raise error(f"{type(layer).__name__} has {len(children)} attention children", "cannot bridge kwargs")
+                raise r.error(PatchError, f"{type(layer).__name__} has {len(children)} attention children",
+                              why="cannot bridge kwargs", supported=entry)
             bridges.append((layer, children[0]))
     linear = hf_linear_attention.plan(model, r, group, linear_backend)
-    return _Plan(configs, text_models, bridges + linear.bridges, linear.forwards)
-
-
-def _sliding(attn: torch.nn.Module, cfg: Any) -> str:
-    """Why the layer of ``attn`` attends through a window (its module's ``sliding_window``, its entry in
-    ``config.layer_types``), or "" when it attends to the whole sequence."""
-    reasons = []
-    if getattr(attn, "sliding_window", None):
-        reasons.append(f"{type(attn).__name__}.sliding_window = {attn.sliding_window}")
-    types, index = getattr(cfg, "layer_types", None) or (), getattr(attn, "layer_idx", None)
-    kind = types[index] if isinstance(index, int) and index < len(types) else None
-    if isinstance(kind, str) and ("sliding" in kind or "chunked" in kind):
-        reasons.append(f"config.layer_types[{index}] = {kind!r}")
-    return "; ".join(reasons)
+    return _Plan(configs, text_models, bridges + linear.bridges, linear.forwards,
+                 [(attn, found.features, found.note) for attn, found in features])
 
 
 def _bridge(attn: torch.nn.Module) -> Callable[..., None]:
@@ -423,9 +420,6 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
     sig = inspect.signature(original)
     var_kw = next(p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD)
 
-    def error(what: str, why: str, fix: str = "") -> InvalidInputError:
-        return InvalidInputError(what, family=r.family, transformers_version=r.transformers_version, why=why, fix=fix)
-
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
         a = sig.bind(*args, **kwargs).arguments
@@ -439,17 +433,15 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         if isinstance(ctx, StockContext):
             return _stock(a, extra, ctx)
         if a.get("position_ids") is None or tokens is None:
-            raise error("a packed forward needs position_ids and input_ids (or inputs_embeds)",
-                        "position_ids is None" if tokens is not None else "no input tokens",
-                        "pass position_ids: tfcompat.rope_index(model, ids, ...) per sequence, concatenated on dim -1")
-        positions = split_positions(a["position_ids"], seq_len=tokens.shape[1], family=r.family)
-        if positions.text.shape[0] != tokens.shape[0]:
-            raise error("position_ids and the input tokens differ in batch size",
-                        f"{positions.text.shape[0]} position rows for {tokens.shape[0]} token rows")
+            raise r.error(InvalidInputError, "a packed forward needs position_ids and input_ids (or inputs_embeds)",
+                          why="position_ids is None" if tokens is not None else "no input tokens",
+                          fix="pass position_ids: tfcompat.rope_index(model, ids, ...) per sequence, concatenated on "
+                          "dim -1")
+        positions = router.positions(a["position_ids"], tokens)  # the split `decide` made, where it made one
         if ctx.group is not group:
-            raise error("the shard's group is not the group the model was patched with",
-                        f"patched with {_describe(group)}, inputs sharded over {_describe(ctx.group)}",
-                        "shard_inputs(..., group=g) with the same g as patch(model, ulysses_group=g)")
+            raise r.error(InvalidInputError, "the shard's group is not the group the model was patched with",
+                          why=f"patched with {_describe(group)}, inputs sharded over {_describe(ctx.group)}",
+                          fix="shard_inputs(..., group=g) with the same g as patch(model, ulysses_group=g)")
         extra[CONTEXT_KWARG] = ctx._replace(backend=backend)
         visual = extra.pop(VISUAL_KWARG, None)
         if visual is not None:
@@ -479,15 +471,17 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
     def _take_visual(a: dict[str, Any], visual: Any, shape: torch.Size) -> None:
         """Hand `tfcompat.embed_inputs`' DeepStack extras to the stock text model's own parameters."""
         if r.entry.vision is None or not r.entry.vision.deepstack or not isinstance(visual, VisualExtras):
-            raise error(f"{r.family}'s text model takes no visual extras", f"got {type(visual).__name__}",
-                        "pass **tfcompat.embed_inputs(...).model_inputs() of this model")
+            raise r.error(InvalidInputError, f"{r.family}'s text model takes no visual extras",
+                          why=f"got {type(visual).__name__}", fix="pass **tfcompat.embed_inputs(...).model_inputs() "
+                          "of this model")
         if a.get("visual_pos_masks") is not None or a.get("deepstack_visual_embeds") is not None:
-            raise error("visual extras given twice", "the forward also got visual_pos_masks / deepstack_visual_embeds",
-                        "pass either pixel values or the embed_inputs result, not both")
+            raise r.error(InvalidInputError, "visual extras given twice",
+                          why="the forward also got visual_pos_masks / deepstack_visual_embeds",
+                          fix="pass either pixel values or the embed_inputs result, not both")
         if tuple(visual.visual_pos_masks.shape) != tuple(shape):
-            raise error("the visual extras do not match the input tokens",
-                        f"visual_pos_masks {tuple(visual.visual_pos_masks.shape)}, tokens {tuple(shape)}",
-                        "shard the embed_inputs result with tfcompat.ulysses.shard_inputs(inputs_embeds=...)")
+            raise r.error(InvalidInputError, "the visual extras do not match the input tokens",
+                          why=f"visual_pos_masks {tuple(visual.visual_pos_masks.shape)}, tokens {tuple(shape)}",
+                          fix="shard the embed_inputs result with tfcompat.ulysses.shard_inputs(inputs_embeds=...)")
         a["visual_pos_masks"] = visual.visual_pos_masks
         a["deepstack_visual_embeds"] = list(visual.deepstack_visual_embeds)
 

@@ -1,5 +1,5 @@
 """``embed_inputs``: text embeddings with the vision tower's output scattered in, on every version, and the
-extras the family's text model consumes besides (`tfcompat.extras`).
+extras the family's text model consumes besides (`tfcompat.core.extras`: `Embedded`, `VisualExtras`).
 
 Sequence parallelism slices the input embeddings, so whole images must go through the vision tower first;
 this is the step that does it, outside the model's forward.
@@ -7,34 +7,16 @@ this is the step that does it, outside the model's forward.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import torch
 
-from ..core.extras import VISUAL_KWARG, VisualExtras
+from ..core.extras import Embedded, VisualExtras
 from ..errors import InvalidInputError, PatchError, SymbolProbeError
-from ..registry import Resolved, resolve
-from .vision_inputs import check_token_ids, check_vision_inputs, require_vision
+from ..registry import Resolved
+from .vision_inputs import family_of, vision_call
 
-__all__ = ["Embedded", "dummy_image", "embed_inputs", "visual_features"]
-
-
-class Embedded(NamedTuple):
-    """What `embed_inputs` returns: the input embeddings and the text model's other inputs.
-
-    inputs_embeds: ``(B, L, H)``. visual: the DeepStack inputs (`tfcompat.extras.VisualExtras`) for families
-    whose text model takes them (Qwen3-VL), else None.
-    """
-
-    inputs_embeds: torch.Tensor
-    visual: VisualExtras | None = None
-
-    def model_inputs(self) -> dict[str, Any]:
-        """Keyword arguments for the patched model: ``inputs_embeds`` and, where present, the extras."""
-        inputs: dict[str, Any] = {"inputs_embeds": self.inputs_embeds}
-        if self.visual is not None:
-            inputs[VISUAL_KWARG] = self.visual
-        return inputs
+__all__ = ["Embedded", "dummy_image", "embed_inputs", "visual_features"]  # Embedded: tfcompat.core.extras
 
 
 def embed_inputs(
@@ -55,14 +37,11 @@ def embed_inputs(
     ``0 * its mean`` (and its DeepStack features'): the tower gets zero gradients rather than none, and every
     rank of a sharded job runs the same collectives.
     """
-    config: Any = model.config  # a transformers PretrainedConfig
-    r = resolve(config.model_type)
-    require_vision(r, "embed_inputs")
-    check_token_ids(r, input_ids, "embed_inputs")
-    owner, tower = r.vision_modules(model, purpose="embed_inputs (the vision tower runs outside the forward)")
-    check_vision_inputs(r, owner.config, input_ids, {"pixel_values": pixel_values, "image_grid_thw": image_grid_thw,
-                        "pixel_values_videos": pixel_values_videos, "video_grid_thw": video_grid_thw},
-                        what="embed_inputs")
+    r = family_of(model)
+    owner, tower = vision_call(r, model, input_ids, {"pixel_values": pixel_values, "image_grid_thw": image_grid_thw,
+                               "pixel_values_videos": pixel_values_videos, "video_grid_thw": video_grid_thw},
+                               what="embed_inputs", purpose="embed_inputs (the vision tower runs outside the forward)",
+                               placeholders="with_pixels")
     where = r.entry.vision
     embeds = cast(Any, model).get_input_embeddings()(input_ids)
     types = r.spec.mm_token_types(owner.config, input_ids)  # type: ignore[misc]  # require_vision: not None
@@ -78,20 +57,20 @@ def embed_inputs(
         return Embedded(embeds, VisualExtras(torch.zeros_like(input_ids, dtype=torch.bool), rows))
     visual = types > 0  # (B, L): every image or video token
     stacked: list[torch.Tensor] | None = None
-    for kind, code, pixels, grid in (("image", 1, pixel_values, image_grid_thw), ("video", 2, pixel_values_videos, video_grid_thw)):
+    for kind, code, pixels, grid in (("image", 1, pixel_values, image_grid_thw),
+                                     ("video", 2, pixel_values_videos, video_grid_thw)):
         slots = types == code
         if pixels is None:
             if bool(slots.any()):
-                raise InvalidInputError(f"input_ids hold {kind} tokens but no {kind} pixels were given", family=r.family,
-                                        transformers_version=r.transformers_version, fix=f"pass the {kind}'s pixel values and grid")
+                raise r.error(InvalidInputError, f"input_ids hold {kind} tokens but no {kind} pixels were given",
+                              fix=f"pass the {kind}'s pixel values and grid")
             continue
         grid = cast(torch.Tensor, grid)  # check_vision_inputs: pixels come with their grid
         features, layers = visual_features(owner, kind, pixels, grid, r)
         n_slots = int(slots.sum())
         if n_slots != features.shape[0]:
-            raise InvalidInputError(
-                f"{kind} placeholder tokens and {kind} features disagree", family=r.family,
-                transformers_version=r.transformers_version,
+            raise r.error(
+                InvalidInputError, f"{kind} placeholder tokens and {kind} features disagree",
                 why=f"{n_slots} {kind} tokens in input_ids, {features.shape[0]} feature rows from the vision tower",
                 fix="check the grid_thw against the processor's token expansion (t * h * w / merge**2 per item)",
             )
@@ -101,7 +80,8 @@ def embed_inputs(
             # (n_kind, H) rows -> their places among all visual tokens, row-major over (B, L)
             joint = slots[visual][:, None]
             stacked = [(torch.zeros(int(visual.sum()), x.shape[-1], dtype=embeds.dtype, device=embeds.device)
-                        if stacked is None else stacked[i]).masked_scatter(joint.expand(-1, x.shape[-1]), x.to(embeds.dtype))
+                        if stacked is None else stacked[i]).masked_scatter(joint.expand(-1, x.shape[-1]),
+                                                                           x.to(embeds.dtype))
                        for i, x in enumerate(layers)]
     if not deepstack:
         return Embedded(embeds)
@@ -118,14 +98,12 @@ def visual_features(owner: torch.nn.Module, kind: str, pixels: torch.Tensor, gri
     """
     where = r.entry.vision
     if where is None:
-        raise PatchError(f"{r.family} has no vision tower", family=r.family, transformers_version=r.transformers_version,
-                         fix="pass the model of a vision-language family")
+        raise r.error(PatchError, f"{r.family} has no vision tower", fix="pass the model of a vision-language family")
     out: Any = getattr(owner, f"get_{kind}_features")(pixels, grid)
     is_output = hasattr(out, "pooler_output")
     if is_output != (where.output == "model_output"):
-        raise SymbolProbeError(
-            f"{type(owner).__name__}.get_{kind}_features returned {type(out).__name__}", family=r.family,
-            transformers_version=r.transformers_version,
+        raise r.error(
+            SymbolProbeError, f"{type(owner).__name__}.get_{kind}_features returned {type(out).__name__}",
             why=f"the {r.entry.versions} entry declares {where.output!r}", supported=r.spec.supported,
             fix="report it: this release changed what the vision tower returns",
         )
@@ -145,6 +123,7 @@ def _cat(x: torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor]) -> tor
 def dummy_image(vision_config: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The smallest valid image for ``vision_config``: one merged token, ``(merge**2, C * tp * p * p)`` zeros."""
     merge = vision_config.spatial_merge_size
-    patch_dim = getattr(vision_config, "in_channels", 3) * vision_config.temporal_patch_size * vision_config.patch_size**2
+    channels = getattr(vision_config, "in_channels", 3)
+    patch_dim = channels * vision_config.temporal_patch_size * vision_config.patch_size**2
     grid = torch.tensor([[1, merge, merge]], device=device)
     return torch.zeros(merge * merge, patch_dim, device=device), grid

@@ -11,17 +11,18 @@ rejects images and videos together: the row is embedded with `tfcompat.embed_inp
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import torch
 
 from ..core.context import CONTEXT_KWARG, ForwardContext
+from ..core.labels import mask_starts, shift_labels
 from ..core.packing import PackedSeqs, from_lengths
 from ..errors import InvalidInputError
-from ..registry import Resolved, resolve
+from ..registry import Resolved
 from .embedding import embed_inputs
 from .rope_index import Impl, rope_index
-from .vision_inputs import check_token_ids, check_vision_inputs
+from .vision_inputs import check_token_ids, family_of, vision_call
 
 __all__ = ["Packed", "pack"]
 
@@ -61,15 +62,16 @@ def pack(model: torch.nn.Module, examples: Sequence[Mapping[str, Any]], *, ignor
     Raises `InvalidInputError` naming the example for anything `tfcompat.rope_index` or the vision checks
     refuse, unknown keys, padding, labels of another shape or given for only some examples.
     """
-    r = resolve(cast(str, getattr(getattr(model, "config", None), "model_type", None)))  # None: UnknownFamilyError
+    r = family_of(model)
     if not examples:
-        raise _error(r, "tfcompat.pack got no examples", "an empty list packs no row", "pass at least one example")
+        raise r.error(InvalidInputError, "tfcompat.pack got no examples", why="an empty list packs no row",
+                      fix="pass at least one example")
     rows = [_example(r, model, i, ex, impl) for i, ex in enumerate(examples)]
     has_labels = [ex.get("labels") is not None for ex in examples]
     if any(has_labels) and not all(has_labels):
-        raise _error(r, "tfcompat.pack got labels for some examples only",
-                     f"examples without labels: {[i for i, h in enumerate(has_labels) if not h]}",
-                     f"give every example labels (all {ignore_index} where no loss is wanted), or none")
+        raise r.error(InvalidInputError, "tfcompat.pack got labels for some examples only",
+                      why=f"examples without labels: {[i for i, h in enumerate(has_labels) if not h]}",
+                      fix=f"give every example labels (all {ignore_index} where no loss is wanted), or none")
     ids = torch.cat([row[0] for row in rows])[None]  # (T,) -> (1, T)
     seqs = from_lengths([row[0].shape[0] for row in rows], device=ids.device)
     inputs: dict[str, Any] = {"input_ids": ids, "position_ids": torch.cat([row[1] for row in rows], dim=-1)}
@@ -79,20 +81,18 @@ def pack(model: torch.nn.Module, examples: Sequence[Mapping[str, Any]], *, ignor
             inputs[name] = torch.cat(parts)
     if r.entry.rope_index_mm_token_types and r.spec.mm_token_types is not None:
         inputs["mm_token_type_ids"] = r.spec.mm_token_types(model.config, ids)
-    shift_labels = None
+    shifted = None
     if all(has_labels):
         labels = torch.cat([_flat(ex["labels"]) for ex in examples])[None].to(ids.device)  # (T,) -> (1, T)
-        starts = seqs.cu_seqlens[:-1].to(ids.device, torch.long)
-        inputs["labels"] = labels.index_fill(1, starts, ignore_index)
-        shift_labels = torch.cat([torch.cat([_flat(ex["labels"])[1:], _flat(ex["labels"]).new_full((1,), ignore_index)])
-                                  for ex in examples])[None].to(ids.device)  # (T,) -> (1, T)
+        inputs["labels"] = mask_starts(labels, seqs, ignore_index)
+        shifted = shift_labels(labels, seqs, ignore_index)
     if "images_with_videos_rejected" in r.entry.known_issues and "pixel_values" in inputs \
             and "pixel_values_videos" in inputs:
         vision = {k: inputs.pop(k) for k in _VISION}
         embedded = embed_inputs(model, inputs.pop("input_ids"), **vision)
         inputs.update(embedded.model_inputs())
     inputs[CONTEXT_KWARG] = ForwardContext(seqs)
-    return Packed(inputs, shift_labels, seqs)
+    return Packed(inputs, shifted, seqs)
 
 
 def _example(r: Resolved, model: torch.nn.Module, i: int, ex: Mapping[str, Any],
@@ -100,38 +100,40 @@ def _example(r: Resolved, model: torch.nn.Module, i: int, ex: Mapping[str, Any],
     """Example ``i``'s ids ``(L,)`` and position ids (``(4, 1, L)`` M-RoPE families, else ``(1, L)``)."""
     what = f"tfcompat.pack example {i}"
     if not isinstance(ex, Mapping):
-        raise _error(r, f"{what} is not a mapping", f"got {type(ex).__name__}",
-                     "pass one dict per sequence: {'input_ids': ..., 'labels': ..., 'pixel_values': ..., ...}")
+        raise r.error(InvalidInputError, f"{what} is not a mapping", why=f"got {type(ex).__name__}",
+                      fix="pass one dict per sequence: {'input_ids': ..., 'labels': ..., 'pixel_values': ..., ...}")
     unknown = sorted(set(ex) - _KEYS)
     if unknown:
-        raise _error(r, f"{what} has unknown keys {unknown}", "pack places only the keys it knows",
-                     "drop them, or pack them yourself", supported=", ".join(sorted(_KEYS)))
+        raise r.error(InvalidInputError, f"{what} has unknown keys {unknown}", why="pack places only the keys it knows",
+                      fix="drop them, or pack them yourself", supported=", ".join(sorted(_KEYS)))
     if ex.get("input_ids") is None:
-        raise _error(r, f"{what} has no input_ids", f"keys {sorted(ex)}", "give every example its token ids")
+        raise r.error(InvalidInputError, f"{what} has no input_ids", why=f"keys {sorted(ex)}",
+                      fix="give every example its token ids")
     raw = ex["input_ids"]
     ids = raw[None] if isinstance(raw, torch.Tensor) and raw.ndim == 1 else raw
     check_token_ids(r, ids, what)
     if ids.shape[0] != 1 or ids.shape[1] == 0:
-        raise _error(r, f"{what}: input_ids must hold one non-empty sequence", f"got shape {tuple(raw.shape)}",
-                     "pass (L,) or (1, L) ids per example")
+        raise r.error(InvalidInputError, f"{what}: input_ids must hold one non-empty sequence",
+                      why=f"got shape {tuple(raw.shape)}", fix="pass (L,) or (1, L) ids per example")
     for name in ("labels", "attention_mask"):
         value = ex.get(name)
         if value is not None and (not isinstance(value, torch.Tensor) or value.numel() != ids.shape[1]):
-            raise _error(r, f"{what}: {name} and input_ids differ in length",
-                         f"{name} {tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__}, "
-                         f"input_ids {tuple(raw.shape)}", f"pass one {name} entry per token")
+            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise r.error(InvalidInputError, f"{what}: {name} and input_ids differ in length",
+                          why=f"{name} {got}, input_ids {tuple(raw.shape)}", fix=f"pass one {name} entry per token")
     mask = ex.get("attention_mask")
     if mask is not None and not bool(mask.bool().all()):
-        raise _error(r, f"{what} has padding", "attention_mask has zeros; a packed row carries no padding",
-                     "drop the padded tokens (ids[mask.bool()]) before packing")
+        raise r.error(InvalidInputError, f"{what} has padding",
+                      why="attention_mask has zeros; a packed row carries no padding",
+                      fix="drop the padded tokens (ids[mask.bool()]) before packing")
     vision = {k: ex[k] for k in _VISION if ex.get(k) is not None}
     if r.entry.vision is None:
         if vision:
-            raise _error(r, f"{what} has vision inputs {sorted(vision)}, and {r.family} is text only",
-                         "a text-only family has no vision tower", "drop the pixel values, or use a vision-language model")
+            raise r.error(InvalidInputError, f"{what} has vision inputs {sorted(vision)}, and {r.family} is text only",
+                          why="a text-only family has no vision tower",
+                          fix="drop the pixel values, or use a vision-language model")
         return ids[0], torch.arange(ids.shape[1], device=ids.device)[None]
-    owner_config = r.vision_modules(model, purpose="tfcompat.pack").owner.config
-    check_vision_inputs(r, owner_config, ids, vision, placeholders="always", what=what)
+    vision_call(r, model, ids, vision, what=what, purpose="tfcompat.pack")
     positions = rope_index(model, ids, image_grid_thw=ex.get("image_grid_thw"), video_grid_thw=ex.get("video_grid_thw"),
                            second_per_grid_ts=ex.get("second_per_grid_ts"), impl=impl)
     return ids[0], positions
@@ -139,8 +141,3 @@ def _example(r: Resolved, model: torch.nn.Module, i: int, ex: Mapping[str, Any],
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1)  # (1, L) or (L,) -> (L,)
-
-
-def _error(r: Resolved, what: str, why: str, fix: str, supported: str = "") -> InvalidInputError:
-    return InvalidInputError(what, family=r.family, transformers_version=r.transformers_version, why=why,
-                             supported=supported, fix=fix)

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Literal, cast, get_args
+from typing import Literal, get_args
 
 import torch
 
 from ..core.position_ids import text_row_from_mask
 from ..errors import InvalidInputError
-from ..registry import families, resolve
+from ..registry import families
 from .reference_rope import REFERENCES
-from .vision_inputs import check_token_ids, check_vision_inputs, require_vision
+from .vision_inputs import family_of, vision_call
 
 __all__ = ["Impl", "rope_index"]
 
@@ -44,49 +44,40 @@ def rope_index(
     ``(B, L)`` tensor, grids that disagree with the placeholder tokens (one grid row per image / video, in order),
     and ``second_per_grid_ts`` for a family whose index takes none, or of another length than the videos.
     """
-    r = resolve(cast(str, getattr(getattr(model, "config", None), "model_type", None)))  # None: UnknownFamilyError
-
-    def error(what: str, why: str, fix: str, supported: str = "") -> InvalidInputError:
-        return InvalidInputError(what, family=r.family, transformers_version=r.transformers_version, why=why,
-                                 supported=supported, fix=fix)
-
+    r = family_of(model)
     if impl not in get_args(Impl):
-        raise error(f"unknown rope_index impl {impl!r}", "impl picks whose M-RoPE index runs",
-                    "pass impl='installed' (the stock model's) or impl='reference' (tfcompat's)",
-                    supported=", ".join(map(repr, get_args(Impl))))
-    require_vision(r, "rope_index")
-    check_token_ids(r, input_ids, "rope_index")
-    owner = r.vision_modules(model, purpose="rope_index (get_rope_index lives with it)").owner
-    if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
-        raise error("attention_mask and input_ids differ in shape",
-                    f"attention_mask {tuple(attention_mask.shape)}, input_ids {tuple(input_ids.shape)}",
-                    "pass one mask entry per token, or no mask")
-    check_vision_inputs(r, owner.config, input_ids, {"image_grid_thw": image_grid_thw, "video_grid_thw": video_grid_thw},
-                        attention_mask=attention_mask, placeholders="always", what="rope_index")
+        raise r.error(InvalidInputError, f"unknown rope_index impl {impl!r}", why="impl picks whose M-RoPE index runs",
+                      fix="pass impl='installed' (the stock model's) or impl='reference' (tfcompat's)",
+                      supported=", ".join(map(repr, get_args(Impl))))
+    owner = vision_call(r, model, input_ids, {"image_grid_thw": image_grid_thw, "video_grid_thw": video_grid_thw},
+                        what="rope_index", purpose="rope_index (get_rope_index lives with it)",
+                        attention_mask=attention_mask).owner
     if second_per_grid_ts is not None and not isinstance(second_per_grid_ts, torch.Tensor):
         # a processor called without return_tensors="pt" gives a list of floats
         try:
             second_per_grid_ts = torch.tensor(second_per_grid_ts, dtype=torch.float32)
         except (TypeError, ValueError) as exc:
-            raise error("second_per_grid_ts must be numbers", f"got {second_per_grid_ts!r} ({exc})",
-                        "pass the processor's second_per_grid_ts: a tensor or list of seconds, one per video") from exc
+            raise r.error(InvalidInputError, "second_per_grid_ts must be numbers",
+                          why=f"got {second_per_grid_ts!r} ({exc})",
+                          fix="pass the processor's second_per_grid_ts: a tensor or list of seconds, one per video"
+                          ) from exc
     if second_per_grid_ts is not None:  # one behaviour for both impls: the installed signature decides
         if "second_per_grid_ts" not in inspect.signature(owner.get_rope_index).parameters:
-            raise error(f"{r.family} takes no second_per_grid_ts",
-                        "only families with absolute-time video positions (Qwen2.5-VL) use it", "drop the argument")
+            raise r.error(InvalidInputError, f"{r.family} takes no second_per_grid_ts",
+                          why="only families with absolute-time video positions (Qwen2.5-VL) use it",
+                          fix="drop the argument")
         videos = 0 if video_grid_thw is None else video_grid_thw.shape[0]
         if second_per_grid_ts.ndim != 1 or second_per_grid_ts.shape[0] != videos:
-            raise error("second_per_grid_ts must hold one value per video",
-                        f"second_per_grid_ts {tuple(second_per_grid_ts.shape)}, {videos} videos in video_grid_thw",
-                        "pass the processor's second_per_grid_ts: (n_videos,), seconds per temporal grid step")
+            raise r.error(InvalidInputError, "second_per_grid_ts must hold one value per video",
+                          why=f"second_per_grid_ts {tuple(second_per_grid_ts.shape)}, {videos} videos in "
+                          "video_grid_thw",
+                          fix="pass the processor's second_per_grid_ts: (n_videos,), seconds per temporal grid step")
     text = text_row_from_mask(attention_mask, input_ids.shape[0], input_ids.shape[1], device=input_ids.device)
     if impl == "reference":
         name = r.spec.reference_rope_index
         if name is None:
-            raise InvalidInputError(
-                f"no reference M-RoPE index for {r.family}", family=r.family, transformers_version=r.transformers_version,
-                supported=", ".join(k for k, f in families().items() if f.reference_rope_index), fix="use impl='installed'",
-            )
+            raise r.error(InvalidInputError, f"no reference M-RoPE index for {r.family}", fix="use impl='installed'",
+                          supported=", ".join(k for k, f in families().items() if f.reference_rope_index))
         mrope = REFERENCES[name].compute(owner.config, input_ids.cpu(), image_grid_thw, video_grid_thw,
                                          second_per_grid_ts, attention_mask)
         return torch.cat([text[None].cpu(), mrope], dim=0).to(input_ids.device)

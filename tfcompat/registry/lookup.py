@@ -2,7 +2,9 @@
 
 `families` collects the family tables (`tfcompat.families`, built from `tfcompat.records`), `match` picks the
 entry whose range holds a version, and `resolve` probes it (`tfcompat.probing`) on the installed release. A
-version newer than every declared range resolves against the newest entry by probing, with a warning.
+version newer than every declared range resolves against the newest entry by probing, with a warning. A causal LM
+without a written table (`derivable_types`) gets an entry derived from its modeling module on the installed
+release (`tfcompat.registry.derive`); written tables win where they exist.
 """
 
 from __future__ import annotations
@@ -13,18 +15,26 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from types import ModuleType
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import torch
 
-from ..errors import PatchError, UnknownFamilyError, UnsupportedVersionError
-from . import versions
+from ..errors import PatchError, TfcompatError, UnknownFamilyError, UnsupportedVersionError
+from . import derive, versions
 from .probing import Probe, probe
 from .records import TEXT_ROLES, Entry, Family
 from .rotary import ApplyRotary, rope_config, uniform_rotary
+from .validation import check_family
 
-__all__ = ["ForwardCompatWarning", "Resolved", "VisionModules", "families", "family", "installed_families", "match",
-           "resolve", "resolve_model"]
+__all__ = ["ATTENTION_KEY", "ForwardCompatWarning", "Resolved", "VisionModules", "derivable_types", "families",
+           "family", "installed_families", "match", "resolve", "resolve_model"]
+
+
+# the name a patch registers in transformers' AttentionInterface (`tfcompat.hf.attention`); declared here so that
+# `Resolved.explain` can say how a patch plugs in without importing forward-time code
+ATTENTION_KEY = "tfcompat_packed"
+
+E = TypeVar("E", bound=TfcompatError)
 
 
 class ForwardCompatWarning(UserWarning):
@@ -42,7 +52,9 @@ class VisionModules(NamedTuple):
 class Resolved:
     """A family resolved against the installed transformers: symbols imported, probed, ready to patch.
 
-    family: the family key; spec: its `Family` record (table and helpers); entry: the matched `Entry`.
+    family: the family key; spec: its `Family` record (table and helpers); entry: the matched `Entry` (derived:
+    ``entry.derived`` says from what). rotary: the uniform rotary call (`apply_rotary`), None for a derived entry.
+    repeat_kv: the module's ``repeat_kv`` (None where a derived family's module has none).
     """
 
     family: str
@@ -52,17 +64,25 @@ class Resolved:
     forward_compatible: bool
     module: ModuleType
     classes: dict[str, type]
-    apply_rotary: ApplyRotary
-    repeat_kv: Callable[[torch.Tensor, int], torch.Tensor]
+    rotary: ApplyRotary | None
+    repeat_kv: Callable[[torch.Tensor, int], torch.Tensor] | None
     probes: tuple[Probe, ...] = field(repr=False)
+
+    @property
+    def apply_rotary(self) -> ApplyRotary:
+        """``apply_rotary(q, k, cos, sin, config) -> (q, k)`` (`tfcompat.registry.rotary.uniform_rotary`);
+        `PatchError` for a derived family, whose entry names no rotary."""
+        if self.rotary is None:
+            raise self.error(
+                PatchError, f"{self.family} has no rotary convention in tfcompat's registry",
+                why="its entry was derived from the model; a derived entry leaves rotary to the stock attention forward "
+                "and replaces only the attention function", supported=", ".join(sorted(families())),
+                fix="apply the model's own rotary (its attention forward does), or use a written family")
+        return self.rotary
 
     @property
     def attention_cls(self) -> type:
         return self.classes["attention"]
-
-    @property
-    def rotary_cls(self) -> type:
-        return self.classes["rotary"]
 
     @property
     def text_model_cls(self) -> type:
@@ -72,12 +92,10 @@ class Resolved:
     def decoder_layer_cls(self) -> type:
         return self.classes["decoder_layer"]
 
-    @property
-    def attention_function(self) -> Callable[..., Any]:
-        """The packed attention plugged into the model's attention dispatch (see `tfcompat.hf_attention`)."""
-        from ..hf.attention import packed_attention
-
-        return packed_attention
+    def error(self, cls: type[E], what: str, *, why: str = "", fix: str = "", supported: str = "") -> E:
+        """An error of type ``cls`` (`tfcompat.errors`) for this family on this transformers version; raise it."""
+        return cls(what, family=self.family, transformers_version=self.transformers_version, why=why,
+                   supported=supported, fix=fix)
 
     def rope_config(self, config: Any) -> dict[str, Any]:
         """Flat rope settings (``rope_type``, ``rope_theta``, ``mrope_section``, ...) of ``config``."""
@@ -109,20 +127,28 @@ class Resolved:
         """A human-readable account of the match, the symbols probed, and how a patch plugs in."""
         e = self.entry
         how = "matched" if not self.forward_compatible else "NOT declared; resolved by probing the newest entry"
+        if e.derived is not None:
+            how = "DERIVED (no written table)"
         lines = [
             f"{self.family} on transformers {self.transformers_version}: {how} entry {e.versions} ({e.why})",
             f"  module: {e.module}",
-            f"  rotary: {e.rotary.apply} ({e.rotary.layout}); rope config key: {e.rope_config_key}",
+            *([] if e.derived is None else [
+                f"  derived from: {e.derived.causal_lm}.{e.derived.text_model_attr} -> {e.derived.text_model}, decoder "
+                f"layers {', '.join(e.derived.decoder_layers)}, config {e.derived.config}",
+                f"  attention call seen: {e.derived.attention.describe()}"]),
+            (f"  rotary: {e.rotary.apply} ({e.rotary.layout}); rope config key: {e.rope_config_key}" if e.rotary
+             else f"  rotary: the stock attention forward's own; rope config key: {e.rope_config_key}"),
             f"  text model position ids: {_LAYOUTS[e.text_model_positions]}",
             "  attention: stock attention forward (stock rotary), dispatching to tfcompat's packed core "
-            f"through transformers' AttentionInterface key {_attention_key()!r}",
+            f"through transformers' AttentionInterface key {ATTENTION_KEY!r}",
             "  kwargs: " + ("flow from the text model to attention" if e.layer_forwards_kwargs
                             else "dropped by the decoder layer; a forward pre-hook on each decoder layer bridges them"),
             *([] if e.linear_attention is None else [
                 f"  linear attention: {e.classes['linear_attention']} at decoder_layer.{e.linear_attention.attr} "
                 f"({e.linear_attention.projections} projections): its forward is replaced per instance by tfcompat's "
                 "packed Gated DeltaNet (conv and recurrent state restart per sequence); context "
-                + ("in **kwargs" if e.linear_attention.layer_forwards_kwargs else "through the decoder layer's pre-hook")]),
+                + ("in **kwargs" if e.linear_attention.layer_forwards_kwargs
+                   else "through the decoder layer's pre-hook")]),
             "  process-wide: registers the key above in transformers' AttentionInterface (a new name; no "
             "existing function is replaced); everything else is set on the patched model's instances",
             "  probes:",
@@ -138,17 +164,14 @@ _LAYOUTS = {
 }
 
 
-def _attention_key() -> str:
-    from ..hf.attention import ATTENTION_KEY
-
-    return ATTENTION_KEY
-
-
 @functools.cache
 def families() -> dict[str, Family]:
-    """Every registered family, by key (= transformers' ``config.model_type``)."""
+    """Every registered family, by key (= transformers' ``config.model_type``); each table checked as it is
+    collected (`tfcompat.registry.validation.check_family`), so a bad table fails wherever the registry is used."""
     from .tables import FAMILIES
 
+    for fam in FAMILIES:
+        check_family(fam)
     return {f.key: f for f in FAMILIES}
 
 
@@ -165,12 +188,25 @@ def installed_families() -> dict[str, Family]:
     return out
 
 
+def derivable_types() -> tuple[str, ...]:
+    """The causal-LM ``model_type``s of the installed transformers without a written table: `resolve` derives their
+    entries from their modeling modules (`tfcompat.registry.derive`), or refuses one naming what it cannot prove."""
+    if versions.installed_transformers() is None:
+        return ()
+    known = {**families(), **_text_only_families()}
+    return tuple(sorted(k for k in derive.causal_lm_types() if k not in known))
+
+
 def family(key: str) -> Family:
-    """The family for ``key`` (a registered family or one's text-only model, `tfcompat.records.Family.text_only`),
-    or `UnknownFamilyError` with a did-you-mean."""
+    """The family for ``key`` (a registered family or one's text-only model, `tfcompat.records.Family.text_only`,
+    else one derived on the installed transformers, `derivable_types`), or `UnknownFamilyError` with a
+    did-you-mean. A derived family that cannot be derived raises `PatchError` naming why."""
     known = {**families(), **_text_only_families()}
     if key in known:
         return known[key]
+    installed = versions.installed_transformers()
+    if installed is not None and key in derivable_types():
+        return _derived(key, installed)
     norm = {k.replace("_", "").replace("-", "").lower(): k for k in known}
     guess = norm.get(str(key).replace("_", "").replace("-", "").lower())
     guesses = [guess] if guess else difflib.get_close_matches(str(key), list(known), n=2)
@@ -182,6 +218,11 @@ def family(key: str) -> Family:
         supported=", ".join(sorted(known)),
         fix=f"use tfcompat.resolve({guesses[0]!r})" if guesses else "pick one of the supported families",
     )
+
+
+@functools.cache
+def _derived(key: str, version: str) -> Family:
+    return derive.derive(key, version)
 
 
 @functools.cache
@@ -280,7 +321,8 @@ def resolve_entry(fam: Family, entry: Entry, version: str, forward_compatible: b
         forward_compatible=forward_compatible,
         module=found.module,
         classes=found.classes,
-        apply_rotary=uniform_rotary(found.apply_rotary, entry.rotary, entry.rope_config_key),
+        rotary=(None if entry.rotary is None or found.apply_rotary is None
+                else uniform_rotary(found.apply_rotary, entry.rotary, entry.rope_config_key)),
         repeat_kv=found.repeat_kv,
         probes=found.probes,
     )

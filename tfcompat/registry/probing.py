@@ -26,12 +26,13 @@ class Probe:
 
 
 class Probed(NamedTuple):
-    """What probing found: the module, classes by role, the module's rotary and ``repeat_kv`` functions."""
+    """What probing found: the module, classes by role, the module's rotary and ``repeat_kv`` functions (None for
+    a derived entry, which names no rotary, and a module without ``repeat_kv``)."""
 
     module: ModuleType
     classes: dict[str, type]
-    apply_rotary: Callable[..., Any]
-    repeat_kv: Callable[..., Any]
+    apply_rotary: Callable[..., Any] | None
+    repeat_kv: Callable[..., Any] | None
     probes: tuple[Probe, ...]
 
 
@@ -77,28 +78,35 @@ def probe(family: Family, entry: Entry, version: str, forward_compatible: bool) 
         probes.append(Probe(f"{role} class", True, f"{entry.module_of(role)}.{name}" if entry.text_module else name))
 
     rotary = entry.rotary
-    apply_rotary = getattr(text_module, rotary.apply, None)
-    if not callable(apply_rotary):
-        raise fail(rotary.apply, "is missing")
-    params = inspect.signature(apply_rotary).parameters
-    if (rotary.layout == "sectioned") != ("mrope_section" in params):
-        raise fail(rotary.apply, f"has parameters {list(params)}, not the {rotary.layout} convention")
-    probes.append(Probe("apply_rotary", True, f"{rotary.apply}{inspect.signature(apply_rotary)}"))
+    apply_rotary = None if rotary is None else getattr(text_module, rotary.apply, None)
+    if rotary is not None:
+        if not callable(apply_rotary):
+            raise fail(rotary.apply, "is missing")
+        params = inspect.signature(apply_rotary).parameters
+        if (rotary.layout == "sectioned") != ("mrope_section" in params):
+            raise fail(rotary.apply, f"has parameters {list(params)}, not the {rotary.layout} convention")
+        probes.append(Probe("apply_rotary", True, f"{rotary.apply}{inspect.signature(apply_rotary)}"))
 
-    if rotary.marker is not None:
-        if not hasattr(classes["rotary"], rotary.marker):
-            raise fail(f"{entry.classes['rotary']}.{rotary.marker}", "is missing (rotary layout changed)")
-        probes.append(Probe("rotary layout", True, f"{entry.classes['rotary']}.{rotary.marker}"))
+        if rotary.marker is not None:
+            if not hasattr(classes["rotary"], rotary.marker):
+                raise fail(f"{entry.classes['rotary']}.{rotary.marker}", "is missing (rotary layout changed)")
+            probes.append(Probe("rotary layout", True, f"{entry.classes['rotary']}.{rotary.marker}"))
 
     repeat_kv = getattr(text_module, "repeat_kv", None)
-    if not callable(repeat_kv):
-        raise fail("repeat_kv", "is missing")
-    probes.append(Probe("repeat_kv", True, "repeat_kv"))
+    if entry.derived is None:
+        if not callable(repeat_kv):
+            raise fail("repeat_kv", "is missing")
+        probes.append(Probe("repeat_kv", True, "repeat_kv"))
+    else:
+        d = entry.derived
+        if d.attention.row_positions:
+            probes.append(Probe("derived: row positions", True, "read only when "
+                                + " or ".join(d.attention.row_positions) + " (checked per module at patch())"))
 
     attn_params = inspect.signature(classes["attention"].forward).parameters
-    if entry.cache_kwarg not in attn_params:
+    if entry.cache_kwarg is not None and entry.cache_kwarg not in attn_params:
         raise fail(f"{entry.classes['attention']}.forward", f"has no {entry.cache_kwarg!r} parameter")
-    probes.append(Probe("attention cache kwarg", True, entry.cache_kwarg))
+    probes.append(Probe("attention cache kwarg", True, str(entry.cache_kwarg)))
 
     linear = entry.linear_attention
     if linear is not None:

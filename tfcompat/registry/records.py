@@ -14,14 +14,14 @@ import torch
 from . import versions
 
 __all__ = [
-    "TEXT_ROLES", "CacheKwarg", "Entry", "Family", "LinearAttention", "LinearProjections", "RopeConfigKey", "Rotary",
+    "TEXT_ROLES", "AttentionCall", "CacheKwarg", "Derivation", "Entry", "Family", "LinearAttention", "LinearProjections", "RopeConfigKey", "Rotary",
     "RotaryLayout", "TextModelLayout", "VisionItem", "VisionOutput", "VisionTower",
 ]
 
 RotaryLayout = Literal["sectioned", "folded"]
 RopeConfigKey = Literal["rope_scaling", "rope_parameters"]
 TextModelLayout = Literal["mrope", "text+mrope", "text"]
-CacheKwarg = Literal["past_key_value", "past_key_values", "cache"]
+CacheKwarg = Literal["past_key_value", "past_key_values", "cache", "layer_past"]
 LinearProjections = Literal["qkv_z_b_a", "qkvz_ba"]
 # a vision item of a test/self-check sequence: ("image" | "video", (t, h, w) patch grid before the merge)
 VisionItem = tuple[Literal["image", "video"], tuple[int, int, int]]
@@ -85,18 +85,57 @@ class LinearAttention:
 
 
 @dataclass(frozen=True)
+class AttentionCall:
+    """What an attention class's forward passes to the attention function it takes from transformers'
+    ``ALL_ATTENTION_FUNCTIONS`` (read from its source by `tfcompat.registry.derive`).
+
+    cls: the attention class name. keywords: ``(keyword, source expression)`` of each keyword argument, in order.
+    passes_kwargs: the call passes the forward's ``**kwargs`` on. row_positions: one entry per place where the
+    forward computes with positions counted over the row (``cache_position``, ``torch.arange``) rather than with
+    ``position_ids``: the ``if`` tests guarding it (source, joined with ``and``), "" when unguarded.
+    """
+
+    cls: str
+    keywords: tuple[tuple[str, str], ...]
+    passes_kwargs: bool
+    row_positions: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        args = [f"{k}={v}" for k, v in self.keywords] + (["**kwargs"] if self.passes_kwargs else [])
+        return f"{self.cls} -> attention_interface(module, q, k, v, mask, {', '.join(args)})"
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """Where a derived entry came from: the classes read, in the entry's module, and what its attention passes.
+
+    causal_lm, text_model: class names; text_model_attr: the causal LM's attribute holding the text model (its
+    ``base_model_prefix``); decoder_layers: every decoder-layer class the text model builds;
+    attention: the attention class's call (`AttentionCall`); config: the config class name.
+    """
+
+    causal_lm: str
+    text_model: str
+    text_model_attr: str
+    decoder_layers: tuple[str, ...]
+    attention: AttentionCall
+    config: str
+
+
+@dataclass(frozen=True)
 class Entry:
     """One row of a family table: what the family looks like inside one transformers range.
 
     classes: role -> class name in ``module``; roles: ``attention``, ``rotary``, ``text_model``,
         ``decoder_layer``, ``for_causal_lm``, for vision-language families ``model`` (`VisionTower.owner`), and
         for hybrid families ``linear_attention`` (`LinearAttention`).
-    rotary: the rotary convention (`Rotary`).
+    rotary: the rotary convention (`Rotary`); None for a derived entry (the stock forward applies rotary, and
+        tfcompat replaces only the attention function).
     text_model_positions: "mrope" = the text model takes ``(3, B, L)`` and cannot take a text row;
         "text+mrope" = it splits ``(4, B, L)`` itself; "text" = a text-only model taking ``(B, L)``.
     layer_forwards_kwargs: the decoder layer passes ``**kwargs`` on to its attention.
     rope_index_mm_token_types: ``get_rope_index`` requires ``mm_token_type_ids``.
-    cache_kwarg: the attention forward's cache parameter name.
+    cache_kwarg: the attention forward's cache parameter name (None: a derived entry whose attention takes none).
     why: what sets this range apart from its neighbours.
     vision: where the vision tower lives (None for text-only families).
     rope_index_deviations: where the installed ``get_rope_index`` departs from the family's reference
@@ -107,24 +146,26 @@ class Entry:
     text_module: the module holding the text roles (`TEXT_ROLES`) and the functions their attention calls
         (``rotary.apply``, ``repeat_kv``) when the model builds its text model from another family's module
         (GLM-4.6V: ``AutoModel.from_config(config.text_config)``); None: ``module``.
+    derived: what a derived entry (`tfcompat.registry.derive`) was read from; None for a written table's entry.
     """
 
     family: str
     versions: versions.VersionRange
     module: str
     classes: dict[str, str]
-    rotary: Rotary
+    rotary: Rotary | None
     rope_config_key: RopeConfigKey
     text_model_positions: TextModelLayout
     layer_forwards_kwargs: bool
     rope_index_mm_token_types: bool
-    cache_kwarg: CacheKwarg
+    cache_kwarg: CacheKwarg | None
     why: str
     vision: VisionTower | None = None
     rope_index_deviations: tuple[str, ...] = ()
     known_issues: tuple[str, ...] = ()
     linear_attention: LinearAttention | None = None
     text_module: str | None = None
+    derived: Derivation | None = None
 
     def module_of(self, role: str) -> str:
         """The module holding ``classes[role]``."""
@@ -174,4 +215,6 @@ class Family:
     @property
     def supported(self) -> str:
         span = versions.VersionRange(self.entries[0].versions.low, self.entries[-1].versions.high)
+        if self.entries[-1].derived is not None:
+            return f"transformers {span} (derived from the installed release's modeling module)"
         return f"transformers {span} (newer releases resolve by probing, with a warning)"

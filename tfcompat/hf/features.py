@@ -1,0 +1,93 @@
+"""Patch time: the attention features of each attention module (sliding window, logit softcap, sinks, chunk).
+
+They are read from what the module's stock forward passes to the attention function (`tfcompat.registry.derive`
+reads the call from its source; its values are evaluated on the module) and from the config's ``layer_types``
+(``"sliding_attention"`` with ``sliding_window``, ``"chunked_attention"`` with ``attention_chunk_size``). Whatever
+the call passes that the packed core does not implement, or that cannot be evaluated on the module, is a reason
+to refuse the patch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, cast
+
+import torch
+
+from ..core.attention import AttentionFeatures, unsupported
+from ..registry.derive import ATTENTION_KEYWORDS, UNKNOWN, attention_call, guard_holds, layer_kind, passed_values
+
+__all__ = ["AttentionFeatures", "ModuleFeatures", "module_features", "unsupported"]
+
+_SOFTMAX_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
+
+
+class ModuleFeatures(NamedTuple):
+    """One attention module's features, its q/k and v head dims, and a note for the patch records; refusal: why
+    the packed core cannot run it ("" = it can)."""
+
+    features: AttentionFeatures
+    qk_dim: int
+    v_dim: int
+    note: str
+    refusal: str
+
+
+def module_features(attn: torch.nn.Module, config: Any) -> ModuleFeatures:
+    """The features of ``attn`` (an attention module dispatching through transformers' ``AttentionInterface``),
+    whose text config is ``config``."""
+    name = type(attn).__name__
+    index = getattr(attn, "layer_idx", None)
+    kind = layer_kind(config, index)
+    qk_dim, v_dim = _head_dims(attn, config)
+    try:
+        call = attention_call(cast(type, type(attn)))
+    except ValueError as exc:
+        return ModuleFeatures(AttentionFeatures(), qk_dim, v_dim, "", str(exc))
+    values, training = passed_values(call, attn), passed_values(call, attn, training=True)
+    problems = [f"{name} passes {k}={expr}: the packed core implements {', '.join(ATTENTION_KEYWORDS)}"
+                for k, expr in call.keywords if k not in ATTENTION_KEYWORDS]
+    for key in ("sliding_window", "softcap", "s_aux", "is_causal", "dropout"):
+        if values.get(key, None) is UNKNOWN or training.get(key, None) is UNKNOWN:
+            problems.append(f"{name} passes {key}={dict(call.keywords)[key]}, which tfcompat cannot evaluate on the "
+                            "module")
+    if "is_causal" in values and values["is_causal"] is not True:
+        problems.append(f"{name} passes is_causal={values['is_causal']!r}: the packed core is causal")
+    if training.get("dropout") not in (None, UNKNOWN) and training["dropout"]:
+        problems.append(f"{name} applies attention dropout {training['dropout']} in training")
+    for guard in call.row_positions:
+        held = guard_holds(guard, attn) if guard else True
+        if held is not False:
+            problems.append(f"{name} reads positions from the row index (cache_position or torch.arange) "
+                            + (f"when {guard}, which holds here" if held else "") + "; on a packed row they count "
+                            "across sequences")
+    if kind is not None and kind not in _SOFTMAX_KINDS:
+        problems.append(f"config.layer_types[{index}] = {kind!r} is not softmax attention")
+    window = values.get("sliding_window")
+    if window is None and kind == "sliding_attention":
+        window = getattr(config, "sliding_window", None)
+    chunk = getattr(config, "attention_chunk_size", None) if kind == "chunked_attention" else None
+    if kind == "chunked_attention" and chunk is None:
+        problems.append(f"config.layer_types[{index}] = 'chunked_attention' without config.attention_chunk_size")
+    softcap = values.get("softcap") or None
+    sinks = values.get("s_aux") is not None
+    features = AttentionFeatures(window=_number(window), softcap=_number(softcap), sinks=sinks, chunk=_number(chunk))
+    note = f"layer {index}: " + ", ".join(
+        [f"window {features.window}" if features.window else "no window",
+         *([f"chunk {features.chunk}"] if features.chunk else []),
+         *([f"softcap {features.softcap}"] if features.softcap else []),
+         *(["sinks"] if features.sinks else []),
+         *([f"head dims q/k {qk_dim}, v {v_dim}"] if qk_dim != v_dim else [])])
+    return ModuleFeatures(features, qk_dim, v_dim, note, "; ".join(problems))
+
+
+def _number(value: Any) -> Any:
+    """A config number as a plain Python number (None stays None)."""
+    return None if value is None or value is UNKNOWN else value.item() if isinstance(value, torch.Tensor) else value
+
+
+def _head_dims(attn: torch.nn.Module, config: Any) -> tuple[int, int]:
+    """q/k and v head dims of ``attn``: its ``qk_head_dim`` / ``v_head_dim`` (multi-head latent attention), else its
+    ``head_dim`` (else the config's, else hidden size over heads) for both."""
+    head = getattr(attn, "head_dim", None) or getattr(config, "head_dim", None) or (
+        config.hidden_size // config.num_attention_heads)
+    return int(getattr(attn, "qk_head_dim", None) or head), int(getattr(attn, "v_head_dim", None) or head)

@@ -1,0 +1,397 @@
+"""Liger-Kernel's fused kernels composed per module, where they compute exactly what the module computes.
+
+`tfcompat.patch(model, fused=...)` routes three kinds of modules through Liger-Kernel's Triton kernels:
+
+- ``"rms_norm"``: an RMSNorm whose forward is one of the two forms Liger's ``LigerRMSNormFunction`` implements
+  (its ``casting_mode``): llama's (normalize in fp32, cast back, times the weight; Llama, Qwen2/3 and their q/k
+  norms, Mistral, ...) or gemma's (everything in fp32, times ``1 + weight``, cast back).
+- ``"swiglu"``: an MLP ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with a SiLU ``act_fn``, through
+  ``LigerSiLUMulFunction`` (silu(gate) * up in one kernel).
+- ``"rope"``: the modeling module's ``apply_rotary_pos_emb`` in the llama form (``q * cos + rotate_half(q) *
+  sin``, cos/sin unsqueezed at dim 1), through ``LigerRopeFunction``, for the attention modules of this model.
+
+Exactness is decided from the code, not from the family name: a module's forward (and for gemma its ``_norm``)
+must be, as a syntax tree without docstrings and annotations, one of the forms in ``_FORMS``; so a release or a
+family that changes the computation is refused, not silently fused. The forms cover transformers 4.53 to 5.24.
+
+What a fused patch changes, recorded on the handle and undone with it: an instance ``forward`` on each fused
+RMSNorm and MLP, an instance ``forward`` on each attention module whose rotary is fused (it marks the call so
+that the rotary of this model's attention, and only that, takes the kernel), and, process-wide and reference
+counted, the modeling module's ``apply_rotary_pos_emb`` replaced by a dispatcher that calls the original
+whenever no fused attention forward is running.
+
+``fused=True`` (all three) or a collection of kernel names raises `PatchError` at patch time for any module of a
+requested kind that the kernel would not compute exactly; ``fused="auto"`` fuses where exact (nothing without
+liger-kernel) and leaves the other modules as they are; `plan` says which is which.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextvars
+import functools
+import importlib
+import inspect
+import sys
+import textwrap
+import types
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import torch
+
+from ..errors import PatchError
+from .changes import Record
+
+__all__ = ["KERNELS", "Fused", "FusedModule", "apply", "plan", "prepare"]
+
+KERNELS: tuple[str, ...] = ("rms_norm", "swiglu", "rope")
+Fused = bool | Literal["auto"] | Collection[str]
+
+# The forms Liger's kernels compute, as the modeling code writes them (4.53 .. 5.24; names of parameters and
+# locals as there). Compared as syntax trees without docstrings and annotations.
+_FORMS: dict[str, list[str]] = {
+    "rms_norm/llama": ["""
+def forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return self.weight * hidden_states.to(input_dtype)
+"""],
+    "rms_norm/gemma": ["""
+def forward(self, x):
+    output = self._norm(x.float())
+    output = output * (1.0 + self.weight.float())
+    return output.type_as(x)
+"""],
+    "rms_norm/gemma._norm": ["""
+def _norm(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+"""],
+    "swiglu": ["""
+def forward(self, x):
+    down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+    return down_proj
+"""],
+    "rope": ["""
+def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+""", """
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+"""],
+    "rope/rotate_half": ["""
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+"""],
+}
+
+
+@dataclass(frozen=True)
+class FusedModule:
+    """One module of a kind a kernel handles: ``name`` in the model, the ``kernel``, and ``why`` it is not exact
+    ("" when it is). For "rope", ``module`` is the attention module and ``form`` the modeling module's name."""
+
+    name: str
+    module: torch.nn.Module
+    kernel: str
+    form: str
+    why: str
+
+
+def kernels_of(fused: Fused) -> tuple[frozenset[str], bool]:
+    """``fused`` as (kernel names, strict); strict: a non-exact module raises. `PatchError` for unknown names."""
+    if fused is False:
+        return frozenset(), True
+    if fused is True:
+        return frozenset(KERNELS), True
+    if fused == "auto":
+        return (frozenset(KERNELS) if _liger() is not None else frozenset()), False
+    if isinstance(fused, str) or not isinstance(fused, Collection):
+        raise PatchError(f"unknown fused option {fused!r}", supported=f"False, True, 'auto', or a subset of {KERNELS}",
+                         fix="pass fused=True, fused='auto' or e.g. fused=('rms_norm', 'swiglu')")
+    names = frozenset(fused)
+    unknown = sorted(names - set(KERNELS))
+    if unknown:
+        raise PatchError(f"unknown fused kernels {unknown}", supported=", ".join(KERNELS),
+                         fix="name kernels from the supported list")
+    return names, True
+
+
+def plan(model: torch.nn.Module, kernels: Collection[str] = KERNELS) -> list[FusedModule]:
+    """Every module of ``model`` of a kind in ``kernels``, with whether the kernel is exact for it (``why`` empty).
+
+    RMSNorm: a module whose class name ends in ``RMSNorm``; SwiGLU: a module with ``gate_proj``, ``up_proj``,
+    ``down_proj`` and ``act_fn``; rope: a module whose class name ends in ``Attention`` and whose modeling module
+    has ``apply_rotary_pos_emb``. Needs no liger-kernel.
+    """
+    found = []
+    for name, module in model.named_modules():
+        cls = type(module)
+        if "rms_norm" in kernels and cls.__name__.endswith("RMSNorm"):
+            form, why = _rms_norm_form(module)
+            found.append(FusedModule(name, module, "rms_norm", form, why))
+        elif "swiglu" in kernels and all(hasattr(module, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            found.append(FusedModule(name, module, "swiglu", "swiglu", _swiglu_gap(module)))
+        if "rope" in kernels and cls.__name__.endswith("Attention"):
+            modeling = sys.modules.get(cls.__module__)
+            if modeling is not None and hasattr(modeling, "apply_rotary_pos_emb"):
+                found.append(FusedModule(name, module, "rope", modeling.__name__, _rope_gap(modeling)))
+    return found
+
+
+def prepare(model: torch.nn.Module, fused: Fused, family: str, version: str) -> list[FusedModule]:
+    """The modules `apply` will fuse, decided before `patch` changes anything.
+
+    Raises `PatchError` when liger-kernel is missing for an explicit request, or, for an explicit request, when a
+    module of a requested kind is not exact.
+    """
+    kernels, strict = kernels_of(fused)
+    if not kernels:
+        return []
+    if _liger() is None:
+        raise PatchError("fused kernels need liger-kernel, which does not import here", family=family,
+                         transformers_version=version, why=_liger_error(),
+                         fix="pip install liger-kernel (it needs triton and a GPU), or pass fused=False / 'auto'")
+    modules = plan(model, kernels)
+    refused = [m for m in modules if m.why]
+    if strict and refused:
+        first = refused[0]
+        raise PatchError(
+            f"fused kernel {first.kernel!r} is not exact for {first.name or 'the model'} ({type(first.module).__name__})"
+            + (f" and {len(refused) - 1} more modules" if len(refused) > 1 else ""),
+            family=family, transformers_version=version, why=first.why,
+            supported="RMSNorm in the llama or gemma form, a SiLU gate/up/down MLP, the llama form of "
+                      "apply_rotary_pos_emb",
+            fix=f"pass fused='auto' (fuse only where exact) or leave {first.kernel!r} out of fused")
+    return [m for m in modules if not m.why]
+
+
+def apply(handle: Any, modules: list[FusedModule]) -> None:
+    """Fuse the modules `prepare` chose, each change recorded on the `PatchHandle` and undone with it."""
+    if not modules:
+        return
+    liger = cast(types.SimpleNamespace, _liger())  # prepare found it
+    for m in modules:
+        if m.kernel == "rms_norm":
+            handle._set("instance", m.module, "forward", _rms_norm_forward(m.module, m.form, liger),
+                        f"Liger RMSNorm ({m.form.split('/')[1]} casting)")
+        elif m.kernel == "swiglu":
+            handle._set("instance", m.module, "forward", _swiglu_forward(m.module, liger), "Liger SwiGLU (silu * up)")
+        else:
+            modeling = sys.modules[m.form]
+            _ROPE.acquire(handle, modeling, liger)
+            handle._set("instance", m.module, "forward", _rope_scope(m.module.forward),
+                        f"rotary through Liger's kernel ({modeling.__name__}.apply_rotary_pos_emb)")
+
+
+# ------------------------------------------------------------------------------------------ forward time
+
+
+def _rms_norm_forward(module: torch.nn.Module, form: str, liger: types.SimpleNamespace) -> Callable[..., Any]:
+    gemma = form == "rms_norm/gemma"
+    eps = module.eps if gemma else module.variance_epsilon
+    offset, casting = (1.0, "gemma") if gemma else (0.0, "llama")
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        # in_place=False: the incoming gradient may be read again (residual branches)
+        return liger.rms_norm(hidden_states, module.weight, eps, offset, casting, False)
+
+    return forward
+
+
+def _swiglu_forward(module: torch.nn.Module, liger: types.SimpleNamespace) -> Callable[..., Any]:
+    mlp: Any = module
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return mlp.down_proj(liger.silu_mul(mlp.gate_proj(x), mlp.up_proj(x)))
+
+    return forward
+
+
+_IN_FUSED_ATTENTION: contextvars.ContextVar[bool] = contextvars.ContextVar("tfcompat_fused_rope", default=False)
+
+
+def _rope_scope(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """The attention module's forward with the fused rotary switched on for its duration (the checkpointing
+    recompute runs it again, switched on again)."""
+
+    @functools.wraps(forward)
+    def scoped(*args: Any, **kwargs: Any) -> Any:
+        token = _IN_FUSED_ATTENTION.set(True)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            _IN_FUSED_ATTENTION.reset(token)
+
+    return scoped
+
+
+class _RopeSwap:
+    """Reference-counted replacement of ``modeling.apply_rotary_pos_emb`` by a dispatcher: Liger's kernel inside
+    a fused attention forward (4-d q/k ``(B, H, L, D)``, cos/sin ``(B, L, D)``, ``unsqueeze_dim`` 1), the
+    original everywhere else."""
+
+    def __init__(self) -> None:
+        self.active: dict[str, tuple[Callable[..., Any], Callable[..., Any], int]] = {}
+
+    def acquire(self, handle: Any, modeling: types.ModuleType, liger: types.SimpleNamespace) -> None:
+        key = modeling.__name__
+        if key in self.active:
+            original, dispatcher, count = self.active[key]
+            self.active[key] = (original, dispatcher, count + 1)
+        else:
+            original = getattr(modeling, "apply_rotary_pos_emb")  # noqa: B009 (plan found it)
+            dispatcher = _rope_dispatcher(original, liger)
+            setattr(modeling, "apply_rotary_pos_emb", dispatcher)  # noqa: B010
+            self.active[key] = (original, dispatcher, 1)
+        handle._add(_record(modeling, self.active[key][0], self.active[key][1]), lambda: self.release(modeling))
+
+    def release(self, modeling: types.ModuleType) -> None:
+        original, dispatcher, count = self.active[modeling.__name__]
+        if count > 1:
+            self.active[modeling.__name__] = (original, dispatcher, count - 1)
+            return
+        del self.active[modeling.__name__]
+        if getattr(modeling, "apply_rotary_pos_emb") is dispatcher:  # noqa: B009 (replaced again: keep that)
+            setattr(modeling, "apply_rotary_pos_emb", original)  # noqa: B010
+
+
+_ROPE = _RopeSwap()
+
+
+def _record(modeling: types.ModuleType, old: Any, new: Any) -> Any:
+    return Record("process", modeling, "apply_rotary_pos_emb", old, new, True,
+                  "fused attention forwards take Liger's rotary kernel; every other caller the original "
+                  "(reference counted)")
+
+
+def _rope_dispatcher(original: Callable[..., Any], liger: types.SimpleNamespace) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                             *args: Any, **kwargs: Any) -> Any:
+        unsqueeze_dim = kwargs.get("unsqueeze_dim", args[-1] if args else 1)
+        if (_IN_FUSED_ATTENTION.get() and unsqueeze_dim == 1 and q.ndim == 4 and cos.ndim == 3
+                and cos.shape[-1] == q.shape[-1]):
+            return liger.rope(q, k, cos, sin, None, 1)
+        return original(q, k, cos, sin, *args, **kwargs)
+
+    return apply_rotary_pos_emb
+
+
+# ------------------------------------------------------------------------------------------- exactness
+
+
+def _rms_norm_form(module: torch.nn.Module) -> tuple[str, str]:
+    cls = type(module)
+    forward = _tree(cls.forward)
+    if forward in _trees("rms_norm/llama") and hasattr(module, "variance_epsilon"):
+        return "rms_norm/llama", _weight_gap(module)
+    if (forward in _trees("rms_norm/gemma") and hasattr(module, "eps")
+            and _tree(getattr(cls, "_norm", None)) in _trees("rms_norm/gemma._norm")):
+        return "rms_norm/gemma", _weight_gap(module)
+    return "rms_norm/other", (f"{cls.__module__}.{cls.__name__}.forward is neither the llama nor the gemma RMSNorm "
+                              "form Liger's kernel computes")
+
+
+def _weight_gap(module: torch.nn.Module) -> str:
+    w = getattr(module, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.ndim != 1:
+        return f"{type(module).__name__} has no 1-d weight (Liger's RMSNorm takes one of the hidden size)"
+    return ""
+
+
+def _swiglu_gap(module: torch.nn.Module) -> str:
+    cls = type(module)
+    if _tree(cls.forward) not in _trees("swiglu"):
+        return f"{cls.__module__}.{cls.__name__}.forward is not down_proj(act_fn(gate_proj(x)) * up_proj(x))"
+    act = module.act_fn
+    silu = isinstance(act, torch.nn.SiLU) or (type(act).__name__ == "SiLUActivation"
+                                               and type(act).__module__ == "transformers.activations")
+    if not silu:
+        return f"its activation is {type(act).__name__}, not SiLU (Liger's SwiGLU kernel computes silu(gate) * up)"
+    return ""
+
+
+def _rope_gap(modeling: types.ModuleType) -> str:
+    fn = modeling.apply_rotary_pos_emb
+    if fn in (d for _, d, _ in _ROPE.active.values()):
+        fn = next(o for o, d, _ in _ROPE.active.values() if d is fn)  # fused already by another patched model
+    if _tree(fn) not in _trees("rope"):
+        return f"{modeling.__name__}.apply_rotary_pos_emb is not the llama form (q * cos + rotate_half(q) * sin)"
+    if _tree(getattr(modeling, "rotate_half", None)) not in _trees("rope/rotate_half"):
+        return f"{modeling.__name__}.rotate_half does not swap the two halves of the head dim"
+    return ""
+
+
+def _tree(fn: Any) -> str | None:
+    """``fn``'s syntax tree without its docstring, annotations and decorators; None if it has no Python source."""
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (TypeError, OSError):
+        return None
+    return _normalize(source)
+
+
+@functools.cache
+def _trees(form: str) -> frozenset[str]:
+    return frozenset(t for t in (_normalize(s) for s in _FORMS[form]) if t is not None)
+
+
+def _normalize(source: str) -> str | None:
+    node = ast.parse(source).body[0]
+    if not isinstance(node, ast.FunctionDef):
+        return None
+    node.decorator_list = []
+    node.returns = None
+    for arg in _all_args(node.args):
+        arg.annotation = None
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        node.body = body[1:]
+    return ast.dump(node, annotate_fields=False, include_attributes=False)
+
+
+def _all_args(args: ast.arguments) -> Iterator[ast.arg]:
+    yield from args.posonlyargs
+    yield from args.args
+    yield from args.kwonlyargs
+    if args.vararg:
+        yield args.vararg
+    if args.kwarg:
+        yield args.kwarg
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+
+
+@functools.cache
+def _liger() -> types.SimpleNamespace | None:
+    """Liger-Kernel's three Triton ops (the autograd Functions themselves, not its backend dispatch, which may
+    pick another implementation), or None where liger-kernel or triton does not import."""
+    try:
+        ops = importlib.import_module("liger_kernel.ops")
+        rope = importlib.import_module("liger_kernel.ops.rope").LigerRopeFunction
+        return types.SimpleNamespace(rms_norm=ops.LigerRMSNormFunction.apply, silu_mul=ops.LigerSiLUMulFunction.apply,
+                                     rope=rope.apply)
+    except (ImportError, AttributeError, OSError, RuntimeError):  # not installed, or no usable triton
+        return None
+
+
+def _liger_error() -> str:
+    try:
+        importlib.import_module("liger_kernel.ops")
+    except Exception as e:  # the reason it is unusable, for the error message
+        return f"import liger_kernel.ops: {type(e).__name__}: {e}"
+    return "liger_kernel.ops imports but lacks LigerRMSNormFunction / LigerSiLUMulFunction / LigerRopeFunction"

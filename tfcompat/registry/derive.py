@@ -1,0 +1,444 @@
+"""Deriving a family entry for a causal LM from the installed transformers' own modeling module.
+
+A text model needs no hand-written table when its structure can be read: transformers' auto mappings name the
+causal-LM class of a ``model_type`` and its module; the causal LM's ``__init__`` names the text model; the text
+model's ``__init__`` its decoder layers; a decoder layer's ``__init__`` its attention; and the attention's
+``forward`` names what it passes to the attention function it takes from ``ALL_ATTENTION_FUNCTIONS``. Each of these
+is read from the source with `ast`, never guessed from names. What tfcompat cannot prove it handles is refused with
+a `PatchError` naming it: a token mixer other than softmax attention, an attention that does not dispatch through
+transformers' ``AttentionInterface``, a keyword the packed core does not know, positions read from the row index
+rather than from ``position_ids``.
+
+`derive` gives the `Family` (one `Entry`, for the installed release line); `attention_call` reads one attention
+class (also for written families, at `patch()`), and `passed_values` evaluates what one attention module passes.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import inspect
+import operator
+import re
+import textwrap
+from collections.abc import Callable
+from typing import Any, cast
+
+from ..errors import PatchError, UnknownFamilyError
+from . import versions
+from .records import AttentionCall, Derivation, Entry, Family, RopeConfigKey
+
+__all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "attention_call", "causal_lm_types", "derive", "passed_values"]
+
+# what an attention forward may pass to the attention function, and what the packed path makes of it
+ATTENTION_KEYWORDS = {
+    "dropout": "attention dropout (must be 0.0 in training)",
+    "scaling": "the softmax scale",
+    "sliding_window": "a sliding window (per layer)",
+    "softcap": "logit softcapping",
+    "s_aux": "attention sinks (learnable per head)",
+    "is_causal": "causality (must be True)",
+    "attention_mask": "the mask (the packed core takes the boundaries instead)",
+    "position_ids": "position ids for flash-attention's packing check (the packed core takes the boundaries instead)",
+}
+# class names (and torch.nn layers) of token mixers other than softmax attention: state space, convolution,
+# recurrence, linear attention
+# recurrence, linear attention, read in a class name after the model's own prefix ("Mamba" in "MambaMixer" is the
+# model; "Mixer" the mixer)
+MIXER_PATTERN = re.compile(r"mamba|ssm|conv|recurren|rglru|mixer|linearattention|linear_attention|deltanet|rwkv|"
+                           r"retention|lightning|xlstm|mlstm|slstm|hyena", re.IGNORECASE)
+# the names transformers gives the attention forward's cache parameter, across releases
+_CACHE_PARAMS = ("past_key_value", "past_key_values", "cache", "layer_past")
+_SOFTMAX_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+
+
+def causal_lm_types() -> dict[str, str]:
+    """transformers' ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` on the installed release: ``model_type`` -> class name."""
+    names = importlib.import_module("transformers.models.auto.modeling_auto").MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return {k: v for k, v in names.items() if isinstance(v, str)}
+
+
+def module_name(model_type: str) -> str:
+    """The modeling module of ``model_type``, by transformers' own ``model_type_to_module_name``."""
+    auto = importlib.import_module("transformers.models.auto.configuration_auto")
+    folder = auto.model_type_to_module_name(model_type)
+    return f"transformers.models.{folder}.modeling_{folder.rsplit('.', 1)[-1]}"
+
+
+def derive(model_type: str, version: str) -> Family:
+    """The family of ``model_type`` derived on the installed transformers (reported as ``version``); not cached.
+
+    Raises `UnknownFamilyError` for a ``model_type`` that is not a causal LM of this release, and `PatchError`
+    naming the feature for one whose structure tfcompat cannot prove it handles.
+    """
+    lms = causal_lm_types()
+    if model_type not in lms:
+        raise UnknownFamilyError(
+            f"unknown model family {model_type!r}", family=model_type, transformers_version=version,
+            why="neither a written family nor a causal LM of this transformers (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)",
+            supported="the written families (tfcompat.registry.families()) and every causal-LM model_type",
+            fix="pass transformers' config.model_type of a causal LM")
+    where = module_name(model_type)
+
+    def refuse(what: str, why: str, fix: str = "") -> PatchError:
+        return PatchError(f"cannot derive {model_type}: {what}", family=model_type, transformers_version=version,
+                          why=why, supported="decoder-only causal LMs whose decoder layers hold softmax attention "
+                          "dispatched through transformers' AttentionInterface",
+                          fix=fix or "use a model whose structure tfcompat supports, or run it unpatched")
+
+    try:
+        module = importlib.import_module(where)
+    except ImportError as exc:
+        raise refuse(f"{where} cannot be imported", str(exc)) from None
+    lm = _local_class(module, lms[model_type])
+    if lm is None:
+        raise refuse(f"{lms[model_type]} is not defined in {where}", "the causal LM comes from another module")
+    prefix = getattr(lm, "base_model_prefix", "model")
+    text = _single(_built_classes(module, lm, "__init__", attr=prefix)) or _local_class(
+        module, _auto_name("MODEL_MAPPING_NAMES", model_type))
+    if text is None:
+        raise refuse(f"no text model found in {lm.__name__}.{prefix}",
+                     f"{lm.__name__}.__init__ does not build a class of {where} at self.{prefix}")
+    layers = _built_classes(module, text, "__init__", lists_only=True)
+    for holder in [] if layers else _built_classes(module, text, "__init__"):  # OPT: OPTModel.decoder.layers
+        layers = layers or _built_classes(module, holder, "__init__", lists_only=True)
+    if not layers:
+        raise refuse(f"no decoder layers found in {text.__name__}",
+                     f"{text.__name__}.__init__ builds no nn.ModuleList of {where}'s classes")
+    attentions: list[type] = []
+    for layer in layers:
+        mixers = _token_mixers(module, layer, lm.__name__.removesuffix("ForCausalLM"))
+        if mixers:
+            raise refuse(f"{layer.__name__} holds a token mixer other than softmax attention: {', '.join(mixers)}",
+                         "packing restarts softmax attention per sequence; state, convolution and recurrence across "
+                         "the packed row are not proved per sequence")
+        found = [c for c in _built_classes(module, layer, "__init__") if _dispatch_call(c) is not None]
+        if not found:
+            raise refuse(f"{layer.__name__} holds no attention that dispatches through AttentionInterface",
+                         f"none of the classes {layer.__name__}.__init__ builds calls a function taken from "
+                         "ALL_ATTENTION_FUNCTIONS")
+        attentions += [c for c in found if c not in attentions]
+    if len(attentions) > 1:
+        raise refuse(f"several attention classes: {', '.join(c.__name__ for c in attentions)}",
+                     "one attention class per model is supported")
+    attention = attentions[0]
+    call = attention_call(attention)
+    unknown = sorted(set(dict(call.keywords)) - ATTENTION_KEYWORDS.keys())
+    if unknown:
+        raise refuse(f"{attention.__name__} passes {', '.join(unknown)} to the attention function",
+                     "the packed core implements " + ", ".join(ATTENTION_KEYWORDS))
+    unguarded = [g for g in call.row_positions if not g]
+    if unguarded:
+        raise refuse(f"{attention.__name__} reads positions from the row index",
+                     "it computes with cache_position or torch.arange over the row, which on a packed row counts "
+                     "across sequences (position_ids restart per sequence)")
+    passes = [_passes_kwargs(layer, attention) for layer in layers]
+    cache = [p for p in _CACHE_PARAMS if p in inspect.signature(cast(Any, attention).forward).parameters]
+    config_cls = _config_class(model_type)
+    rope_key: RopeConfigKey = "rope_parameters" if "rope_parameters" in _config_fields(config_cls) else "rope_scaling"
+    derivation = Derivation(
+        causal_lm=lm.__name__, text_model=text.__name__, text_model_attr=prefix, decoder_layers=tuple(c.__name__ for c in layers),
+        attention=call, config=config_cls)
+    release = versions.parse(version).release
+    line = f"{release[0]}.{release[1]}"
+    entry = Entry(
+        family=model_type,
+        versions=versions.VersionRange(line, f"{release[0]}.{release[1] + 1}"),
+        module=where,
+        classes={"attention": attention.__name__, "text_model": text.__name__, "decoder_layer": layers[0].__name__,
+                 "for_causal_lm": lm.__name__},
+        rotary=None,
+        rope_config_key=rope_key,
+        text_model_positions="text",
+        layer_forwards_kwargs=all(passes),
+        rope_index_mm_token_types=False,
+        cache_kwarg=cast(Any, cache[0]) if cache else None,
+        why=f"derived from {where} on transformers {version}",
+        derived=derivation,
+    )
+    return Family(key=model_type, entries=(entry,), tiny_config=functools.partial(_tiny_config, config_cls))
+
+
+@functools.cache
+def attention_call(cls: type) -> AttentionCall:
+    """What ``cls.forward`` passes to the attention function it takes from ``ALL_ATTENTION_FUNCTIONS`` (cached).
+
+    Raises `ValueError` when its forward calls no such function (see `_dispatch_call`).
+    """
+    found = _dispatch_call(cls)
+    if found is None:
+        raise ValueError(f"{cls.__name__}.forward dispatches through no AttentionInterface function")
+    fn, call = found
+    keywords = tuple((k.arg, ast.unparse(k.value)) for k in call.keywords if k.arg is not None)
+    passes = any(k.arg is None for k in call.keywords)
+    return AttentionCall(cls.__name__, keywords, passes, _row_position_guards(fn))
+
+
+def passed_values(call: AttentionCall, module: Any, *, training: bool = False) -> dict[str, Any]:
+    """The values ``module`` (an instance of ``call.cls``) passes for each keyword of ``call``, evaluated on the
+    module as its forward would (``self.training`` read as ``training``). A keyword whose expression reads anything
+    but the module, its config and constants maps to `UNKNOWN`."""
+    return {name: _evaluate(expr, module, training) for name, expr in call.keywords}
+
+
+def guard_holds(guard: str, module: Any) -> bool | None:
+    """Whether the guard (an ``if`` test of `AttentionCall.row_positions`) holds on ``module`` in a packed forward
+    (no cache); None when it cannot be evaluated."""
+    value = _evaluate(guard, module, False)
+    return None if value is UNKNOWN else bool(value)
+
+
+class _Unknown:
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN: Any = _Unknown()
+
+
+# -- source reading ------------------------------------------------------------------------------------------------
+
+def _method(cls: type, name: str) -> ast.FunctionDef | None:
+    """The ``ast`` of ``cls.name`` as defined on the nearest class of its MRO (decorators unwrapped)."""
+    owner = next((c for c in cls.__mro__ if name in vars(c)), None)
+    if owner is None or owner is object:
+        return None
+    fn = inspect.unwrap(vars(owner)[name])
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    node = tree.body[0]
+    return node if isinstance(node, ast.FunctionDef) else None
+
+
+def _local_class(module: Any, name: str | None) -> type | None:
+    obj = getattr(module, name, None) if name else None
+    return obj if isinstance(obj, type) and obj.__module__ == module.__name__ else None
+
+
+def _auto_name(mapping: str, model_type: str) -> str | None:
+    names = getattr(importlib.import_module("transformers.models.auto.modeling_auto"), mapping)
+    name = names.get(model_type)
+    return name if isinstance(name, str) else None
+
+
+def _single(classes: list[type]) -> type | None:
+    return classes[0] if len(classes) == 1 else None
+
+
+def _built_classes(module: Any, cls: type, method: str, *, attr: str | None = None,
+                   lists_only: bool = False) -> list[type]:
+    """The classes of ``module`` that ``cls.method`` instantiates (in order, once each).
+
+    attr: only those assigned to ``self.attr``; lists_only: only those inside an ``nn.ModuleList(...)`` assigned to
+    an attribute of ``self``.
+    """
+    fn = _method(cls, method)
+    if fn is None:
+        return []
+    out: list[type] = []
+    for node in ast.walk(fn):
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        on_self = [t for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                   and t.value.id == "self"]
+        if not on_self or (attr is not None and all(t.attr != attr for t in on_self)):
+            continue
+        value = node.value
+        if lists_only and not (isinstance(value, ast.Call) and ast.unparse(value.func).endswith("ModuleList")):
+            continue
+        for sub in ast.walk(value):
+            if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name):
+                found = _local_class(module, sub.func.id)
+                if found is not None and found not in out and _is_module(found):
+                    out.append(found)
+    return out
+
+
+def _is_module(cls: type) -> bool:
+    import torch
+
+    return issubclass(cls, torch.nn.Module)
+
+
+def _token_mixers(module: Any, layer: type, prefix: str, seen: frozenset[type] = frozenset()) -> list[str]:
+    """Names of token mixers other than softmax attention that ``layer`` builds, directly or in its own children:
+    classes of the module or ``nn`` layers whose name (after the model's ``prefix``) says state space,
+    convolution, recurrence or linear attention (`MIXER_PATTERN`)."""
+    fn = _method(layer, "__init__")
+    if fn is None:
+        return []
+    out = [ast.unparse(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)
+           and isinstance(n.func, ast.Attribute) and MIXER_PATTERN.search(n.func.attr)]
+    for child in _built_classes(module, layer, "__init__"):
+        if MIXER_PATTERN.search(child.__name__.removeprefix(prefix)) and _dispatch_call(child) is None:
+            out.append(child.__name__)
+        elif child not in seen:
+            out += _token_mixers(module, child, prefix, seen | {layer})
+    return list(dict.fromkeys(out))
+
+
+def _dispatch_call(cls: type) -> tuple[ast.FunctionDef, ast.Call] | None:
+    """``cls.forward`` and its call of the attention function: a name assigned from an expression reading
+    ``ALL_ATTENTION_FUNCTIONS`` (with or without ``eager_attention_forward``); None when it has none."""
+    fn = _method(cls, "forward")
+    if fn is None:
+        return None
+    names = set()
+    for node in ast.walk(fn):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            if isinstance(target, ast.Name) and "ALL_ATTENTION_FUNCTIONS" in ast.unparse(node.value):
+                names.add(target.id)
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names]
+    return (fn, calls[0]) if len(calls) == 1 else None
+
+
+def _passes_kwargs(layer: type, attention: type) -> bool:
+    """Whether ``layer.forward`` passes ``**kwargs`` on to the attribute holding its ``attention``."""
+    init, fn = _method(layer, "__init__"), _method(layer, "forward")
+    if init is None or fn is None:
+        return False
+    attrs = {t.attr for n in ast.walk(init) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+             and isinstance(n.value.func, ast.Name) and n.value.func.id == attention.__name__
+             for t in n.targets if isinstance(t, ast.Attribute)}
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr in attrs and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"]
+    return bool(calls) and all(any(k.arg is None for k in c.keywords) for c in calls)
+
+
+def _row_position_guards(fn: ast.FunctionDef) -> tuple[str, ...]:
+    """The ``if`` tests (joined with ``and``; "" = none) guarding each place where ``fn`` computes with
+    ``cache_position`` or ``torch.arange`` (positions counted over the row). Passing ``cache_position`` on (a dict
+    value, a keyword argument: the cache update) is not computing with it."""
+    passed: set[int] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Dict):
+            passed |= {id(v) for v in node.values if v is not None}
+        elif isinstance(node, ast.Call):
+            passed |= {id(k.value) for k in node.keywords}
+    guards: list[str] = []
+
+    def visit(node: ast.AST, tests: tuple[str, ...]) -> None:
+        if isinstance(node, ast.If):
+            visit(node.test, tests)
+            for child in node.body:
+                visit(child, (*tests, f"({ast.unparse(node.test)})"))
+            for child in node.orelse:
+                visit(child, (*tests, f"(not ({ast.unparse(node.test)}))"))
+            return
+        reads = ((isinstance(node, ast.Name) and node.id == "cache_position" and id(node) not in passed)
+                 or (isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.arange"))
+        if reads:
+            guards.append(" and ".join(tests))
+        for sub in ast.iter_child_nodes(node):
+            visit(sub, tests)
+
+    for statement in fn.body:
+        visit(statement, ())
+    return tuple(dict.fromkeys(guards))
+
+
+# -- evaluation on a module ----------------------------------------------------------------------------------------
+
+_BINARY: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.Pow: operator.pow, ast.FloorDiv: operator.floordiv,
+}
+_COMPARE: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Is: operator.is_, ast.IsNot: operator.is_not,
+    ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+}
+
+
+def _evaluate(expr: str, module: Any, training: bool) -> Any:
+    """``expr`` (source of the attention forward) evaluated with ``self`` = ``module``; `UNKNOWN` when it reads a
+    local, a parameter or a call other than ``getattr`` / ``hasattr`` / ``len``. Cache parameters read as None (a
+    packed forward passes no cache)."""
+    def ev(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id == "self":
+                return module
+            return None if node.id in _CACHE_PARAMS else UNKNOWN
+        if isinstance(node, ast.Attribute):
+            if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr == "training":
+                return training
+            obj = ev(node.value)
+            return UNKNOWN if obj is UNKNOWN else getattr(obj, node.attr, UNKNOWN)
+        if isinstance(node, ast.Subscript):
+            obj, key = ev(node.value), ev(node.slice)
+            if obj is UNKNOWN or key is UNKNOWN:
+                return UNKNOWN
+            try:
+                return obj[key]
+            except (LookupError, TypeError):
+                return UNKNOWN
+        if isinstance(node, ast.IfExp):
+            test = ev(node.test)
+            return UNKNOWN if test is UNKNOWN else ev(node.body if test else node.orelse)
+        if isinstance(node, ast.BoolOp):
+            values = [ev(v) for v in node.values]
+            if any(v is UNKNOWN for v in values):
+                return UNKNOWN
+            return all(values) if isinstance(node.op, ast.And) else any(values)
+        if isinstance(node, ast.UnaryOp):
+            value = ev(node.operand)
+            if value is UNKNOWN:
+                return UNKNOWN
+            return (not value) if isinstance(node.op, ast.Not) else -value if isinstance(node.op, ast.USub) else UNKNOWN
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            left, right = ev(node.left), ev(node.right)
+            return UNKNOWN if UNKNOWN in (left, right) else _BINARY[type(node.op)](left, right)
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:
+            left, right = ev(node.left), ev(node.comparators[0])
+            return UNKNOWN if left is UNKNOWN or right is UNKNOWN else _COMPARE[type(node.ops[0])](left, right)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
+            fns: dict[str, Callable[..., Any]] = {"getattr": getattr, "hasattr": hasattr, "len": len}
+            args = [ev(a) for a in node.args]
+            if node.func.id in fns and all(a is not UNKNOWN for a in args):
+                return fns[node.func.id](*args)
+        return UNKNOWN
+
+    return ev(ast.parse(expr, mode="eval").body)
+
+
+# -- config --------------------------------------------------------------------------------------------------------
+
+def _config_class(model_type: str) -> str:
+    names = importlib.import_module("transformers.models.auto.configuration_auto").CONFIG_MAPPING_NAMES
+    return cast(str, names[model_type])
+
+
+def _config_fields(name: str) -> set[str]:
+    """The keys a config class takes (its ``__init__`` parameters, or its dataclass fields on 5.x)."""
+    cls = getattr(importlib.import_module("transformers"), name)
+    fields = set(inspect.signature(cls.__init__).parameters)
+    return fields | set(getattr(cls, "__dataclass_fields__", {})) | set(getattr(cls, "__annotations__", {}))
+
+
+_TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=512, pad_token_id=0)
+
+
+def _tiny_config(config_cls: str, entry: Entry) -> tuple[str, dict[str, Any]]:
+    """A tiny config of a derived family: the common size keys its config class takes (the self-check's model;
+    families with more size keys need them shrunk by the caller)."""
+    fields = _config_fields(config_cls)
+    return config_cls, {k: v for k, v in _TINY.items() if k in fields}
+
+
+def layer_kind(config: Any, index: int | None) -> str | None:
+    """``config.layer_types[index]`` where the config has layer types (None otherwise)."""
+    types = getattr(config, "layer_types", None) or ()
+    return types[index] if isinstance(index, int) and 0 <= index < len(types) else None
+
+
+def refused_layer_types(config: Any) -> list[str]:
+    """The ``layer_types`` values of ``config`` that are not softmax attention (e.g. ``"linear_attention"``)."""
+    return sorted({t for t in getattr(config, "layer_types", None) or () if t not in _SOFTMAX_LAYER_TYPES})
