@@ -155,6 +155,10 @@ def check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> 
             got_grads = gradients(model, lambda: (logits_of(model, **inputs) @ w).sum())
         except Exception as exc:  # noqa: BLE001
             return Outcome(model_type, "fail", f"patched forward raised {_reason(exc)}")
+    if got_grads.keys() != expected_grads.keys():
+        missing = sorted(got_grads.keys() ^ expected_grads.keys())
+        return Outcome(model_type, "fail", f"patched gradients reach other parameters: {', '.join(missing[:4])}",
+                       float("inf"))
     diff = max(diff, compare_gradients(got_grads, expected_grads))
     if diff <= TOLERANCE:
         return Outcome(model_type, "pass", diff=diff)
