@@ -67,7 +67,8 @@ _SIZES: dict[str, int] = {
     "mamba_chunk_size": 16, "chunk_size": 16,  # the torch SSD scan pads to whole chunks
     # vision towers: 32 x 32 images of 8 x 8 patches (a 4 x 4 grid, divisible by the usual 2 x 2 merges)
     "image_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 64, "out_hidden_size": 64, "projection_dim": 64,
-    "mm_tokens_per_image": 4, "vision_hidden_size": 64, "text_hidden_size": 64,
+    "mm_tokens_per_image": 4, "vision_hidden_size": 64, "text_hidden_size": 64, "vision_output_dim": 64,
+    "projector_input_dim": 64, "projector_output_dim": 64,
 }
 # Capped, not set: a model may have none of these, and keeping one is enough to have that kind of layer or expert.
 _AT_MOST: dict[str, int] = {
@@ -102,6 +103,14 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "ZambaConfig": {"attn_layer_period": 2, "attn_layer_offset": 1, "num_hidden_layers": 6},
     # sliding layers' head_dim is their q/k head (per-layer qk_nope_head_dim + qk_rope_head_dim)
     "Dots3NoteTextConfig": {"head_dim": 24},
+    # the projector concatenates these vision layers: two of the tiny tower's two
+    "VipLlavaConfig": {"vision_feature_layers": [-2, -1]},
+    # the pixel-shuffle adapter's input (hidden 64 / 0.5**2) is the vision `intermediate_size`
+    "Llama4VisionConfig": {"intermediate_size": 256},
+    # any-resolution tiles of the tiny 32 x 32 image
+    "LlavaNextConfig": {"image_grid_pinpoints": [[32, 32]]},
+    "LlavaNextVideoConfig": {"image_grid_pinpoints": [[32, 32]]},
+    "LlavaOnevisionConfig": {"image_grid_pinpoints": [[32, 32]]},
     # rotary parameters are keyed by layer type, and the defaults give none
     "CohereCompassTextConfig": {"rope_parameters": {
         "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
@@ -259,25 +268,34 @@ def _image_token_id(config: Any) -> int | None:
 
 
 def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
+    """The image kwargs to try, in order (see `tiny_image`)."""
     import torch
 
     channels = getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None) or 3
     patch = getattr(vision, "patch_size", 8)
     patch = patch[0] if isinstance(patch, (list, tuple)) else patch
     layouts = []
-    if "image_grid_thw" in params:
+    if "image_grid_thw" in params:  # flattened patches and their (t, h, w) grid (Qwen2-VL); Kimi takes them unflattened
         merge = getattr(vision, "spatial_merge_size", 2) or 1
+        merge = merge[0] if isinstance(merge, (list, tuple)) else merge
         temporal = getattr(vision, "temporal_patch_size", 1) or 1
         h, w = 2 * merge, 3 * merge
-        layouts.append({"pixel_values": torch.randn(h * w, channels * temporal * patch * patch, generator=g),
-                        "image_grid_thw": torch.tensor([[1, h, w]])})
+        flat = torch.randn(h * w, channels * temporal * patch * patch, generator=g)
+        grid = torch.tensor([[1, h, w]])
+        layouts += [{"pixel_values": flat, "image_grid_thw": grid},
+                    {"pixel_values": flat.view(h * w, channels * temporal, patch, patch), "image_grid_thw": grid}]
+    if "spatial_shapes" in params:  # SigLIP2 NaFlex (LFM2-VL): (B, N, C*p*p) patches, their grid, a patch mask
+        layouts.append({"pixel_values": torch.randn(1, 16, channels * patch * patch, generator=g),
+                        "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16).bool()})
     size = getattr(vision, "image_size", 32)
     size = size[0] if isinstance(size, (list, tuple)) else size
     size = size if isinstance(size, int) else 32
     image = torch.randn(1, channels, size, size, generator=g)
     layouts += [{"pixel_values": image}, {"pixel_values": image[:, None]}]
-    if "image_sizes" in params:
-        layouts.append({"pixel_values": image, "image_sizes": torch.tensor([[size, size]])})
+    if "image_sizes" in params:  # any-resolution (LLaVA-NeXT): the base image and one tile of the 32 x 32 grid
+        sizes = torch.tensor([[size, size]])
+        layouts += [{"pixel_values": image, "image_sizes": sizes},
+                    {"pixel_values": torch.cat([image, image.flip(-1)])[None], "image_sizes": sizes}]
     return layouts
 
 
