@@ -68,7 +68,7 @@ _SIZES: dict[str, int] = {
     # vision towers: 32 x 32 images of 8 x 8 patches (a 4 x 4 grid, divisible by the usual 2 x 2 merges)
     "image_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 64, "out_hidden_size": 64, "projection_dim": 64,
     "mm_tokens_per_image": 4, "vision_hidden_size": 64, "text_hidden_size": 64, "vision_output_dim": 64,
-    "projector_input_dim": 64, "projector_output_dim": 64,
+    "projector_input_dim": 64, "projector_output_dim": 64, "projection_hidden_size": 64,
 }
 # Capped, not set: a model may have none of these, and keeping one is enough to have that kind of layer or expert.
 _AT_MOST: dict[str, int] = {
@@ -306,9 +306,9 @@ def _tensors(out: Any) -> list[Any]:
         return [out]
     if isinstance(out, (list, tuple)):
         return [t for o in out for t in _tensors(o)]
-    pooled = getattr(out, "pooler_output", None)  # 5.x returns a model output whose pooler_output is the features
-    if pooled is not None:
-        return _tensors(pooled)
+    for key in ("pooler_output", "last_hidden_state"):  # 5.x returns a model output; llama4 projects later
+        if getattr(out, key, None) is not None:
+            return _tensors(getattr(out, key))
     return []
 
 
