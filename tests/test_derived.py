@@ -244,6 +244,7 @@ def test_sequence_classification_twin_pools_per_sequence(model_type):
     assert float((got - expected).abs().max() / expected.abs().max()) <= 1e-5
     assert control.shape == (1, 2)
     assert reward(**inputs).logits.shape == (1, 2)  # undone: the stock pooling again
+    assert "forward" not in vars(reward) and "forward" not in vars(reward.score)
 
 
 @pytest.mark.parametrize("model_type", [t for t in ("qwen3_moe", "mixtral") if t in INSTALLED])
