@@ -103,6 +103,8 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "ZambaConfig": {"attn_layer_period": 2, "attn_layer_offset": 1, "num_hidden_layers": 6},
     # sliding layers' head_dim is their q/k head (per-layer qk_nope_head_dim + qk_rope_head_dim)
     "Dots3NoteTextConfig": {"head_dim": 24},
+    # ReformerModelWithLMHead asserts it (the causal LM head of an encoder-style config)
+    "ReformerConfig": {"is_decoder": True, "axial_pos_embds_dim": [32, 32]},
     # the projector concatenates these vision layers: two of the tiny tower's two
     "VipLlavaConfig": {"vision_feature_layers": [-2, -1]},
     # the pixel-shuffle adapter's input (hidden 64 / 0.5**2) is the vision `intermediate_size`
