@@ -30,17 +30,18 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import InvalidInputError
+from ._final_logits import FinalLogits, final_logits
 from ._tiles import IGNORE_INDEX
 from ._torch import _TORCH_CHUNK_SIZE, _ChunkedLogprobsEntropy
 
-__all__ = ["IGNORE_INDEX", "BACKENDS", "LogprobsEntropy", "logprobs_entropy", "model_logprobs"]
+__all__ = ["IGNORE_INDEX", "BACKENDS", "FinalLogits", "LogprobsEntropy", "final_logits", "logprobs_entropy",
+           "model_logprobs"]
 
 BACKENDS = ("auto", "torch", "triton", "logits")
 
@@ -134,17 +135,20 @@ def model_logprobs(
 ) -> LogprobsEntropy:
     """`logprobs_entropy` of a causal LM instead of its logits: the backbone runs, the lm head never does.
 
-    model: a ``*ForCausalLM`` / ``*ForConditionalGeneration`` (patched or not); its backbone is ``model.model``
-    and its head ``model.get_output_embeddings()``. labels: ``(B, L)`` next-token ids aligned with the input
+    model: a ``*ForCausalLM`` / ``*ForConditionalGeneration`` (patched or not) whose forward computes its logits
+    as ``self.lm_head(backbone(...))``, then possibly a logit scale and a final-logit softcap (cohere, granite,
+    falcon_h1, gemma2/3, ...): both are read from that forward and the model's config (`final_logits`), so the
+    log-probs are those of the model's own logits. labels: ``(B, L)`` next-token ids aligned with the input
     tokens (already shifted; under Ulysses, ``shard.labels``). inputs: what the model's forward takes.
+    Raises `InvalidInputError` for a model whose forward does more to its logits (e.g. masks columns, runs a
+    module on them) or has no single backbone: the chunked head could not reproduce them.
     """
-    # torch types a Module attribute read `Tensor | Module`: name what these are
-    head = cast(Callable[[], torch.nn.Module], model.get_output_embeddings)()
-    weight, bias = cast(torch.Tensor, head.weight), cast("torch.Tensor | None", head.bias)
-    out = cast(torch.nn.Module, model.model)(**inputs)
+    applied = final_logits(model)
+    head = cast(torch.nn.Linear, model.lm_head)  # final_logits checked it is the output embeddings' nn.Linear
+    out = cast(torch.nn.Module, getattr(model, applied.backbone))(**inputs)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    return logprobs_entropy(hidden, weight, labels, temperature, backend=backend, chunk_size=chunk_size,
-                            lm_head_bias=bias)
+    return logprobs_entropy(hidden, head.weight, labels, temperature, backend=backend, chunk_size=chunk_size,
+                            lm_head_bias=head.bias, softcap=applied.softcap, logit_scale=applied.logit_scale)
 
 
 # ------------------------------------------------------------------------------------------- validation
