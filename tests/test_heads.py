@@ -72,12 +72,14 @@ class Run(NamedTuple):
     grad_bias: torch.Tensor | None
 
 
-def run(case: Case, backend: str, chunk_size: int = 1024) -> Run:
+def run(case: Case, backend: str, chunk_size: int = 1024, **transform: float | None) -> Run:
+    """transform: ``softcap`` and ``logit_scale`` of `logprobs_entropy`, as given."""
     hidden = case.hidden.detach().requires_grad_()
     weight = case.weight.detach().requires_grad_()
     bias = None if case.bias is None else case.bias.detach().requires_grad_()
     out = logprobs_entropy(
-        hidden, weight, case.labels, case.temperature, backend=backend, chunk_size=chunk_size, lm_head_bias=bias
+        hidden, weight, case.labels, case.temperature, backend=backend, chunk_size=chunk_size, lm_head_bias=bias,
+        **transform,
     )
     loss = (case.grad_logprobs * out.logprobs).sum() + (case.grad_entropy * out.entropy).sum()
     loss.backward()
@@ -255,6 +257,70 @@ class TestContract:
         assert_close(grads[0], grads[1], atol=FP32_TOL, what="grad_hidden")
 
 
+# softcaps that bend logits of order 1 (weight ~ N(0, 1/H)) hard, somewhat, or hardly (gemma2 uses 30)
+TRANSFORMS = st.fixed_dictionaries({"softcap": st.sampled_from([None, 0.5, 2.0, 30.0]),
+                                    "logit_scale": st.sampled_from([1.0, 0.125, 3.0])})
+
+
+def by_hand(case: Case, softcap: float | None, logit_scale: float) -> Run:
+    """The model's own logits step by step, as gemma2/granite/cohere write them (divide by the cap, tanh, times
+    the cap), then log_softmax and autograd: the oracle of the transform, written without tfcompat."""
+    hidden, weight = case.hidden.detach().requires_grad_(), case.weight.detach().requires_grad_()
+    bias = None if case.bias is None else case.bias.detach().requires_grad_()
+    logits = torch.nn.functional.linear(hidden, weight, bias).float() * logit_scale  # (*S, V)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    tau = case.temperature.unsqueeze(-1) if isinstance(case.temperature, torch.Tensor) else case.temperature
+    logp = torch.log_softmax(logits / tau, -1)  # (*S, V)
+    valid = case.labels != IGNORE_INDEX
+    logprobs = torch.where(valid, logp.gather(-1, case.labels.clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0)
+    entropy = torch.where(valid, -(logp.exp() * logp).sum(-1), 0.0)
+    ((case.grad_logprobs * logprobs).sum() + (case.grad_entropy * entropy).sum()).backward()
+    return Run(LogprobsEntropy(logprobs.detach(), entropy.detach()), hidden.grad, weight.grad,
+               None if bias is None else bias.grad)
+
+
+@pytest.mark.usefixtures("unaligned_tiles")
+class TestSoftcapAndScale:
+    """softcap c and logit_scale s: every backend computes log_softmax(c * tanh(s * x / c) / tau), values and
+    gradients, as the model writes it."""
+
+    @SETTINGS
+    @given(chunked_cases(), TRANSFORMS)
+    def test_reference_is_the_model_formula(self, case_and_chunk: tuple[Case, int], transform: dict) -> None:
+        case, _ = case_and_chunk
+        assert_runs_close(run(case, "logits", **transform), by_hand(case, **transform), forward_tol=FP32_TOL,
+                          grad_tol=FP32_TOL)
+
+    @SETTINGS
+    @given(chunked_cases(), TRANSFORMS)
+    def test_chunked_matches_reference(self, case_and_chunk: tuple[Case, int], transform: dict) -> None:
+        case, chunk_size = case_and_chunk
+        assert_runs_close(run(case, "torch", chunk_size, **transform), run(case, "logits", **transform),
+                          forward_tol=FP32_TOL, grad_tol=FP32_TOL)
+
+    @pytest.mark.parametrize(("tokens", "vocab"), [(40, 300), (300, 40)], ids=["walk-vocab", "walk-tokens"])
+    def test_both_backward_walks(self, tokens: int, vocab: int) -> None:
+        case = make_case((tokens,), vocab, 16, seed=tokens)
+        transform = dict(softcap=1.5, logit_scale=2.0)
+        assert_runs_close(run(case, "torch", 7, **transform), run(case, "logits", **transform),
+                          forward_tol=FP32_TOL, grad_tol=FP32_TOL)
+
+    @pytest.mark.parametrize("backend", ["torch", "logits"])
+    def test_changes_the_result(self, backend: str) -> None:
+        """Non-vacuity: a cap that bends the logits, or a scale, moves logprobs away from the plain ones."""
+        case = make_case((30,), 90, 8, seed=3)
+        plain = run(case, backend).out.logprobs
+        for transform in (dict(softcap=1.0), dict(logit_scale=2.0)):
+            assert (run(case, backend, **transform).out.logprobs - plain).abs().max() > 1e-2, transform
+
+    def test_bf16_within_stated_tolerance(self) -> None:
+        case = make_case((4, 48), 256, 32, seed=5, dtype=torch.bfloat16)
+        transform = dict(softcap=2.0, logit_scale=0.5)
+        assert_runs_close(run(case, "torch", 20, **transform), run(case, "logits", **transform),
+                          forward_tol=BF16_FORWARD_TOL, grad_tol=BF16_GRAD_TOL)
+
+
 class TestSavedForBackward:
     """Backend "torch" keeps no (T, V)-sized tensor alive between forward and backward."""
 
@@ -314,6 +380,15 @@ class TestInvalidInput:
             (dict(temperature=torch.tensor(1.0)), r"temperature \(\) on cpu vs labels \(4,\)"),
             (dict(temperature=torch.tensor([1.0, 0.5, -0.1, 2.0])), r"(?s)every per-token temperature.*got \[-0.1"),
             (dict(temperature=torch.tensor([1.0, math.nan, 1.0, 1.0])), r"(?s)every per-token temperature.*\[nan\]"),
+            (dict(softcap=0.0), r"(?s)softcap must be a finite float > 0.*got 0.0"),
+            (dict(softcap=math.inf), r"(?s)softcap must be a finite float > 0.*got inf"),
+            (dict(softcap=True), r"(?s)softcap must be a finite float > 0.*got True"),
+            (dict(logit_scale=None), r"(?s)logit_scale must be a finite float > 0.*got None"),
+            (dict(logit_scale=-1.0), r"(?s)logit_scale must be a finite float > 0.*got -1.0"),
+            (dict(hidden=torch.randn(0, 8), labels=torch.zeros(0, dtype=torch.long)),
+             r"(?s)hidden must hold at least one token.*got shape \(0, 8\)"),
+            (dict(hidden=torch.randn(1, 0, 8), labels=torch.zeros(1, 0, dtype=torch.long)),
+             r"(?s)at least one token.*\(1, 0, 8\)"),
         ],
     )
     def test_rejected(self, change: dict, match: str) -> None:

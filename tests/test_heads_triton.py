@@ -40,9 +40,9 @@ def on_device(case: Case) -> Case:
     return Case(*(x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in case))
 
 
-def triton_and_reference(case: Case, chunk_size: int):
+def triton_and_reference(case: Case, chunk_size: int, **transform: float | None):
     case = on_device(case)
-    return run(case, "triton", chunk_size), run(case, "logits")
+    return run(case, "triton", chunk_size, **transform), run(case, "logits", **transform)
 
 
 @pytest.fixture
@@ -80,6 +80,16 @@ class TestTritonMatchesReference:
         case = make_case(shape, vocab, hidden_size, seed=vocab + len(shape), bias=bias,
                          per_token_temperature=per_token_temperature, ignored=0.3)
         assert_runs_close(*triton_and_reference(case, chunk_size), forward_tol=FP32_TOL, grad_tol=FP32_TOL)
+
+    @pytest.mark.parametrize(("softcap", "logit_scale"), [(None, 0.25), (0.5, 1.0), (2.0, 3.0), (30.0, 1.0)],
+                             ids=["scale", "hard-cap", "cap-and-scale", "gemma2-cap"])
+    @pytest.mark.parametrize(("shape", "vocab", "chunk_size"), [((37,), 301, 5), ((150,), 97, 32)],
+                             ids=["few-tokens", "many-tokens"])
+    def test_softcap_and_scale(self, shape, vocab, chunk_size, softcap, logit_scale):
+        """The kernels' tanh (from exp) and its derivative: the reference's values and gradients."""
+        case = make_case(shape, vocab, 12, seed=vocab, ignored=0.3)
+        assert_runs_close(*triton_and_reference(case, chunk_size, softcap=softcap, logit_scale=logit_scale),
+                          forward_tol=FP32_TOL, grad_tol=FP32_TOL)
 
     def test_all_ignored(self) -> None:
         case = make_case((12,), 50, 8, seed=7, ignored=1.0)

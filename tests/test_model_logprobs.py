@@ -42,3 +42,88 @@ def test_patched_model_logprobs_equal_the_logits_path(family, backend):
     torch.testing.assert_close(got.logprobs[keep], expected[keep], atol=1e-5, rtol=0)
     torch.testing.assert_close(got.entropy[keep], entropy[keep], atol=1e-5, rtol=0)
     assert float(got.logprobs[~keep].abs().max()) == 0.0
+
+
+# ------------------------------------------------------------------ what the forward applies to the head's output
+
+# each type's transform, set so that it bends the tiny model's logits (of order 1) hard enough to tell
+TRANSFORMED = {
+    "gemma2": lambda m: setattr(m.config, "final_logit_softcapping", 0.5),  # c * tanh(x / c)
+    "gemma3_text": lambda m: setattr(m.config, "final_logit_softcapping", 0.5),
+    "granite": lambda m: setattr(m.config, "logits_scaling", 0.25),  # x / 0.25
+    "cohere": lambda m: setattr(m, "logit_scale", 4.0),  # x * 4 (read from the config at build time)
+}
+TRANSFORMED_BACKENDS = ["logits", *BACKENDS]
+
+
+def own_and_head(model_type: str, backend: str, transform: bool = True):
+    """The model's own logits' log-probs and entropy (fp32), and model_logprobs', with the gradients of the same
+    loss with respect to every parameter."""
+    from tfcompat.tiny_models import tiny_model as tiny_from_config
+
+    model = tiny_from_config(model_type, attn_implementation="eager")
+    if transform:
+        TRANSFORMED[model_type](model)
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=gen)
+    labels = torch.roll(ids, -1, dims=1)
+    labels[:, -1] = -100
+    weights = torch.randn(2, 2, 9, generator=gen)
+    params = [p for p in model.parameters() if p.requires_grad]
+    logp = torch.log_softmax(model(input_ids=ids, use_cache=False).logits.float() / 0.7, -1)  # (B, L, V)
+    keep = labels != -100
+    own = (torch.where(keep, logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0], 0.0),
+           torch.where(keep, -(logp.exp() * logp).sum(-1), 0.0))
+    own_grads = torch.autograd.grad((weights[0] * own[0] + weights[1] * own[1]).sum(), params, allow_unused=True)
+    got = tfcompat.heads.model_logprobs(model, labels, 0.7, backend=backend, chunk_size=5, input_ids=ids,
+                                        use_cache=False)
+    got_grads = torch.autograd.grad((weights[0] * got.logprobs + weights[1] * got.entropy).sum(), params,
+                                    allow_unused=True)
+    return own, got, own_grads, got_grads, model
+
+
+@pytest.mark.parametrize("backend", TRANSFORMED_BACKENDS)
+@pytest.mark.parametrize("model_type", sorted(TRANSFORMED))
+def test_model_logprobs_equal_the_models_own_logits(model_type, backend):
+    """Final-logit softcap (gemma2, gemma3_text) and logit scales (granite divides, cohere multiplies): the
+    head's log-probs and entropy are those of the model's own logits, and so are the gradients of every
+    parameter (fp32, 1e-5)."""
+    if backend == "triton" and not heads._triton_interpreted():
+        pytest.skip("compiled Triton needs the model on CUDA; this test runs the interpreter (nox -s triton)")
+    own, got, own_grads, got_grads, _ = own_and_head(model_type, backend)
+    torch.testing.assert_close(got.logprobs, own[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.entropy, own[1], atol=1e-5, rtol=1e-5)
+    for want, have in zip(own_grads, got_grads, strict=True):
+        if want is None:
+            assert have is None
+            continue
+        scale = max(1.0, want.abs().max().item())
+        torch.testing.assert_close(have, want, atol=1e-5 * scale, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", sorted(TRANSFORMED))
+def test_the_transform_is_not_vacuous(model_type):
+    """Control: the plain head on the same hidden states is far from the model's own log-probs."""
+    own, _, _, _, model = own_and_head(model_type, "logits")
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=gen)  # own_and_head's ids
+    labels = torch.roll(ids, -1, dims=1)
+    labels[:, -1] = -100
+    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+    plain = heads.logprobs_entropy(hidden, model.lm_head.weight, labels, 0.7, backend="logits")
+    assert (plain.logprobs - own[0]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize(
+    ("model_type", "expected"),
+    [("gemma2", lambda c: (c.final_logit_softcapping, 1.0)), ("granite", lambda c: (None, 1.0 / c.logits_scaling)),
+     ("cohere", lambda c: (None, c.logit_scale)), ("llama", lambda c: (None, 1.0))],
+    ids=["gemma2", "granite", "cohere", "llama"],
+)
+def test_final_logits_read_from_the_config(model_type, expected):
+    """Each config's defaults, as its forward reads them: gemma2 caps, granite divides, cohere multiplies, llama
+    does nothing; the backbone is ``model.model``."""
+    from tfcompat.tiny_models import tiny_model as tiny_from_config
+
+    model = tiny_from_config(model_type, attn_implementation="eager")
+    assert heads.final_logits(model) == (*expected(model.config), "model")

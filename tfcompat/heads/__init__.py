@@ -18,7 +18,11 @@ Conventions shared by all backends:
   temperature, and everything after (softmax, logprobs, entropy) is float32, outputs included;
 - positions whose label is ``IGNORE_INDEX`` (-100) get logprob 0 and entropy 0 and contribute no gradient;
 - the temperature (a float or one value per token) divides the logits and is a constant: no gradient
-  flows to it.
+  flows to it;
+- what a model applies to its lm head's output before sampling (``logit_scale`` s, then final-logit ``softcap``
+  c: ``c * tanh(s * x / c)``, as gemma2/3, granite, cohere do; `model_logprobs` reads both from the model)
+  runs in float32 on the upcast logits, before the temperature divides them, as verl divides the model's
+  logits by the temperature.
 """
 
 from __future__ import annotations
@@ -26,17 +30,18 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import InvalidInputError
+from ._final_logits import FinalLogits, final_logits
 from ._tiles import IGNORE_INDEX
 from ._torch import _TORCH_CHUNK_SIZE, _ChunkedLogprobsEntropy
 
-__all__ = ["IGNORE_INDEX", "BACKENDS", "LogprobsEntropy", "logprobs_entropy", "model_logprobs"]
+__all__ = ["IGNORE_INDEX", "BACKENDS", "FinalLogits", "LogprobsEntropy", "final_logits", "logprobs_entropy",
+           "model_logprobs"]
 
 BACKENDS = ("auto", "torch", "triton", "logits")
 
@@ -61,6 +66,8 @@ def logprobs_entropy(
     backend: str = "auto",
     chunk_size: int | None = None,
     lm_head_bias: torch.Tensor | None = None,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
 ) -> LogprobsEntropy:
     """Log-probability of each label and entropy of each token's distribution under the lm head.
 
@@ -76,13 +83,18 @@ def logprobs_entropy(
       for ``"triton"``, whose default tile is about ``T * H`` logits (the size of ``hidden``, at least 2**24; it
       also keeps a ``(T, H)`` float32 accumulator), so that its memory grows with T like the hidden states'.
     lm_head_bias: ``(V,)`` or None.
+    softcap, logit_scale: the logits are ``c * tanh(s * x / c)`` with ``c = softcap`` (``s * x`` when None) and
+      ``s = logit_scale``, ``x`` the lm head's output; both finite and > 0, constants.
     Returns `LogprobsEntropy`, each field float32 and shaped like ``labels``.
 
     Validation reads the labels (and a tensor temperature) on the host once: one device sync per call.
-    Raises `InvalidInputError` on a bad shape, dtype, device, label, temperature, backend or chunk size, and
+    Raises `InvalidInputError` on a bad shape (no tokens included), dtype, device, label, temperature, softcap,
+    logit scale, backend or chunk size, and
     for backend ``"triton"`` without Triton installed or with tensors off CUDA (unless ``TRITON_INTERPRET=1``).
     """
     temperature = _validate(hidden, lm_head_weight, labels, temperature, backend, chunk_size, lm_head_bias)
+    _check_positive("softcap", softcap, "pass the model's config.final_logit_softcapping, or None")
+    _check_positive("logit_scale", logit_scale, "pass 1.0 for none")
     backend = _resolve_backend(backend, hidden)
     tokens = hidden.reshape(-1, hidden.shape[-1])  # (B, L, H) -> (T, H)
     flat_labels = labels.reshape(-1).long()  # (B, L) -> (T,)
@@ -90,10 +102,16 @@ def logprobs_entropy(
     column = torch.as_tensor(temperature, dtype=torch.float32, device=hidden.device).detach()
     column = column.reshape(-1, 1).expand(tokens.shape[0], 1)
     if backend == "logits":
-        logprobs, entropy = _reference(tokens, lm_head_weight, lm_head_bias, flat_labels, column)
-    elif backend == "torch":
+        logprobs, entropy = _reference(tokens, lm_head_weight, lm_head_bias, flat_labels, column, softcap,
+                                       logit_scale)
+        return LogprobsEntropy(logprobs.view(labels.shape), entropy.view(labels.shape))
+    # the chunked backends see z = g(pre * x) / tau', g = tanh with a softcap (pre = s / c, tau' = tau / c),
+    # else the identity (no pre, tau' = tau / s): their arithmetic is the plain one on g's output
+    pre = None if softcap is None else logit_scale / softcap
+    column = column / (logit_scale if softcap is None else softcap)  # (T, 1)
+    if backend == "torch":
         logprobs, entropy = _ChunkedLogprobsEntropy.apply(
-            tokens, lm_head_weight, lm_head_bias, flat_labels, column, chunk_size or _TORCH_CHUNK_SIZE
+            tokens, lm_head_weight, lm_head_bias, flat_labels, column, chunk_size or _TORCH_CHUNK_SIZE, pre
         )
     else:
         from ._triton import TritonLogprobsEntropy, _triton_tiles
@@ -101,7 +119,7 @@ def logprobs_entropy(
         token_count, hidden_size = tokens.shape
         tile_rows, tile_columns = _triton_tiles(token_count, hidden_size, lm_head_weight.shape[0], chunk_size)
         logprobs, entropy = TritonLogprobsEntropy.apply(
-            tokens, lm_head_weight, lm_head_bias, flat_labels, column, tile_rows, tile_columns
+            tokens, lm_head_weight, lm_head_bias, flat_labels, column, tile_rows, tile_columns, pre
         )
     return LogprobsEntropy(logprobs.view(labels.shape), entropy.view(labels.shape))
 
@@ -117,17 +135,20 @@ def model_logprobs(
 ) -> LogprobsEntropy:
     """`logprobs_entropy` of a causal LM instead of its logits: the backbone runs, the lm head never does.
 
-    model: a ``*ForCausalLM`` / ``*ForConditionalGeneration`` (patched or not); its backbone is ``model.model``
-    and its head ``model.get_output_embeddings()``. labels: ``(B, L)`` next-token ids aligned with the input
+    model: a ``*ForCausalLM`` / ``*ForConditionalGeneration`` (patched or not) whose forward computes its logits
+    as ``self.lm_head(backbone(...))``, then possibly a logit scale and a final-logit softcap (cohere, granite,
+    falcon_h1, gemma2/3, ...): both are read from that forward and the model's config (`final_logits`), so the
+    log-probs are those of the model's own logits. labels: ``(B, L)`` next-token ids aligned with the input
     tokens (already shifted; under Ulysses, ``shard.labels``). inputs: what the model's forward takes.
+    Raises `InvalidInputError` for a model whose forward does more to its logits (e.g. masks columns, runs a
+    module on them) or has no single backbone: the chunked head could not reproduce them.
     """
-    # torch types a Module attribute read `Tensor | Module`: name what these are
-    head = cast(Callable[[], torch.nn.Module], model.get_output_embeddings)()
-    weight, bias = cast(torch.Tensor, head.weight), cast("torch.Tensor | None", head.bias)
-    out = cast(torch.nn.Module, model.model)(**inputs)
+    applied = final_logits(model)
+    head = cast(torch.nn.Linear, model.lm_head)  # final_logits checked it is the output embeddings' nn.Linear
+    out = cast(torch.nn.Module, getattr(model, applied.backbone))(**inputs)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    return logprobs_entropy(hidden, weight, labels, temperature, backend=backend, chunk_size=chunk_size,
-                            lm_head_bias=bias)
+    return logprobs_entropy(hidden, head.weight, labels, temperature, backend=backend, chunk_size=chunk_size,
+                            lm_head_bias=head.bias, softcap=applied.softcap, logit_scale=applied.logit_scale)
 
 
 # ------------------------------------------------------------------------------------------- validation
@@ -156,6 +177,11 @@ def _validate(
         raise InvalidInputError(
             "hidden must be a floating (T, H) or (B, L, H) tensor",
             why=f"got dtype {hidden.dtype} and shape {tuple(hidden.shape)}",
+        )
+    if hidden.shape[:-1].numel() == 0:
+        raise InvalidInputError(
+            "hidden must hold at least one token", why=f"got shape {tuple(hidden.shape)}",
+            fix="leave empty rows out of the batch",
         )
     if weight.ndim != 2 or weight.shape[1] != hidden.shape[-1]:
         raise InvalidInputError(
@@ -214,6 +240,14 @@ def _check_temperature_float(temperature: object) -> None:
         raise InvalidInputError("temperature must be finite and > 0", why=f"got {temperature!r}")
 
 
+def _check_positive(name: str, value: object, fix: str) -> None:
+    """``value`` is None (softcap only) or a finite float > 0."""
+    if value is None and name == "softcap":
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise InvalidInputError(f"{name} must be a finite float > 0", why=f"got {value!r}", fix=fix)
+
+
 def _check_temperature_tensor(temperature: torch.Tensor, labels: torch.Tensor) -> None:
     if not temperature.is_floating_point():
         raise InvalidInputError(
@@ -261,27 +295,34 @@ def _resolve_backend(backend: str, hidden: torch.Tensor) -> str:
 
 
 def _scaled_logits(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: torch.Tensor
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: torch.Tensor,
+    softcap: float | None = None, logit_scale: float = 1.0,
 ) -> torch.Tensor:
-    """``(hidden @ weight.T + bias) / temperature`` in float32, for both backends.
+    """``c * tanh(s * (hidden @ weight.T + bias) / c) / temperature`` in float32 (``s * x / temperature`` without
+    a softcap c), as a model computes its logits (gemma2's softcap, granite's and cohere's scales).
 
     hidden ``(R, H)``, weight ``(C, H)``, bias ``(C,)`` or None, temperature ``(R, 1)`` float32.
-    Returns ``(R, C)`` float32: the matmul runs in the input dtype, dividing by the float32 temperature
-    promotes half-precision logits to float32.
+    Returns ``(R, C)`` float32: the matmul runs in the input dtype, the rest on its float32 upcast.
     """
-    return (F.linear(hidden, weight, bias) / temperature).float()
+    logits = F.linear(hidden, weight, bias).float()
+    if logit_scale != 1.0:
+        logits = logits * logit_scale
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits / temperature
 
 
 def _reference(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-    temperature: torch.Tensor,
+    temperature: torch.Tensor, softcap: float | None = None, logit_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Backend ``"logits"``: the full ``(T, V)`` float32 logits, differentiated by autograd.
 
     hidden ``(T, H)``, weight ``(V, H)``, bias ``(V,)`` or None, labels ``(T,)`` int64, temperature ``(T, 1)``.
     Returns logprobs ``(T,)`` and entropy ``(T,)``, float32.
     """
-    logp = torch.log_softmax(_scaled_logits(hidden, weight, bias, temperature), dim=-1)  # (T, V)
+    logits = _scaled_logits(hidden, weight, bias, temperature, softcap, logit_scale)  # (T, V)
+    logp = torch.log_softmax(logits, dim=-1)  # (T, V)
     valid = labels != IGNORE_INDEX
     logprobs = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # (T,)
     entropy = -(logp.exp() * logp).sum(-1)  # (T,)

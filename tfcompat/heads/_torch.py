@@ -71,6 +71,12 @@ def _torch_row_stats(
     return lse, logprobs, entropy
 
 
+def _capped(logits: torch.Tensor, pre: float | None) -> torch.Tensor:
+    """``tanh(pre * logits)`` in float32 ``(R, C)``, or ``logits`` as they are without a softcap (``pre`` None):
+    the chunked backends' g, whose output the temperature column (already divided by the cap) scales."""
+    return logits if pre is None else torch.tanh(logits.float() * pre)
+
+
 def _torch_grad_logits(
     logits: torch.Tensor, stats: _RowStats, labels: torch.Tensor, first_column: int
 ) -> torch.Tensor:
@@ -94,6 +100,19 @@ def _torch_grad_logits(
     return grad.scatter_add_(1, columns.clamp(0, grad.shape[1] - 1).unsqueeze(1), onehot)
 
 
+def _grad_raw_logits(
+    logits: torch.Tensor, stats: _RowStats, labels: torch.Tensor, first_column: int, pre: float | None
+) -> torch.Tensor:
+    """`_torch_grad_logits` with respect to the lm head's output ``logits`` ``(R, C)``, in their dtype: with a
+    softcap, through ``t = tanh(pre * x)`` (``dt/dx = pre * (1 - t**2)``), in float32 then rounded."""
+    if pre is None:
+        return _torch_grad_logits(logits, stats, labels, first_column)
+    capped = _capped(logits, pre)  # (R, C) float32
+    slope = capped.square().neg_().add_(1.0).mul_(pre)  # (R, C) dt/dx
+    grad = _torch_grad_logits(capped, stats, labels, first_column).mul_(slope)  # over capped's storage
+    return logits.copy_(grad)
+
+
 class _ChunkedLogprobsEntropy(torch.autograd.Function):
     """Backend ``"torch"``: forward in token chunks of ``(chunk_size, V)`` logits; backward recomputes tiles.
 
@@ -108,21 +127,22 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-        temperature: torch.Tensor, chunk_size: int,
+        temperature: torch.Tensor, chunk_size: int, pre: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden ``(T, H)``, weight ``(V, H)``, bias ``(V,)`` or None, labels ``(T,)`` int64, temperature
-        ``(T, 1)`` float32. Returns logprobs ``(T,)`` and entropy ``(T,)``, float32."""
+        ``(T, 1)`` float32; with a softcap the logits are ``tanh(pre * x) / temperature`` (see `_capped`).
+        Returns logprobs ``(T,)`` and entropy ``(T,)``, float32."""
         tokens = hidden.shape[0]
         lse = hidden.new_empty(tokens, dtype=torch.float32)
         entropy = hidden.new_empty(tokens, dtype=torch.float32)
         logprobs = hidden.new_empty(tokens, dtype=torch.float32)
         label_columns = labels.clamp(min=0)  # (T,), ignored tokens read column 0
         for rows in _spans(tokens, _aligned(chunk_size, tokens)):
-            logits = F.linear(hidden[rows], weight, bias)  # (R, V) in the input dtype
+            logits = _capped(F.linear(hidden[rows], weight, bias), pre)  # (R, V) in the input dtype or float32
             lse[rows], logprobs[rows], entropy[rows] = _torch_row_stats(logits, label_columns[rows], temperature[rows])
             del logits
         ctx.save_for_backward(hidden, weight, bias, labels, temperature, lse.unsqueeze(1), entropy.unsqueeze(1))
-        ctx.chunk_size = chunk_size
+        ctx.chunk_size, ctx.pre = chunk_size, pre
         valid = labels != IGNORE_INDEX
         return torch.where(valid, logprobs, 0.0), torch.where(valid, entropy, 0.0)
 
@@ -145,7 +165,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
             # tiles of about chunk_size * V logits, an aligned number of columns
             for columns in _spans(vocab, _aligned(-(-ctx.chunk_size * vocab // max(tokens, 1)), vocab)):
                 logits = F.linear(hidden, weight[columns], None if bias is None else bias[columns])  # (T, C)
-                grad = _torch_grad_logits(logits, stats, labels, columns.start)  # (T, C) in the input dtype
+                grad = _grad_raw_logits(logits, stats, labels, columns.start, ctx.pre)  # (T, C) in the input dtype
                 if grad_bias is not None:
                     grad_bias[columns] = grad.sum(0, dtype=torch.float32)
                 if grad_weight is not None:
@@ -158,7 +178,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
             grad_weight = weight.new_zeros(weight.shape, dtype=torch.float32) if need_weight else None
             for rows in _spans(tokens, _aligned(ctx.chunk_size, tokens)):
                 logits = F.linear(hidden[rows], weight, bias)  # (R, V)
-                grad = _torch_grad_logits(logits, stats.rows(rows), labels[rows], 0)  # (R, V) in the input dtype
+                grad = _grad_raw_logits(logits, stats.rows(rows), labels[rows], 0, ctx.pre)  # (R, V), input dtype
                 if grad_bias is not None:
                     grad_bias += grad.sum(0, dtype=torch.float32)
                 if grad_hidden is not None:
@@ -170,6 +190,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
             None if grad_hidden is None else grad_hidden.to(hidden.dtype),
             None if grad_weight is None else grad_weight.to(weight.dtype),
             None if grad_bias is None else grad_bias.to(weight.dtype),
+            None,
             None,
             None,
             None,

@@ -58,10 +58,19 @@ def _triton_tiles(tokens: int, hidden_size: int, vocab: int, chunk_size: int | N
 
 
 @triton.jit
+def _tanh(x):
+    """tanh in float32 from one exp (Triton's core language has none): within a few ulps of 1 in absolute
+    terms, i.e. of the capped logit's own rounding once multiplied by the cap."""
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
 def _tile_stats_kernel(
     logits_ptr, row_stride, n_cols, first_column, labels_ptr, temperature_ptr, temperature_stride,
-    max_ptr, sumexp_ptr, sumexpz_ptr, label_logit_ptr,
-    BLOCK: tl.constexpr,
+    max_ptr, sumexp_ptr, sumexpz_ptr, label_logit_ptr, pre,
+    BLOCK: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * row_stride
@@ -72,7 +81,10 @@ def _tile_stats_kernel(
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n_cols
-        z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32) * inv_tau  # 0 where masked
+        x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
+        if SOFTCAP:
+            x = _tanh(x * pre)
+        z = x * inv_tau  # 0 where masked
         z_max = tl.where(mask, z, float("-inf"))
         m_new = tl.maximum(m, tl.max(z_max, 0))
         scale = tl.exp(m - m_new)
@@ -85,15 +97,18 @@ def _tile_stats_kernel(
     tl.store(sumexpz_ptr + row, w)
     column = tl.load(labels_ptr + row) - first_column  # ignored labels (-100) fall in no tile
     in_tile = (column >= 0) & (column < n_cols)
-    z_label = tl.load(base + tl.where(in_tile, column, 0)).to(tl.float32) * inv_tau
+    x_label = tl.load(base + tl.where(in_tile, column, 0)).to(tl.float32)
+    if SOFTCAP:
+        x_label = _tanh(x_label * pre)
+    z_label = x_label * inv_tau
     tl.store(label_logit_ptr + row, z_label, mask=in_tile)
 
 
 @triton.jit
 def _grad_logits_kernel(
     logits_ptr, row_stride, n_cols, first_column, labels_ptr, temperature_ptr, temperature_stride,
-    lse_ptr, label_coef_ptr, entropy_coef_ptr, shift_ptr,
-    BLOCK: tl.constexpr,
+    lse_ptr, label_coef_ptr, entropy_coef_ptr, shift_ptr, pre,
+    BLOCK: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -106,41 +121,48 @@ def _grad_logits_kernel(
     shift = tl.load(shift_ptr + row)
     label_coef = tl.load(label_coef_ptr + row)
     label = tl.load(labels_ptr + row)
-    logp = x.to(tl.float32) * inv_tau - lse
+    g = x.to(tl.float32)
+    if SOFTCAP:
+        g = _tanh(g * pre)
+    logp = g * inv_tau - lse
     grad = tl.exp(logp) * (-entropy_coef * logp - shift)
     grad = tl.where(cols == label - first_column, grad + label_coef, grad)  # ignored labels match no column
+    if SOFTCAP:
+        grad = grad * (pre * (1.0 - g * g))  # through tanh
     tl.store(ptrs, grad.to(x.dtype), mask=mask)
 
 
 def _tile_stats(logits: torch.Tensor, first_column: int, labels: torch.Tensor, temperature: torch.Tensor,
-                running: torch.Tensor) -> None:
+                running: torch.Tensor, pre: float | None) -> None:
     """Merge the tile ``logits`` ``(R, C)`` (columns ``first_column ..``) into ``running`` ``(4, R)`` float32:
-    max, sum of exponentials, sum of ``exp * z``, label logit. labels ``(R,)`` int64, temperature ``(R, 1)``."""
+    max, sum of exponentials, sum of ``exp * z``, label logit. labels ``(R,)`` int64, temperature ``(R, 1)``;
+    with a softcap ``z = tanh(pre * x) / temperature``."""
     rows, columns = logits.shape
     _tile_stats_kernel[(rows,)](
         logits, logits.stride(0), columns, first_column, labels, temperature, temperature.stride(0),
-        running[0], running[1], running[2], running[3],
-        BLOCK=min(COLUMN_BLOCK, triton.next_power_of_2(columns)), num_warps=4,
+        running[0], running[1], running[2], running[3], 1.0 if pre is None else pre,
+        BLOCK=min(COLUMN_BLOCK, triton.next_power_of_2(columns)), SOFTCAP=pre is not None, num_warps=4,
     )
 
 
 def _grad_logits(logits: torch.Tensor, first_column: int, labels: torch.Tensor, temperature: torch.Tensor,
-                 coefs: torch.Tensor) -> torch.Tensor:
+                 coefs: torch.Tensor, pre: float | None) -> torch.Tensor:
     """The loss's gradient with respect to ``logits`` ``(R, C)``, written over them and returned. coefs
     ``(4, R)`` float32: logsumexp, label_coef, entropy_coef, shift (see `tfcompat.heads._torch._RowStats`)."""
     rows, columns = logits.shape
     block = min(COLUMN_BLOCK, triton.next_power_of_2(columns))
     _grad_logits_kernel[(rows, triton.cdiv(columns, block))](
         logits, logits.stride(0), columns, first_column, labels, temperature, temperature.stride(0),
-        coefs[0], coefs[1], coefs[2], coefs[3],
-        BLOCK=block, num_warps=4,
+        coefs[0], coefs[1], coefs[2], coefs[3], 1.0 if pre is None else pre,
+        BLOCK=block, SOFTCAP=pre is not None, num_warps=4,
     )
     return logits
 
 
 class TritonLogprobsEntropy(torch.autograd.Function):
     """hidden ``(T, H)``, weight ``(V, H)``, bias ``(V,)`` or None, labels ``(T,)`` int64, temperature ``(T, 1)``
-    float32, tiles of ``tile_rows`` x ``tile_columns``. Returns logprobs and entropy ``(T,)`` float32.
+    float32, tiles of ``tile_rows`` x ``tile_columns``; with a softcap the logits are ``tanh(pre * x) /
+    temperature``. Returns logprobs and entropy ``(T,)`` float32.
 
     Saved for backward: the inputs and the ``(T,)`` logsumexp and entropy. Gradients come back in the dtype of
     their inputs; the temporaries are one tile in the input dtype, a ``(T, H)`` float32 grad_hidden
@@ -148,7 +170,8 @@ class TritonLogprobsEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, tile_rows: int, tile_columns: int):
+    def forward(ctx, hidden, weight, bias, labels, temperature, tile_rows: int, tile_columns: int,
+                pre: float | None = None):
         tokens, vocab = hidden.shape[0], weight.shape[0]
         # (4, T) float32: running max, sum of exponentials, sum of exp * z, label logit
         running = torch.zeros(4, tokens, dtype=torch.float32, device=hidden.device)
@@ -157,13 +180,13 @@ class TritonLogprobsEntropy(torch.autograd.Function):
             tile_weight, tile_bias = weight[columns], None if bias is None else bias[columns]
             for rows in _spans(tokens, tile_rows):
                 logits = F.linear(hidden[rows], tile_weight, tile_bias)  # (R, C) in the input dtype
-                _tile_stats(logits, columns.start, labels[rows], temperature[rows], running[:, rows])
+                _tile_stats(logits, columns.start, labels[rows], temperature[rows], running[:, rows], pre)
                 del logits
         lse = running[0] + running[1].log()  # (T,)
         entropy = lse - running[2] / running[1]
         valid = labels != IGNORE_INDEX
         ctx.save_for_backward(hidden, weight, bias, labels, temperature, lse, entropy)
-        ctx.tile_rows, ctx.tile_columns = tile_rows, tile_columns
+        ctx.tile_rows, ctx.tile_columns, ctx.pre = tile_rows, tile_columns, pre
         return torch.where(valid, running[3] - lse, 0.0), torch.where(valid, entropy, 0.0)
 
     @staticmethod
@@ -191,7 +214,7 @@ class TritonLogprobsEntropy(torch.autograd.Function):
                 tile_sum = weight_sum[: columns.stop - columns.start].zero_()  # (C, H)
             for rows in token_blocks:
                 logits = F.linear(hidden[rows], tile_weight, tile_bias)  # (R, C)
-                grad = _grad_logits(logits, columns.start, labels[rows], temperature[rows], coefs[:, rows])
+                grad = _grad_logits(logits, columns.start, labels[rows], temperature[rows], coefs[:, rows], ctx.pre)
                 if grad_bias is not None:
                     grad_bias[columns] += grad.sum(0, dtype=torch.float32)
                 if weight_sum is not None:
@@ -207,6 +230,7 @@ class TritonLogprobsEntropy(torch.autograd.Function):
             None if grad_hidden is None else grad_hidden.to(hidden.dtype),
             grad_weight,
             None if grad_bias is None else grad_bias.to(weight.dtype),
+            None,
             None,
             None,
             None,
