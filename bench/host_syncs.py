@@ -98,7 +98,8 @@ def main() -> None:
     reps = args.reps if args.reps is not None else (3 if smoke else 20)
     dims = (dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=256)
             if smoke else
-            dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, intermediate_size=2816, vocab_size=4096))
+            dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, intermediate_size=2816,
+                 vocab_size=4096))
 
     info = C.machine(device)
     lengths = C.random_lengths(total, n_seq, seed=0, min_len=2)
@@ -110,7 +111,8 @@ def main() -> None:
 
     rows, results = [], []
     for n_layers in layers:
-        model = tiny_model("llama", "sdpa", num_hidden_layers=n_layers, max_position_embeddings=max(8192, total), **dims)
+        model = tiny_model("llama", "sdpa", num_hidden_layers=n_layers, max_position_embeddings=max(8192, total),
+                           **dims)
         model = model.to(device=device, dtype=dtype)
         model.requires_grad_(True)
 

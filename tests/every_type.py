@@ -90,7 +90,8 @@ def packed_inputs(seqs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def compare(packed: torch.Tensor, per_sequence: list[torch.Tensor]) -> float:
-    """Max over tokens of `max |packed - stock| / max |stock|` for that token; `packed (T, V)`, `per_sequence (L_i, V)`."""
+    """Max over tokens of `max |packed - stock| / max |stock|` for that token;
+    `packed (T, V)`, `per_sequence (L_i, V)`."""
     expected = torch.cat(per_sequence)
     if packed.shape != expected.shape:
         raise ValueError(f"packed logits {tuple(packed.shape)} vs per-sequence {tuple(expected.shape)}")
@@ -113,7 +114,8 @@ def gradients(model: torch.nn.Module, losses: Callable[[], torch.Tensor]) -> dic
 
 
 def compare_gradients(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> float:
-    """Max over parameters of `max |got - expected| / max(1, max |expected|)`; a parameter missing on one side is inf."""
+    """Max over parameters of `max |got - expected| / max(1, max |expected|)`;
+    a parameter missing on one side is inf."""
     if got.keys() != expected.keys():
         return float("inf")
     return max((float((got[n] - e).abs().max()) / max(1.0, float(e.abs().max())) for n, e in expected.items()),

@@ -470,7 +470,8 @@ def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, 
 
 
 def _mrope_sections(sections: list[int], values: dict[str, Any]) -> list[int]:
-    """M-RoPE's (t, h, w) split of the tiny head's rotary frequencies (head_dim 16 times the rotary fraction, halved)."""
+    """M-RoPE's (t, h, w) split of the tiny head's rotary frequencies
+    (head_dim 16 times the rotary fraction, halved)."""
     total = max(len(sections), round(_SIZES["head_dim"] * values.get("partial_rotary_factor", 1.0) / 2))
     scaled = [max(1, s * total // sum(sections)) for s in sections]
     scaled[-1] += total - sum(scaled)
