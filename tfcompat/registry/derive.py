@@ -135,6 +135,12 @@ def derive(model_type: str, version: str) -> Family:
     if call.positional + ("attention_mask" in dict(call.keywords)) != 5:
         raise refuse(f"{attention.__name__} passes {call.positional} positional arguments to the attention function",
                      "transformers' attention functions take (module, query, key, value, attention_mask) first")
+    own_mask = _method(attention, "forward")
+    if call.mask not in ("", "None", "attention_mask") or own_mask is None or "attention_mask" not in {
+            a.arg for a in own_mask.args.args + own_mask.args.kwonlyargs}:
+        raise refuse(f"{attention.__name__} passes its own mask ({call.mask or 'none'}) to the attention function",
+                     "the packed core replaces the model's causal mask by the sequence boundaries; a mask or bias the "
+                     "attention computes itself (dynamic masks, position biases) would be dropped")
     unguarded = [g for g in call.row_positions if not g]
     if unguarded:
         raise refuse(f"{attention.__name__} reads positions from the row index",
@@ -182,7 +188,10 @@ def attention_call(cls: type) -> AttentionCall:
     fn, call = found
     keywords = tuple((k.arg, ast.unparse(k.value)) for k in call.keywords if k.arg is not None)
     passes = any(k.arg is None for k in call.keywords)
-    return AttentionCall(cls.__name__, keywords, passes, _row_position_guards(fn), len(call.args))
+    mask = call.args[4] if len(call.args) > 4 else next((k.value for k in call.keywords if k.arg == "attention_mask"),
+                                                        None)
+    return AttentionCall(cls.__name__, keywords, passes, _row_position_guards(fn), len(call.args),
+                         "" if mask is None else ast.unparse(mask))
 
 
 def passed_values(call: AttentionCall, module: Any, *, training: bool = False) -> dict[str, Any]:

@@ -95,6 +95,7 @@ class AttentionCall:
     forward computes with positions counted over the row (``cache_position``, ``torch.arange``) rather than with
     ``position_ids``: the ``if`` tests guarding it (source, joined with ``and``), "" when unguarded.
     positional: how many arguments it passes by position (module, query, key, value, attention_mask: 5).
+    mask: the source expression it passes as the attention mask ("" when none).
     """
 
     cls: str
@@ -102,6 +103,7 @@ class AttentionCall:
     passes_kwargs: bool
     row_positions: tuple[str, ...] = ()
     positional: int = 5
+    mask: str = "attention_mask"
 
     def describe(self) -> str:
         args = [f"{k}={v}" for k, v in self.keywords] + (["**kwargs"] if self.passes_kwargs else [])
