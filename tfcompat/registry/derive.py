@@ -146,6 +146,10 @@ def derive(model_type: str, version: str) -> Family:
         raise refuse(f"{attention.__name__} reads positions from the row index",
                      "it computes with cache_position or torch.arange over the row, which on a packed row counts "
                      "across sequences (position_ids restart per sequence)")
+    dropped = _layer_calls_without_kwargs(text)
+    if dropped:
+        raise refuse(f"{text.__name__}.forward calls its decoder layers without **kwargs ({dropped})",
+                     "the packed boundaries travel in the forward's kwargs and could not reach the attention")
     passes = [_passes_kwargs(layer, attention) for layer in layers]
     if len(layers) > 1 and not all(passes):
         raise refuse(f"several decoder layer classes ({', '.join(c.__name__ for c in layers)}), some dropping **kwargs",
@@ -342,6 +346,21 @@ def _dispatch_call(cls: type) -> tuple[ast.FunctionDef, ast.Call] | None:
                 names.add(target.id)
     calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names]
     return (fn, calls[0]) if len(calls) == 1 else None
+
+
+def _layer_calls_without_kwargs(text: type) -> str:
+    """The source of a decoder-layer call in ``text.forward`` that passes no ``**kwargs`` ("" when every call found
+    does): calls of the loop variable of ``for layer in self.<...>`` loops. Found none: "" (nothing to prove wrong)."""
+    fn = _method(text, "forward")
+    if fn is None:
+        return ""
+    names: set[str] = set()
+    for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For) and "self." in ast.unparse(n.iter)):
+        targets = loop.target.elts if isinstance(loop.target, ast.Tuple) else [loop.target]
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names]
+    bad = [c for c in calls if not any(k.arg is None for k in c.keywords)]
+    return ast.unparse(bad[0].func) + "(...)" if bad else ""
 
 
 def _passes_kwargs(layer: type, attention: type) -> bool:
