@@ -42,8 +42,9 @@ FIND_LINKS = os.environ.get("PIP_FIND_LINKS") or "/opt/wheels"
 TORCH_INDEX = os.environ.get("TFCOMPAT_TORCH_INDEX") or "https://download.pytorch.org/whl/cpu"
 TEST_DEPS = ["pytest", "pytest-xdist", "hypothesis", "pyyaml", "packaging"]
 # the dist tests of the CI subset: sp 2, one family of each kind (the matrix runs every family at sp 2 and 4)
-CI_DIST = ("not sp4 and not verl_actor and (not fsdp2 or glm4v-fsdp) and (not hybrid or qwen3_5-sp2 or linear_heads) "
-           "and (not sample-sp2 or llama-kv1 or qwen2_5_vl-sample or glm4v-sample or qwen3_vl-sample or qwen3_5-sample)")
+CI_DIST = ("not sp4 and not verl_actor and (not fsdp2 or glm4v-fsdp) and (not hybrid or qwen3_5-sp2 or "
+           "linear_heads) and (not sample-sp2 or llama-kv1 or qwen2_5_vl-sample or glm4v-sample or qwen3_vl-sample "
+           "or qwen3_5-sample)")
 # the oldest release's dist tests in CI: sp 2, a Qwen-VL, GLM-4V and a dense family with one KV head
 CI_DIST_OLDEST = "sp2 and (qwen2_5_vl-sample or glm4v-sample or llama-kv1)"
 VERL = "verl==0.9.1"  # installed without its dependencies: the tests load only its pure-torch verl/utils/ulysses.py
@@ -171,6 +172,7 @@ def trainers(session: nox.Session, transformers: str) -> None:
     session.install(f"transformers=={transformers}", *TRAINER_DEPS, *TEST_DEPS)
     session.install("-e", ".", "--no-deps")
     session.run("python", "-c", "import accelerate, datasets, transformers, trl; "
-                "print('trainers:', *(f'{m.__name__} {m.__version__}' for m in (transformers, trl, accelerate, datasets)))")
+                "print('trainers:', *(f'{m.__name__} {m.__version__}' "
+                "for m in (transformers, trl, accelerate, datasets)))")
     session.run("python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                 *(session.posargs or ["tests/test_trainer.py"]), env={"TFCOMPAT_EXPECT_TRANSFORMERS": transformers})

@@ -351,8 +351,8 @@ def main() -> None:
     p.add_argument("--experts", default="grouped_mm", help="transformers experts implementation (--moe)")
     p.add_argument("--variants", default=None,
                    help="comma list of tfcompat, tfcompat_fused, padded, sdpa_packed, flex_packed, liger_flex, "
-                        "liger_flex_tfhead, liger_tfcompat (default tfcompat,padded,sdpa_packed,flex_packed; --long, "
-                        "--moe: tfcompat,flex_packed)")
+                        "liger_flex_tfhead, liger_tfcompat, the first three also as name[backend] (default "
+                        "tfcompat,padded,sdpa_packed,flex_packed; --long, --moe: tfcompat,flex_packed)")
     p.add_argument("--tfcompat-backends", default="auto", help="attention backends of the tfcompat variant, "
                    "comma-separated (one variant each)")
     p.add_argument("--head", default="auto", help="tfcompat.heads backend for every variant (default auto)")
@@ -379,7 +379,9 @@ def main() -> None:
         print("smoke: flex_packed skipped (torch has no flex attention backward on CPU)")
     variants = []
     for n in names:
-        if n in ("tfcompat", "tfcompat_fused", "liger_tfcompat"):
+        if n.endswith("]") and n[:n.index("[")] in ("tfcompat", "tfcompat_fused", "liger_tfcompat"):
+            variants.append(n)  # one backend named: tfcompat_fused[sdpa]
+        elif n in ("tfcompat", "tfcompat_fused", "liger_tfcompat"):
             variants += [f"{n}[{b}]" for b in args.tfcompat_backends.split(",")]
         elif n in ("padded", "sdpa_packed", "flex_packed", "liger_flex", "liger_flex_tfhead"):
             variants.append(n)
@@ -391,7 +393,8 @@ def main() -> None:
     print(C.machine_line(info))
     gen = torch.Generator().manual_seed(args.seed)
     lengths = torch.randint(lo, hi + 1, (n_seq,), generator=gen).tolist()
-    batch = Batch(lengths, dims["vocab_size"], device, seed=args.seed + 1)
+    # MoE (a VLM's text model): ids below the special tokens, so no vision placeholder is drawn
+    batch = Batch(lengths, min(dims["vocab_size"], 151643), device, seed=args.seed + 1)
     if args.moe:
         model = build_moe(dims, layers, hi, dtype, device, args.experts)
         active = dims["num_experts_per_tok"] / dims["num_experts"]

@@ -131,6 +131,7 @@ def _timed(fns: dict, device: torch.device, warmup: int, reps: int, queued: int 
 
 def _measure(rank: int, world: int, device: torch.device, cfg: dict) -> dict:
     from tfcompat import ulysses
+    from tfcompat.core import a2a
     from tfcompat.core.context import ForwardContext
     from tfcompat.core.packing import from_lengths
     from tfcompat.hf import attention as hf_attention
@@ -172,7 +173,7 @@ def _measure(rank: int, world: int, device: torch.device, cfg: dict) -> dict:
 
     # GQA: what packed_attention's one q/k/v exchange delivers to each rank, per layer
     sent: list[tuple[str, tuple, int]] = []
-    original = ulysses.qkv_to_heads
+    original = a2a.qkv_to_heads  # packed_attention calls it from tfcompat.core.a2a
 
     def recording(*args: object) -> tuple[torch.Tensor, ...]:
         outs = original(*args)
@@ -183,7 +184,7 @@ def _measure(rank: int, world: int, device: torch.device, cfg: dict) -> dict:
     tokens, d = cfg["verify_tokens"], cfg["verify_head_dim"]
     lengths = C.random_lengths(tokens, 4, seed=3, min_len=2)
     seqs = from_lengths(lengths, device=device)
-    ulysses.qkv_to_heads = recording
+    a2a.qkv_to_heads = recording
     try:
         for hq, hkv in cfg["verify_heads"]:
             sent.clear()
@@ -199,7 +200,7 @@ def _measure(rank: int, world: int, device: torch.device, cfg: dict) -> dict:
                            "kv_input_bytes_expected": expect["kv_input_bytes_tfcompat"],
                            "kv_input_bytes_full_mha": expect["kv_input_bytes_full_mha"]})
     finally:
-        ulysses.qkv_to_heads = original
+        a2a.qkv_to_heads = original
     return {"rank": rank, "bandwidth": bandwidth, "qkv": qkv, "verify": verify}
 
 

@@ -1,11 +1,18 @@
-"""Test helpers: one assert_close with explicit tolerances, and per-token comparison of packed outputs."""
+"""Test helpers: one assert_close with explicit tolerances, per-token comparison of packed outputs, and the tests'
+own packing of `tfcompat.selfcheck.Sequence` samples (`pack`, `packed_inputs`)."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 
+import tfcompat
+from tfcompat.selfcheck import Sequence
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: float = 0.0, what: str = "") -> None:
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: float = 0.0,
+                 what: str = "") -> None:
     torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
 
 
@@ -20,9 +27,45 @@ def skip_if_stock_rejects_videos(family: str, items: list) -> None:
     """Skip when the stock forward of the installed release cannot be the oracle for these vision items."""
     import pytest
 
-    import tfcompat
-
     entry = tfcompat.resolve(family).entry
     has_video = any(isinstance(i, tuple) and i and i[0] == "video" for i in items)
     if has_video and "videos_rejected" in entry.known_issues:
         pytest.skip(f"transformers {entry.versions} {family}: the stock forward rejects every video (known issue)")
+
+
+def positions(model: torch.nn.Module, seq: Sequence) -> torch.Tensor:
+    """Contract position ids of one sequence: ``(4, 1, L)`` for M-RoPE families, ``(1, L)`` otherwise."""
+    if tfcompat.resolve(cast(Any, model.config).model_type).entry.vision is not None:
+        return tfcompat.rope_index(model, seq.input_ids, image_grid_thw=seq.image_grid_thw,
+                                   video_grid_thw=seq.video_grid_thw)
+    return torch.arange(seq.input_ids.shape[1])[None]
+
+
+def pack(model: torch.nn.Module, seqs: list[Sequence]) -> dict[str, Any]:
+    """The tests' own packing, independent of `tfcompat.pack` (no labels, no context: the patched forward finds the
+    boundaries itself). Packed inputs: ids ``(1, T)``, position ids ``(4, 1, T)`` (per-sequence rope_index,
+    concatenated), and every sequence's vision inputs concatenated in order."""
+    inputs: dict[str, Any] = {
+        "input_ids": torch.cat([s.input_ids for s in seqs], dim=1),
+        "position_ids": torch.cat([positions(model, s) for s in seqs], dim=-1),
+    }
+    for name in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
+        parts = [getattr(s, name) for s in seqs if getattr(s, name) is not None]
+        if parts:
+            inputs[name] = torch.cat(parts)
+    return inputs
+
+
+def packed_inputs(model: torch.nn.Module, seqs: list[Sequence]) -> dict[str, Any]:
+    """The patched model's inputs for ``seqs`` in one row: `pack`'s, except where the installed stock forward
+    rejects images and videos in one forward (known issue ``images_with_videos_rejected``: GLM counts both with
+    the image token) and the row holds both; then `tfcompat.embed_inputs` embeds them (the route such batches
+    take) and ``input_ids`` and the pixels give way to its ``inputs_embeds``."""
+    inputs = pack(model, seqs)
+    mixed = "pixel_values" in inputs and "pixel_values_videos" in inputs
+    issues = tfcompat.resolve(cast(Any, model.config).model_type).entry.known_issues
+    if not mixed or "images_with_videos_rejected" not in issues:
+        return inputs
+    vision = {k: inputs.pop(k) for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")}
+    embedded = tfcompat.embed_inputs(model, inputs.pop("input_ids"), **vision)
+    return {**inputs, **embedded.model_inputs()}

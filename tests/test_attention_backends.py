@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tfcompat
-from tests.helpers import assert_close
+from tests.helpers import assert_close, pack
 from tfcompat.core import attention
 from tfcompat.core.attention import available_backends, document_block_mask, select_backend, varlen_attention
 from tfcompat.core.packing import from_lengths
-from tfcompat.selfcheck import pack, sample_sequences, stock_inputs, tiny_model
+from tfcompat.selfcheck import sample_sequences, stock_inputs, tiny_model
 
 flex_mod = pytest.importorskip("torch.nn.attention.flex_attention", reason="this torch has no flex attention")
 needs_flex = pytest.mark.skipif(attention._flex_api() is None, reason="flex attention needs torch >= 2.6")

@@ -269,9 +269,10 @@ class TestUnsupported:
     def test_unknown_backend(self):
         assert "unknown attention backend 'nope'" in unsupported("nope", AttentionFeatures(), qk_dim=8, v_dim=8)
 
-    @pytest.mark.parametrize("kind", ["fa2", "fa3", "fa4", "none"])
+    @pytest.mark.parametrize("kind", ["fa2", "fa3", "fa3-s_aux", "fa4", "none"])
     def test_flash_by_installed_signature(self, kind, monkeypatch):
-        fake = {"fa2": _fa2, "fa3": _fa3, "fa4": _fa4, "none": None}[kind]
+        """Sinks only through FA4's learnable_sink (it has a backward for them); vLLM's FA3 s_aux is not taken."""
+        fake = {"fa2": _fa2, "fa3": _fa3, "fa3-s_aux": _fa3_s_aux, "fa4": _fa4, "none": None}[kind]
         monkeypatch.setattr(attention, "_flash_varlen", lambda device: fake)
         attention._gap.cache_clear()
         try:
@@ -341,6 +342,11 @@ def _fa3(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sequse
     out = _fa_emulator(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
                        causal=causal, window_size=window_size, softcap=softcap)
     return out, torch.zeros(q.shape[1], q.shape[0])  # some FA3 releases also return the log-sum-exp
+
+
+def _fa3_s_aux(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None, causal=False,
+               window_size=(-1, -1), softcap=0.0, s_aux=None):
+    raise AssertionError("never called: sinks through s_aux are refused")
 
 
 def _fa4(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
@@ -484,3 +490,85 @@ class TestPackedAttention:
         del module.sinks
         with pytest.raises(tfcompat.PatchedModelError, match="has no attention sinks, but patch"):
             _call(module)
+
+
+# ------------------------------------------------------------------- the oracle: stock transformers models
+
+TINY = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=128, head_dim=16)
+# model type -> (config overrides, the features of one attention module, overrides that turn the features off)
+STOCK = {
+    "gpt_oss": ({"sliding_window": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
+                 "layer_types": ["sliding_attention", "full_attention"]},
+                lambda mod: AttentionFeatures(window=mod.sliding_window, sinks=True), {"sliding_window": 64}),
+    "gemma2": ({"sliding_window": 5, "attn_logit_softcapping": 0.5, "query_pre_attn_scalar": 7},
+               lambda mod: AttentionFeatures(window=mod.sliding_window, softcap=mod.config.attn_logit_softcapping),
+               {"sliding_window": 64, "attn_logit_softcapping": None}),
+    "llama4_text": ({"attention_chunk_size": 4, "num_local_experts": 2, "interleave_moe_layer_step": 1,
+                     "intermediate_size_mlp": 64},
+                    lambda mod: AttentionFeatures(chunk=mod.config.attention_chunk_size if mod.use_rope else None),
+                    {"attention_chunk_size": 64}),
+    # MLA: q/k head dim 16 + 8 = 24, v head dim 12
+    "deepseek_v3": ({"n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+                     "moe_intermediate_size": 32, "kv_lora_rank": 16, "q_lora_rank": None, "qk_rope_head_dim": 8,
+                     "qk_nope_head_dim": 16, "v_head_dim": 12, "first_k_dense_replace": 1, "head_dim": 8,
+                     "num_key_value_heads": 4},
+                    lambda mod: AttentionFeatures(), None),
+}
+STOCK_LENGTHS = [9, 1, 14, 6]
+
+
+def _stock_model(model_type, overrides):
+    mapping = pytest.importorskip("transformers.models.auto.configuration_auto").CONFIG_MAPPING
+    if model_type not in mapping:
+        pytest.skip(f"{model_type} is not in this transformers release")
+    config = mapping[model_type](**{**TINY, **overrides})
+    config._attn_implementation = "eager"  # the oracle: softcapping and sinks are eager-only on some releases
+    torch.manual_seed(0)
+    return pytest.importorskip("transformers").AutoModelForCausalLM.from_config(config).float().eval()
+
+
+@pytest.fixture
+def packed_key():
+    from tfcompat.hf import attention as hf_attention
+
+    hf_attention.register()
+    yield hf_attention.ATTENTION_KEY
+    hf_attention.unregister()
+
+
+@pytest.mark.parametrize("model_type", sorted(STOCK))
+def test_stock_model_with_features_recorded_by_hand(model_type, packed_key):
+    """Rule: a stock model whose attention modules carry their features (as patch() records them) gives, packed
+    through the adapter, the stock eager model's per-sequence logits and parameter gradients (gpt-oss sinks and
+    windows, gemma2 softcaps and windows, llama4 chunks, DeepSeek MLA head dims), on the installed release."""
+    overrides, features_of, off = STOCK[model_type]
+    model = _stock_model(model_type, overrides)
+    gen = torch.Generator().manual_seed(1)
+    ids = [torch.randint(0, 128, (1, n), generator=gen) for n in STOCK_LENGTHS]
+    weights = torch.randn(sum(STOCK_LENGTHS), 128, generator=gen)
+
+    ref = torch.cat([model(input_ids=i, use_cache=False).logits[0] for i in ids])
+    (ref * weights).sum().backward()
+    ref_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+
+    for module in model.modules():
+        if type(module).__name__.endswith("Attention"):
+            setattr(module, FEATURES_ATTR, features_of(module))
+    model.config._attn_implementation = packed_key
+    positions = torch.cat([torch.arange(n) for n in STOCK_LENGTHS])[None]
+    got = model(input_ids=torch.cat(ids, 1), position_ids=positions, use_cache=False,
+                **{CONTEXT_KWARG: ForwardContext(from_lengths(STOCK_LENGTHS))}).logits[0]
+    (got * weights).sum().backward()
+    assert_close(got, ref, atol=1e-5, rtol=1e-5, what="logits")
+    assert ref_grads, "no gradients"
+    for name, p in model.named_parameters():
+        if name in ref_grads:  # sums over tokens in another order: 1e-5 of the largest entry
+            scale = max(1.0, float(ref_grads[name].abs().max()))
+            assert_close(p.grad, ref_grads[name], atol=1e-5 * scale, rtol=1e-5, what=f"grad {name}")
+
+    if off is not None:  # non-vacuity: the features change the stock model at these sizes
+        plain = _stock_model(model_type, {**overrides, **off})
+        joined = torch.cat([plain(input_ids=i, use_cache=False).logits[0] for i in ids])
+        assert not torch.allclose(joined, ref, atol=1e-3), "the features do nothing here: the test cannot fail"

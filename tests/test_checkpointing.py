@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import tfcompat
-from tests.helpers import skip_if_stock_rejects_videos
+from tests.helpers import pack, packed_inputs, skip_if_stock_rejects_videos
 from tfcompat.registry import installed_families
-from tfcompat.selfcheck import pack, packed_inputs, sample_case, sample_sequences, tiny_model
+from tfcompat.selfcheck import sample_case, sample_sequences, tiny_model
 
 
 @pytest.mark.parametrize("family", sorted(installed_families()))

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import tfcompat
-from tests.helpers import max_token_diff, skip_if_stock_rejects_videos
+from tests.helpers import max_token_diff, pack, skip_if_stock_rejects_videos
 from tfcompat.inputs.embedding import dummy_image, embed_inputs
 from tfcompat.registry import installed_families
-from tfcompat.selfcheck import pack, sample_case, sample_sequences, stock_inputs, tiny_model
+from tfcompat.selfcheck import sample_case, sample_sequences, stock_inputs, tiny_model
 
 VLMS = [k for k, f in installed_families().items() if f.is_vision]
 
@@ -60,7 +60,8 @@ class TestEmbedInputs:
         seq = sample_sequences(model, [6], [(1, 4, 6)])[0]
         ids = seq.input_ids.clone()
         ids[ids == model.config.image_token_id] = torch.tensor([7, *[model.config.image_token_id] * 5])  # 5 of 6
-        with pytest.raises(tfcompat.InvalidInputError, match="image placeholder tokens and image(_grid_thw| features) disagree"):
+        with pytest.raises(tfcompat.InvalidInputError,
+                           match="image placeholder tokens and image(_grid_thw| features) disagree"):
             embed_inputs(model, ids, seq.pixel_values, seq.image_grid_thw)
 
     def test_pixels_missing_for_placeholders_raises(self, family):

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 import tfcompat
+from tests.helpers import pack
 from tfcompat.hf import fused as F
-from tfcompat.selfcheck import pack, sample_sequences, tiny_model
+from tfcompat.selfcheck import sample_sequences, tiny_model
 
 FAMILIES = ["llama", "qwen2", "qwen3"]
 

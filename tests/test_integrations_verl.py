@@ -30,7 +30,8 @@ def test_bad_options_raise_patch_error(model, kwargs, match):
 
 
 def test_heads_not_divisible_raise(model):
-    with pytest.raises(tfcompat.InvalidInputError, match="cannot split 4 query / 2 KV heads over a sequence-parallel group of 3"):
+    with pytest.raises(tfcompat.PatchError,
+                       match="cannot split 4 query / 2 KV heads over a sequence-parallel group of 3"):
         apply_monkey_patch(model, ulysses_sp_size=3)
 
 

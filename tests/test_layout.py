@@ -74,13 +74,16 @@ ALLOWED = {
     "heads": {"heads", "errors"},
     "inputs": {"inputs", "core", "registry", "errors"},
     "ulysses": {"ulysses", "core", "errors"},
+    "hf": {"hf", "core", "registry", "inputs", "errors"},
+    "integrations": {"integrations", "hf", "inputs", "core", "heads", "registry", "ulysses", "errors"},
 }
 
 
 @pytest.mark.parametrize("folder", sorted(ALLOWED))
 def test_folder_imports_only_what_its_rule_allows(folder):
     """Rule: core/ is pure torch and knows no registry, patch or inputs; registry/ knows no forward-time code;
-    heads/ stand alone; inputs/ know no patch; `ulysses` knows no patch nor registry."""
+    heads/ stand alone; inputs/ know no patch; `ulysses` knows no patch nor registry; hf/ knows no integration,
+    `ulysses` or heads; integrations know neither the CLI nor the self-check."""
     names = [n for n in MODULES if _folder(n) == folder]
     assert names, folder
     for name in names:

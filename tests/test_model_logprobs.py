@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import tfcompat
+from tests.helpers import pack
 from tfcompat import heads
-from tfcompat.selfcheck import pack, sample_sequences, tiny_model
+from tfcompat.selfcheck import sample_sequences, tiny_model
 
 TRITON_USABLE = heads._has_triton() and (torch.cuda.is_available() or heads._triton_interpreted())
 BACKENDS = [

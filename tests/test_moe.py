@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import tfcompat
-from tests.helpers import skip_if_stock_rejects_videos
+from tests.helpers import pack, skip_if_stock_rejects_videos
 from tfcompat.registry import installed_families
-from tfcompat.selfcheck import pack, sample_case, sample_sequences, stock_inputs, tiny_model
+from tfcompat.selfcheck import sample_case, sample_sequences, stock_inputs, tiny_model
 
 
 def _sparse_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

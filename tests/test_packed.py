@@ -9,18 +9,19 @@ import pytest
 import torch
 
 import tfcompat
-from tests.helpers import max_token_diff, skip_if_stock_rejects_videos
+from tests.helpers import max_token_diff, pack, packed_inputs, skip_if_stock_rejects_videos
 from tfcompat.core.context import ForwardContext
 from tfcompat.core.packing import from_lengths
 from tfcompat.hf.attention import ATTENTION_KEY, packed_attention
 from tfcompat.registry import installed_families
-from tfcompat.selfcheck import Sequence, pack, packed_inputs, sample_case, sample_sequences, stock_inputs, tiny_model
+from tfcompat.selfcheck import Sequence, sample_case, sample_sequences, stock_inputs, tiny_model
 
 FAMILY = "glm4v"  # lifecycle and bad-input tests
 IMPLS = ["eager", "sdpa"]
 # every registered family: a text-only packed row, and the family's vision sample (Family.sample_vision)
 CASES = {(key, case): sample_case(key, vision=case == "vision")
-         for key, fam in installed_families().items() for case in (("text", "vision") if fam.sample_vision else ("text",))}
+         for key, fam in installed_families().items()
+         for case in (("text", "vision") if fam.sample_vision else ("text",))}
 CASE_IDS = [f"{f}-{c}" for f, c in CASES]
 
 
@@ -84,7 +85,8 @@ class TestPackedEqualsStock:
         got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
         assert got.keys() == expected.keys()
-        watched = [n for n in got if any(k in n for k in ("q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", "visual"))]
+        names = ("q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", "visual")
+        watched = [n for n in got if any(k in n for k in names)]
         assert any("q_proj" in n for n in watched) and any("embed_tokens" in n for n in watched)
         if case == "vision":
             assert any("visual" in n for n in watched)
@@ -122,7 +124,8 @@ class TestPatchLifecycle:
         assert interface._global_mapping.keys() == before_mapping.keys()
         assert all(interface._global_mapping[k] is v for k, v in before_mapping.items())
         assert not tfcompat.is_patched(model)
-        assert not any(layer._forward_pre_hooks for layer in model.modules() if isinstance(layer, resolved.decoder_layer_cls))
+        assert not any(layer._forward_pre_hooks for layer in model.modules()
+                       if isinstance(layer, resolved.decoder_layer_cls))
         assert not any("_tfcompat_context" in vars(m) for m in model.modules())
         with torch.no_grad():
             again = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
@@ -277,3 +280,25 @@ def test_declared_stock_mixed_rejection_is_real(family):
             model(**inputs, use_cache=False)
     else:
         model(**inputs, use_cache=False)
+
+
+@pytest.mark.parametrize("family", ["llama", FAMILY])
+def test_position_ids_split_once_per_forward(family, monkeypatch):
+    """Rule: a packed forward splits its position ids once (the top model's decision hands its split to the text
+    model), and the logits still equal stock per sequence."""
+    from tfcompat.hf import forward as hf_forward
+
+    calls = []
+    split = hf_forward.split_positions
+    monkeypatch.setattr(hf_forward, "split_positions", lambda *a, **k: calls.append(1) or split(*a, **k))
+    r = tfcompat.resolve(family)
+    model = tiny_model(family, "sdpa")
+    seqs = sample_sequences(model, [5, 7], [None, None])
+    with torch.no_grad():
+        expected = _stock_logits(r, model, seqs)
+        inputs = pack(model, seqs)
+        with tfcompat.patch(model):
+            got = model(**inputs, use_cache=False).logits[0]
+    # 1, not 0: the counted split is the forward's; not 2: the text model reuses the top model's
+    assert len(calls) == 1, f"position ids split {len(calls)} times in one forward"
+    assert max_token_diff(got, expected) <= 1e-5

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import tfcompat
-from tests.helpers import max_token_diff
+from tests.helpers import max_token_diff, pack
 from tfcompat.core import _linear_kernels
 from tfcompat.core.context import BRIDGE_ATTR, ForwardContext
 from tfcompat.core.packing import from_lengths
 from tfcompat.registry import installed_families
-from tfcompat.selfcheck import pack, sample_case, sample_sequences, stock_inputs, tiny_model
+from tfcompat.selfcheck import sample_case, sample_sequences, stock_inputs, tiny_model
 
 HYBRID = sorted(k for k, f in installed_families().items() if any(e.linear_attention for e in f.entries))
 pytestmark = pytest.mark.skipif(not HYBRID, reason="no hybrid family in this transformers (Qwen3-Next from 4.57)")
@@ -94,7 +94,8 @@ class TestPackedEqualsPerSequence:
         assert max_token_diff(stock[first:], expected[1:]) > 1e-3
         lengths = torch.tensor([e.shape[0] for e in expected])
         cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).int()])
-        flat = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=int(lengths.max()), max_length_k=int(lengths.max()),
+        longest = int(lengths.max())
+        flat = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest,
                     seq_idx=torch.repeat_interleave(torch.arange(len(expected), dtype=torch.int32), lengths)[None])
         try:
             with torch.no_grad():

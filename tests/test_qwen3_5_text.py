@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import tfcompat
-from tests.helpers import max_token_diff
+from tests.helpers import max_token_diff, pack
 from tfcompat.core.context import ForwardContext
 from tfcompat.core.packing import from_lengths
 from tfcompat.registry import families, family, installed_families, match, resolve_model
-from tfcompat.selfcheck import pack, sample_case, sample_sequences, stock_inputs, tiny_model
+from tfcompat.selfcheck import sample_case, sample_sequences, stock_inputs, tiny_model
 
 TEXT_ONLY = [(key, fam.text_only.key) for key, fam in sorted(installed_families().items()) if fam.text_only is not None]
 IDS = [f"{parent}-{text}" for parent, text in TEXT_ONLY]

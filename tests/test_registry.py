@@ -61,8 +61,8 @@ class TestTables:
 
 @pytest.mark.parametrize("path", FAMILY_FILES, ids=lambda p: p.name)
 def test_family_modules_import_only_the_records(path):
-    """Rule: a family table imports `tfcompat.registry.records`, `tfcompat.registry.versions` and its builders, never the lookup
-    (which imports the tables) nor transformers."""
+    """Rule: a family table imports `tfcompat.registry.records`, `tfcompat.registry.versions` and its builders, never
+    the lookup (which imports the tables) nor transformers."""
     allowed = {"records", "versions"} | {p.stem for p in FAMILY_FILES}
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level:

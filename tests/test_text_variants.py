@@ -7,16 +7,16 @@ import pytest
 import torch
 
 import tfcompat
-from tests.helpers import max_token_diff
+from tests.helpers import max_token_diff, packed_inputs
 from tfcompat.core.context import ForwardContext
 from tfcompat.core.packing import from_lengths
 from tfcompat.registry import installed_families, resolve_model
-from tfcompat.selfcheck import packed_inputs, sample_case, sample_sequences, stock_inputs, tiny_model
+from tfcompat.selfcheck import sample_case, sample_sequences, stock_inputs, tiny_model
 
 # (family, text config model_type) -> the text-config keys of a tiny model of that variant
 VARIANTS = {
-    ("glm46v", "glm4v_moe_text"): dict(model_type="glm4v_moe_text", n_routed_experts=4, num_experts_per_tok=2, n_group=2,
-                                       topk_group=1, moe_intermediate_size=32, n_shared_experts=1,
+    ("glm46v", "glm4v_moe_text"): dict(model_type="glm4v_moe_text", n_routed_experts=4, num_experts_per_tok=2,
+                                       n_group=2, topk_group=1, moe_intermediate_size=32, n_shared_experts=1,
                                        first_k_dense_replace=1),
 }
 CASES = [(f, t) for f, t in VARIANTS if f in installed_families()]

@@ -95,8 +95,9 @@ def _print(report: dict[str, Any]) -> None:
                 print(f"       warning: {w}")
             for c in row["selfcheck"]:
                 seen = f" ({', '.join(c['vision'])})" if c["vision"] else ""
+                verdict = "pass" if c["ok"] else "FAIL"
                 print(f"       self-check {c['attn_implementation']:<5} packed vs stock per-sequence: max abs diff "
-                      f"{c['max_abs_diff']:.2e} over {c['tokens']} tokens{seen} ({'pass' if c['ok'] else 'FAIL'}, {c['seconds']} s)")
+                      f"{c['max_abs_diff']:.2e} over {c['tokens']} tokens{seen} ({verdict}, {c['seconds']} s)")
         else:
             print(f"[{mark}] {row['family']:<16} {row['status']}: " + row["why"].replace("\n", "\n       "))
     if report["ok"]:
@@ -105,7 +106,8 @@ def _print(report: dict[str, Any]) -> None:
         print(f"FAILED: no family resolves on transformers {report['transformers']} (each family's supported range is "
               "above); install a supported transformers")
     else:
-        print("SELF-CHECK FAILED: " + ", ".join(f"{r['family']} ({r['status']})" for r in report["families"] if not r["ok"]))
+        failed = [f"{r['family']} ({r['status']})" for r in report["families"] if not r["ok"]]
+        print("SELF-CHECK FAILED: " + ", ".join(failed))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """Self-check of a family on the installed transformers: tiny random model, packed patched vs stock.
 
 The oracle is stock transformers: each sequence runs alone through the unpatched model, the same sequences
-run packed in one row through the patched model, and the logits are compared per token.
+run packed in one row (by `tfcompat.pack`, the path users take) through the patched model, and the logits are
+compared per token.
 """
 
 from __future__ import annotations
@@ -9,18 +10,17 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from .hf.patching import patch
-from .inputs.embedding import embed_inputs
-from .inputs.rope_index import rope_index
+from .inputs.pack import pack
 from .registry import Resolved, family, resolve
 from .registry.records import VisionItem
 
-__all__ = ["Sequence", "CheckResult", "tiny_model", "sample_case", "sample_sequences", "vision_placeholder", "positions",
-           "pack", "packed_inputs", "stock_inputs", "run_check"]
+__all__ = ["Sequence", "CheckResult", "tiny_model", "sample_case", "sample_sequences", "vision_placeholder",
+           "stock_inputs", "run_check"]
 
 _LENGTHS = (7, 12, 5, 9, 6, 8)
 
@@ -124,7 +124,8 @@ def vision_placeholder(config: Any, kind: str, grid: tuple[int, int, int]) -> li
     if custom is not None:
         return custom(config, kind, grid)
     t, h, w = grid
-    token = config.video_token_id if kind == "video" and hasattr(config, "vision_start_token_id") else config.image_token_id
+    video = kind == "video" and hasattr(config, "vision_start_token_id")
+    token = config.video_token_id if video else config.image_token_id
     start, end = (_first(config, f"{kind}_start_token_id", "vision_start_token_id"),
                   _first(config, f"{kind}_end_token_id", "vision_end_token_id"))
     return [start, *[token] * (t * h * w // config.vision_config.spatial_merge_size**2), end]
@@ -144,41 +145,6 @@ def stock_inputs(r: Resolved, model: torch.nn.Module, seq: Sequence) -> dict[str
     return inputs
 
 
-def positions(model: torch.nn.Module, seq: Sequence) -> torch.Tensor:
-    """Contract position ids of one sequence: ``(4, 1, L)`` for M-RoPE families, ``(1, L)`` otherwise."""
-    if resolve(cast(Any, model.config).model_type).entry.vision is not None:
-        return rope_index(model, seq.input_ids, image_grid_thw=seq.image_grid_thw, video_grid_thw=seq.video_grid_thw)
-    return torch.arange(seq.input_ids.shape[1])[None]
-
-
-def pack(model: torch.nn.Module, seqs: list[Sequence]) -> dict[str, Any]:
-    """Packed inputs: ids ``(1, T)``, position ids ``(4, 1, T)`` (per-sequence rope_index, concatenated), and
-    every sequence's vision inputs concatenated in order."""
-    inputs: dict[str, Any] = {
-        "input_ids": torch.cat([s.input_ids for s in seqs], dim=1),
-        "position_ids": torch.cat([positions(model, s) for s in seqs], dim=-1),
-    }
-    for name in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
-        parts = [getattr(s, name) for s in seqs if getattr(s, name) is not None]
-        if parts:
-            inputs[name] = torch.cat(parts)
-    return inputs
-
-
-def packed_inputs(model: torch.nn.Module, seqs: list[Sequence]) -> dict[str, Any]:
-    """The patched model's inputs for ``seqs`` in one row: `pack`'s, except where the installed stock forward
-    rejects images and videos in one forward (known issue ``images_with_videos_rejected``: GLM counts both with
-    the image token) and the row holds both; then `tfcompat.embed_inputs` embeds them (the route such batches
-    take) and ``input_ids`` and the pixels give way to its ``inputs_embeds``."""
-    inputs = pack(model, seqs)
-    mixed = "pixel_values" in inputs and "pixel_values_videos" in inputs
-    if not mixed or "images_with_videos_rejected" not in resolve(cast(Any, model.config).model_type).entry.known_issues:
-        return inputs
-    vision = {k: inputs.pop(k) for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")}
-    embedded = embed_inputs(model, inputs.pop("input_ids"), **vision)
-    return {**inputs, **embedded.model_inputs()}
-
-
 @torch.no_grad()
 def run_check(key: str, attn_implementation: str = "sdpa", tolerance: float = 1e-5) -> CheckResult:
     """Packed patched logits against stock per-sequence logits on a tiny model: the family's packed sample
@@ -191,7 +157,7 @@ def run_check(key: str, attn_implementation: str = "sdpa", tolerance: float = 1e
         items = [None if isinstance(i, tuple) and i[0] == "video" else i for i in items]
     seqs = sample_sequences(model, lengths, items)
     expected = [model(**stock_inputs(r, model, s), use_cache=False).logits[0] for s in seqs]
-    packed = packed_inputs(model, seqs)
+    packed = pack(model, [{"input_ids": s.input_ids, **s.vision_inputs()} for s in seqs]).model_inputs
     with patch(model, remove_padding=True):
         got = model(**packed, use_cache=False).logits[0]
     diff = max(float((g - e).abs().max()) for g, e in zip(got.split([e.shape[0] for e in expected]), expected))

@@ -19,7 +19,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import tfcompat
-from tfcompat.selfcheck import Sequence, pack, sample_sequences, stock_inputs, tiny_model
+from tests.helpers import pack
+from tfcompat.selfcheck import Sequence, sample_sequences, stock_inputs, tiny_model
 
 STEPS = 4
 LR = 1e-3

@@ -22,9 +22,10 @@ import torch
 import torch.distributed as dist
 
 import tfcompat
+from tests.helpers import pack
 from tfcompat.integrations.verl import apply_monkey_patch
 from tfcompat.registry import installed_families
-from tfcompat.selfcheck import pack, sample_sequences, stock_inputs, tiny_model
+from tfcompat.selfcheck import sample_sequences, stock_inputs, tiny_model
 
 TEMPERATURE = 0.7
 TOL = 1e-5  # per token, fp32 log-probs and entropies (|values| up to log(vocab) = 5.5)
@@ -115,9 +116,10 @@ def verl_convention(rank: int, world: int, out_path: str | None) -> None:
     """Every installed family at sp = world: verl's actor on the patched model equals stock per sequence.
 
     Checked per token on the gathered row: log-probs and entropies, logits path and fused path (0.8+ with
-    shift_labels, 0.6-0.7 without: all tokens but the row's last), and the gradients of ``sum(w * log_probs)`` (fused) summed over the group and
-    divided by sp (verl's ``gather_outputs_and_unpad`` scales them by sp for its FSDP averaging). Control: the
-    same row with a text position row that never restarts must differ from the oracle (boundaries matter).
+    shift_labels, 0.6-0.7 without: all tokens but the row's last), and the gradients of ``sum(w * log_probs)``
+    (fused) summed over the group and divided by sp (verl's ``gather_outputs_and_unpad`` scales them by sp for its
+    FSDP averaging). Control: the same row with a text position row that never restarts must differ from the
+    oracle (boundaries matter).
     """
     warnings.simplefilter("ignore")
     vu = load_verl_ulysses()
@@ -193,7 +195,8 @@ def group_size_mismatch_raises(rank: int, world: int) -> None:
 
 
 def collectives_per_forward(rank: int, world: int) -> None:
-    """The boundaries are gathered once per forward: the all-gathers of a text-model forward do not grow with its depth."""
+    """The boundaries are gathered once per forward: the all-gathers of a text-model forward do not grow with its
+    depth."""
     vu = load_verl_ulysses()
     vu.set_ulysses_sequence_parallel_group(dist.group.WORLD)
     calls = []

@@ -8,9 +8,10 @@ import torch
 import torch.distributed as dist
 
 import tfcompat
+from tests.helpers import pack, packed_inputs
 from tfcompat import ulysses
 from tfcompat.inputs.embedding import embed_inputs
-from tfcompat.selfcheck import pack, packed_inputs, sample_sequences, tiny_model
+from tfcompat.selfcheck import sample_sequences, tiny_model
 
 WATCHED = ("q_proj", "o_proj", "embed_tokens")
 

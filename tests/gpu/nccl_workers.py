@@ -1,4 +1,5 @@
-"""Functions run on every rank by `tests.distributed.harness.run_world` (backend nccl) (module level so spawn can import them).
+"""Functions run on every rank by `tests.distributed.harness.run_world` (backend nccl) (module level so spawn can
+import them).
 
 Same logic as `tests.distributed.workers.sp_equals_single`, on ``cuda:rank`` under NCCL (or CPU under gloo), with a
 dtype and a backend: the SP=1 reference is computed on every rank with the same dtype and backend, then the
@@ -14,8 +15,9 @@ import torch.distributed as dist
 
 import tfcompat
 from tests.distributed.workers import sharded_logits
+from tests.helpers import pack
 from tfcompat import ulysses
-from tfcompat.selfcheck import pack, sample_sequences, tiny_model
+from tfcompat.selfcheck import sample_sequences, tiny_model
 
 WATCHED = ("q_proj", "o_proj", "embed_tokens")
 
@@ -71,7 +73,8 @@ def sp_equals_single(rank: int, world: int, family: str, lengths: list[int], ima
 
     diff = float((logits.float() - ref_logits.float()).abs().max())
     bound = tol * scale(ref_logits.float())
-    assert diff <= bound, f"rank {rank}: SP={world} {dtype_name} logits differ from SP=1 by {diff:.3e} (bound {bound:.3e})"
+    assert diff <= bound, \
+        f"rank {rank}: SP={world} {dtype_name} logits differ from SP=1 by {diff:.3e} (bound {bound:.3e})"
     grads = _grads(model)
     assert grads.keys() == ref_grads.keys(), sorted(set(grads) ^ set(ref_grads))
     assert grads, "no watched gradients"
@@ -94,7 +97,8 @@ def exchanges_agree(rank: int, world: int) -> None:
     for dtype in (torch.bfloat16, torch.float32):
         gen = torch.Generator().manual_seed(rank)
         xs = [torch.randn(t, h * world, d, generator=gen).to(device, dtype) for t, h, d in shapes for _ in range(3)]
-        weights = [torch.randn(t * world, h, d, generator=gen).to(device, dtype) for t, h, d in shapes for _ in range(3)]
+        weights = [torch.randn(t * world, h, d, generator=gen).to(device, dtype)
+                   for t, h, d in shapes for _ in range(3)]
         results = {}
         for transport in ("all_to_all", "symm_mem"):
             outs, grads = [], []

@@ -156,3 +156,22 @@ def test_fa4_features_mean_what_tfcompat_maps_them_to(feature):
     # non-vacuity: the feature changes the output
     plain = _explicit(q.float(), k.float(), v.float(), seqs, scale)
     assert float((plain - ref[0]).abs().max()) > 1e-2
+
+
+def test_auto_table_orders_fa4_as_measured(monkeypatch):
+    """Rule (the table of tfcompat.core.attention, from bench/RESULTS.md section 10; runs on CPU with a pretended
+    Hopper GPU): "flash" leads with a gradient at every length and without one from W = Hq * D * mean(L^2) of
+    5e9; below that varlen_attn's forward ("torch") leads."""
+    monkeypatch.setattr(attention, "_fast_cuda", lambda q: True)
+    monkeypatch.setattr(attention, "_hopper_cudnn_sdpa", lambda device: True)
+    q = torch.empty(1, 28, 128, requires_grad=True)
+    short, odd = from_lengths([1024] * 8), from_lengths([107, 216, 1550, 433, 36, 1333, 1154, 3362])  # W 3.8e9, 7.6e9
+    assert attention._auto_order(q, None, short)[0] == "flash"
+    assert attention._auto_order(q, None, odd)[0] == "flash"
+    with torch.no_grad():
+        assert attention._auto_order(q, None, short)[:2] == ("torch", "flash")
+        assert attention._auto_order(q, None, odd)[0] == "flash"
+        assert attention._auto_order(q, None, from_lengths([4096] * 8))[0] == "flash"
+    monkeypatch.setattr(attention, "_hopper_cudnn_sdpa", lambda device: False)  # not measured elsewhere
+    with torch.no_grad():
+        assert attention._auto_order(q, None, short) == attention.AUTO_ORDER

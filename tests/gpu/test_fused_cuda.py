@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import tfcompat
-from tfcompat.selfcheck import pack, sample_sequences, tiny_model
+from tests.helpers import pack
+from tfcompat.selfcheck import sample_sequences, tiny_model
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run on the GPU machine")]

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import tfcompat
 from tfcompat.core.attention import varlen_attention
-from tfcompat.core.packing import from_lengths, from_text_positions
+from tfcompat.core.labels import mask_ends, mask_starts, shift_labels
+from tfcompat.core.packing import PackedSeqs, check_text_positions, from_host_positions, from_lengths
 from tfcompat.core.position_ids import split_positions
 from tfcompat.hf.forward import to_text_model_layout
 
@@ -43,6 +44,13 @@ def packed_batches(draw: st.DrawFn) -> list[list[int]]:
 
 
 # ---------------------------------------------------------------------------------------------- boundaries
+
+
+def from_text_positions(text: torch.Tensor) -> PackedSeqs:
+    """The boundaries a patched forward takes from a ``(B, L)`` text row: checked, copied to the host once
+    (`tfcompat.hf.forward.Router.decide`), then `from_host_positions`."""
+    check_text_positions(text)
+    return from_host_positions(text.long().cpu(), device=text.device)
 
 
 class TestFromTextPositions:
@@ -93,7 +101,8 @@ class TestFromTextPositions:
         i = data.draw(st.sampled_from(inner))
         jump = data.draw(st.sampled_from([-1, 2, 3, 17]))
         row[i] = row[i - 1] + jump if row[i - 1] + jump != 0 else row[i - 1] + 2
-        with pytest.raises(tfcompat.InvalidInputError, match=rf"(not packed sequences|negative position ids)(?s:.*)at flat index {i} "):
+        match = rf"(not packed sequences|negative position ids)(?s:.*)at flat index {i} "
+        with pytest.raises(tfcompat.InvalidInputError, match=match):
             from_text_positions(row[None])
 
     def test_jump_example(self) -> None:
@@ -110,14 +119,6 @@ class TestFromTextPositions:
         with pytest.raises(tfcompat.InvalidInputError, match=r"(?s)\(batch, seq_len\).*shape " + re_shape(shape)):
             from_text_positions(torch.zeros(shape, dtype=torch.long))
 
-    def test_padding_rejected(self) -> None:
-        positions = torch.tensor([[0, 1, 2, 0]])
-        with pytest.raises(tfcompat.InvalidInputError, match="has padding"):
-            from_text_positions(positions, attention_mask=torch.tensor([[1, 1, 1, 0]]))
-        with pytest.raises(tfcompat.InvalidInputError, match="attention_mask of ones"):
-            from_text_positions(positions, attention_mask=torch.ones(1, 3))
-        assert from_text_positions(positions, attention_mask=torch.ones(1, 4)).lengths == (3, 1)
-
     def test_from_lengths_rejects_empty_sequences(self) -> None:
         with pytest.raises(tfcompat.InvalidInputError, match="must be positive"):
             from_lengths([3, 0, 2])
@@ -132,7 +133,8 @@ def re_shape(shape: tuple[int, ...]) -> str:
 # ---------------------------------------------------------------------------------------------- attention
 
 
-def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int], scale: float) -> torch.Tensor:
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
+                    scale: float) -> torch.Tensor:
     """float64 reference: per sequence, repeat KV heads, explicit causal softmax."""
     q, k, v = q.double(), k.double(), v.double()
     rep = q.shape[1] // k.shape[1]
@@ -166,7 +168,8 @@ def attention_inputs(draw: st.DrawFn):
 
 
 class TestVarlenAttention:
-    """out[t] = softmax(scale * q[t] . k[s]) v[s] over s <= t in t's own sequence; query head h reads KV head h // (Hq // Hkv)."""
+    """out[t] = softmax(scale * q[t] . k[s]) v[s] over s <= t in t's own sequence; query head h reads KV head
+    h // (Hq // Hkv)."""
 
     @settings(max_examples=40, deadline=None)
     @given(attention_inputs(), st.one_of(st.none(), st.floats(0.05, 1.0)))
@@ -261,3 +264,20 @@ class TestSplitPositions:
     def test_family_named_in_error(self) -> None:
         with pytest.raises(tfcompat.InvalidInputError, match=r"(?s)text row.*family: glm4v"):
             split_positions(torch.zeros(3, 1, 5, dtype=torch.long), seq_len=5, family="glm4v")
+
+
+class TestLabelsPerSequence:
+    """The labels rule (`tfcompat.core.labels`): no target crosses a sequence boundary."""
+
+    @SETTINGS
+    @given(LENGTHS, st.integers(0, 2**31 - 1))
+    def test_shifted_labels_are_each_sequence_shifted_alone(self, lengths: list[int], seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        parts = [torch.randint(0, 50, (n,), generator=gen) for n in lengths]
+        row = torch.cat(parts)[None]  # (1, T)
+        seqs = from_lengths(lengths)
+        alone = torch.cat([torch.cat([p[1:], p.new_full((1,), -100)]) for p in parts])[None]
+        assert torch.equal(shift_labels(row, seqs), alone)
+        assert torch.equal(mask_ends(torch.roll(row, -1, 1), seqs), alone)  # a whole-row shift, ends masked
+        starts = mask_starts(row, seqs)
+        assert torch.equal(starts, torch.cat([torch.cat([p.new_full((1,), -100), p[1:]]) for p in parts])[None])

@@ -13,8 +13,9 @@ Backends (each imported or probed lazily, once; `unsupported` says which feature
 - ``"flash"``: flash-attn's varlen kernel, the newest installed that suits the GPU: FlashAttention-3
   (``flash_attn_interface``, Hopper) or FlashAttention-4 (``flash_attn.cute``, Hopper and Blackwell), else
   FlashAttention-2 (``flash_attn``). CUDA, fp16/bf16. Windows and softcaps where the installed function takes
-  ``window_size`` / ``softcap``; sinks only where it takes ``learnable_sink`` (FlashAttention-4) or ``s_aux``
-  (its log-sum-exp, where returned, carries no gradient in FA2/FA3, so sinks cannot be derived from it exactly);
+  ``window_size`` / ``softcap``; sinks only where it takes ``learnable_sink`` (FlashAttention-4, with a backward
+  for it; vLLM's FA3 ``s_aux`` is not taken: no backward is known for it; the log-sum-exp FA2/FA3 return carries no
+  gradient, so sinks cannot be derived from it exactly);
   v of another head dim than q/k is zero-padded to the larger dim and the output sliced, as transformers does.
 - ``"torch"``: ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 kernels inside torch; its signature
   differs between torch releases, so it is probed once). CUDA, fp16/bf16. Windows where it takes
@@ -51,6 +52,7 @@ inputs                                                      order
 CUDA fp16/bf16, compute capability 9.x with cuDNN >= 9,     ``flash`` (if installed), ``sdpa``
 ``W >= 2e10`` (``W >= 8e9`` without a gradient), plain
 causal attention (no window, softcap or sinks)
+the same GPUs, no gradient, ``W < 5e9``                     ``torch``, ``flash``, ``flex``, ``cudnn``, ``sdpa``
 other CUDA fp16/bf16 (shorter sequences, other GPUs, or      ``flash`` (if installed), ``torch``, ``flex``,
 no boundaries given)                                        ``cudnn``, ``sdpa``
 CUDA fp32, CPU                                              ``sdpa``
@@ -58,8 +60,13 @@ CUDA fp32, CPU                                              ``sdpa``
 
 At every shape of that run the table picked the fastest backend (forward+backward and forward). Reentrant
 checkpointing runs a layer's forward without a gradient and its recomputation with one, so between the two
-thresholds the two passes may run different (each exact) backends. ``flash`` leads where installed
-(FlashAttention-3 on Hopper is expected to beat both; not measured here). flex attention was exact but never the
+thresholds the two passes may run different (each exact) backends. ``flash`` leads where installed: with
+FlashAttention-4 (flash-attn-4 4.0.0b36, CuTe DSL 4.8.1; same H200, bench/RESULTS.md section 10) it was the fastest
+forward+backward at all eleven shapes of the script (400-620 TFLOP/s with sequences of 4k or more, 1.1-1.8x faster
+than per-sequence SDPA there: 4.5 against 6.3 ms for 8 odd sequences of 20,205 tokens, 28/4 heads) and the fastest
+forward from ``W`` of 7.6e9, but ``varlen_attn``'s forward beat it at 8 x 1k (28 x 128, ``W`` 3.8e9: 0.51 against
+0.57 ms) and 16 x 1000 (16 x 64, ``W`` 1.0e9: 0.52 against 0.65 ms), hence the no-gradient row (between 3.8e9 and
+7.6e9 the threshold is not measured). FlashAttention-3 was not measured. flex attention was exact but never the
 fastest; the ``cudnn`` varlen op took 50-76 ms per forward there, nearly all of it on the host, and is forward
 only: auto reaches it only when nothing else can run. Each backend in the order is taken only if it can run the
 layer's features (`unsupported`); "sdpa" can run all of them. A window at least as long as the longest sequence is
@@ -97,10 +104,13 @@ __all__ = [
 Backend = Literal["auto", "flash", "torch", "cudnn", "flex", "sdpa"]
 AUTO_ORDER: tuple[str, ...] = ("flash", "torch", "flex", "cudnn", "sdpa")
 _LONG_ORDER: tuple[str, ...] = ("flash", "sdpa")
+# short sequences without a gradient: varlen_attn's forward beat FlashAttention-4's below W of about 5e9
+_SHORT_NO_GRAD_ORDER: tuple[str, ...] = ("torch", "flash", "flex", "cudnn", "sdpa")
 # Hq * D * mean(L_i ** 2) above which per-sequence SDPA (cuDNN on Hopper) beats varlen_attn, with and without a
-# gradient: the module docstring
+# gradient, and below which varlen_attn's forward beats FlashAttention-4's: the module docstring
 _PER_SEQUENCE_MIN_WORK = 2e10
 _PER_SEQUENCE_MIN_WORK_NO_GRAD = 8e9
+_FLASH_MIN_WORK_NO_GRAD = 5e9
 _FAST_DTYPES = (torch.float16, torch.bfloat16)
 _FLEX_BLOCK = 128  # flex attention's sparse block size (tokens per block row and column)
 
@@ -126,6 +136,9 @@ class AttentionFeatures(NamedTuple):
     softcap: float | None = None
     sinks: bool = False
     chunk: int | None = None
+
+
+_PLAIN = AttentionFeatures()
 
 
 def varlen_attention(
@@ -186,12 +199,13 @@ def select_backend(
     ``(T, Hkv, Dqk)`` or None; seqs: the boundaries, or None; features: default none; v_dim: v's head dim
     (default q's).
     """
-    features = AttentionFeatures() if features is None else features
+    features = _PLAIN if features is None else features
     qk_dim = q.shape[-1]
     v_dim = qk_dim if v_dim is None else v_dim
+    plain = features == _PLAIN and v_dim == qk_dim  # every backend that can run the inputs runs these
     if backend == "auto":
-        return next(name for name in _auto_order(q, k, seqs, features == AttentionFeatures())
-                    if _CAN_RUN[name](q, k) and not _gap(name, features, qk_dim, v_dim, q.device))
+        return next(name for name in _auto_order(q, k, seqs, features == _PLAIN)
+                    if _CAN_RUN[name](q, k) and (plain or not _gap(name, features, qk_dim, v_dim, q.device)))
     if backend not in _CAN_RUN or not _CAN_RUN[backend](q, k):
         raise InvalidInputError(
             f"attention backend {backend!r} cannot run these inputs",
@@ -200,7 +214,7 @@ def select_backend(
             supported=f"{backend!r}: {_REQUIREMENTS[backend]}" if backend in _REQUIREMENTS else ", ".join(_CAN_RUN),
             fix="use backend='auto', or inputs the backend supports (and install flash-attn for 'flash')",
         )
-    reason = _gap(backend, features, qk_dim, v_dim, q.device)
+    reason = "" if plain else _gap(backend, features, qk_dim, v_dim, q.device)
     if reason:
         raise InvalidInputError(
             f"attention backend {backend!r} cannot run these attention features",
@@ -236,7 +250,9 @@ def available_backends(q: torch.Tensor, *, k: torch.Tensor | None = None) -> lis
     return [name for name, can_run in _CAN_RUN.items() if can_run(q, k)]
 
 
-def _auto_order(q: torch.Tensor, k: torch.Tensor | None, seqs: PackedSeqs | None, plain: bool = True) -> tuple[str, ...]:
+def _auto_order(
+    q: torch.Tensor, k: torch.Tensor | None, seqs: PackedSeqs | None, plain: bool = True
+) -> tuple[str, ...]:
     """The decision table of the module docstring: backends to try, fastest first, ``"sdpa"`` last.
 
     q: ``(T, Hq, D)``. plain: no window, softcap or sinks (per-sequence SDPA is fast only for plain causal
@@ -248,6 +264,8 @@ def _auto_order(q: torch.Tensor, k: torch.Tensor | None, seqs: PackedSeqs | None
         work = q.shape[1] * q.shape[2] * sum(n * n for n in seqs.lengths) / len(seqs.lengths)
         if work >= (_PER_SEQUENCE_MIN_WORK if _needs_grad(q, k) else _PER_SEQUENCE_MIN_WORK_NO_GRAD):
             return _LONG_ORDER
+        if work < _FLASH_MIN_WORK_NO_GRAD and not _needs_grad(q, k):
+            return _SHORT_NO_GRAD_ORDER
     return AUTO_ORDER
 
 
@@ -336,7 +354,7 @@ def _flash_gaps(features: AttentionFeatures, qk_dim: int, v_dim: int, device: to
         return f"{name} has no window_size (sliding windows need flash-attn >= 2.3)"
     if features.softcap is not None and "softcap" not in params:
         return f"{name} has no softcap (softcapping needs flash-attn >= 2.6)"
-    if features.sinks and not {"learnable_sink", "s_aux"} & params:
+    if features.sinks and "learnable_sink" not in params:
         return f"{name} takes no attention sinks and its log-sum-exp carries no gradient (FlashAttention-4's " \
                "learnable_sink does)"
     return ""
@@ -371,6 +389,9 @@ def _flex_gaps(features: AttentionFeatures, qk_dim: int, v_dim: int, device: tor
         return f"flex attention takes head dims that are powers of two >= 16, not q/k {qk_dim} and v {v_dim}"
     if features.sinks and device.type != "cuda":
         return "flex attention compiled on CPU returns no log-sum-exp (torch's CPU flex template), so no sinks"
+    if features.softcap is not None and features.window is not None and device.type == "cuda":
+        # measured on an H200 with torch 2.11: the compile fails ("all unwrapped values must be FakeTensor")
+        return "compiled flex attention fails on a softcap score_mod beside a windowed block mask (torch 2.11, CUDA)"
     return ""
 
 
@@ -456,14 +477,13 @@ def _math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: _Call) -> torch.
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs, c: _Call) -> torch.Tensor:
     cu = seqs.cu_seqlens
     flash = cast(_VarlenFn, _flash_varlen(q.device))  # _can_flash: found
-    params = _params(flash)
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {}  # _flash_gaps: the installed function takes each one given
     if c.window is not None:
         kwargs["window_size"] = (c.window - 1, 0)  # keys t - (window - 1) .. t
     if c.softcap is not None:
         kwargs["softcap"] = c.softcap
-    if c.sinks is not None:  # _flash_gaps: one of the two is taken
-        kwargs["learnable_sink" if "learnable_sink" in params else "s_aux"] = c.sinks
+    if c.sinks is not None:
+        kwargs["learnable_sink"] = c.sinks
     v_dim = v.shape[-1]
     q, k, v = _pad_dims(q, k, v)
     out = flash(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=seqs.max_seqlen,
@@ -493,8 +513,8 @@ def _pad_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.
     """Zero-pad q/k or v to one head dim for kernels that take one (the scale is already fixed, and zeros add
     nothing to a score or an output column); the caller slices the output back to v's dim."""
     d = max(q.shape[-1], v.shape[-1])
-    # (T, H, D') -> (T, H, d)
-    return tuple(x if x.shape[-1] == d else F.pad(x, (0, d - x.shape[-1])) for x in (q, k, v))  # type: ignore[return-value]
+    q, k, v = (x if x.shape[-1] == d else F.pad(x, (0, d - x.shape[-1])) for x in (q, k, v))  # (T, H, D') -> (T, H, d)
+    return q, k, v
 
 
 def _cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs, c: _Call) -> torch.Tensor:

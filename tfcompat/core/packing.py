@@ -15,9 +15,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from ..errors import InvalidInputError
 
-__all__ = [
-    "PackedSeqs", "check_text_positions", "chunked", "from_host_positions", "from_lengths", "from_text_positions",
-]
+__all__ = ["PackedSeqs", "check_text_positions", "chunked", "from_host_positions", "from_lengths"]
 
 
 class PackedSeqs(NamedTuple):
@@ -50,39 +48,6 @@ def from_lengths(lengths: list[int] | tuple[int, ...], device: torch.device | st
     return PackedSeqs(cu.to(device, non_blocking=True), max(lengths), lengths)
 
 
-def from_text_positions(
-    text_positions: torch.Tensor, *, attention_mask: torch.Tensor | None = None, family: str | None = None
-) -> PackedSeqs:
-    """Boundaries from the text position row of a packed batch: one device-to-host copy, no other sync.
-
-    text_positions: ``(B, L)`` integer; each row is flattened into the stream in order, a sequence starts
-    at every row start and wherever the position is 0, and inside a sequence positions count up by 1.
-    attention_mask: ``(B, L)`` or None; packed rows carry no padding, so it must be all ones (checked on the
-    same host copy).
-    Returns the `PackedSeqs` of the ``B * L`` tokens.
-    """
-    check_text_positions(text_positions, family=family)
-    rows = [text_positions.detach().long()]
-    if attention_mask is not None:
-        if attention_mask.shape != text_positions.shape:
-            raise InvalidInputError(
-                "a packed batch takes a 2-D attention_mask of ones (or None)",
-                family=family,
-                why=f"attention_mask {tuple(attention_mask.shape)} vs positions {tuple(text_positions.shape)}",
-                fix="pass attention_mask=None: packed rows have no padding",
-            )
-        rows.append(attention_mask.detach().to(text_positions.device, torch.long))
-    host = torch.stack(rows).cpu()  # the one sync of the forward
-    if attention_mask is not None and not bool(host[1].all()):
-        raise InvalidInputError(
-            "a packed batch has padding",
-            family=family,
-            why="attention_mask has zeros; packing removes padding, so every token must be attended",
-            fix="drop the padding when packing, or pass attention_mask=None",
-        )
-    return from_host_positions(host[0], device=text_positions.device, family=family)
-
-
 def check_text_positions(text_positions: torch.Tensor, *, family: str | None = None) -> None:
     """Raise `InvalidInputError` unless ``text_positions`` is a non-empty integer ``(B, L)`` tensor."""
     if text_positions.ndim != 2 or text_positions.is_floating_point() or text_positions.dtype == torch.bool:
@@ -98,15 +63,23 @@ def check_text_positions(text_positions: torch.Tensor, *, family: str | None = N
 
 
 def from_host_positions(host: torch.Tensor, *, device: torch.device, family: str | None = None) -> PackedSeqs:
-    """`from_text_positions` of a ``(B, L)`` text row already copied to the host (no sync); boundaries to ``device``."""
+    """Boundaries from a ``(B, L)`` integer text row already copied to the host (no sync; the forward copies it
+    once, `tfcompat.hf.forward.Router.decide`), moved to ``device``.
+
+    Each row is flattened into the stream in order; a sequence starts at every row start and wherever the position
+    is 0, and inside a sequence positions count up by 1. Returns the `PackedSeqs` of the ``B * L`` tokens.
+
+    >>> from_host_positions(torch.tensor([[0, 1, 2, 0, 1]]), device=torch.device("cpu")).cu_seqlens.tolist()
+    [0, 3, 5]
+    """
     batch, length = host.shape
     flat = host.reshape(-1)
     if bool((flat < 0).any()):
         i = int((flat < 0).nonzero()[0])
         raise InvalidInputError(
             "negative position ids", family=family,
-            why=f"at flat index {i} the position is {int(flat[i])}; each sequence's text row counts 0, 1, 2, ... (a negative "
-            "run would split a sequence at its 0)",
+            why=f"at flat index {i} the position is {int(flat[i])}; each sequence's text row counts 0, 1, 2, ... "
+            "(a negative run would split a sequence at its 0)",
             fix="build each sequence's ids with tfcompat.pack, or tfcompat.rope_index (or arange) per sequence, "
             "concatenated")
     starts = flat == 0

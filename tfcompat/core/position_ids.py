@@ -42,7 +42,8 @@ def split_positions(position_ids: torch.Tensor, *, seq_len: int, family: str | N
         raise InvalidInputError(
             "position_ids and the input tokens differ in length",
             family=family,
-            why=f"position_ids {tuple(position_ids.shape)} has {position_ids.shape[-1]} positions, the input has {seq_len} tokens",
+            why=f"position_ids {tuple(position_ids.shape)} has {position_ids.shape[-1]} positions, the input has "
+            f"{seq_len} tokens",
             fix="build one position per token (tfcompat.rope_index per sequence, concatenated on the last dim)",
         )
     if position_ids.ndim == 2:
@@ -66,7 +67,8 @@ def split_positions(position_ids: torch.Tensor, *, seq_len: int, family: str | N
     )
 
 
-def text_row_from_mask(attention_mask: torch.Tensor | None, batch: int, length: int, device: torch.device) -> torch.Tensor:
+def text_row_from_mask(attention_mask: torch.Tensor | None, batch: int, length: int,
+                       device: torch.device) -> torch.Tensor:
     """The text row of a (possibly padded) batch: ``(B, L)``, counting only attended tokens.
 
     Padding positions get 1, as transformers' generation does, so they never look like a sequence start.

@@ -62,9 +62,10 @@ def packed_attention(
     forward). Returns ``(B, L, Hq, Dv)`` and no weights. ``attention_mask`` is ignored: causality and sequence
     boundaries come from the context, windows, softcap and chunks from the module's `FEATURES_ATTR`, sinks from
     ``s_aux`` (gpt-oss) or ``module.sinks``; `PatchedModelError` for a kwarg that disagrees with them, for dropout,
-    and for any other kwarg this adapter does not know to be harmless. A `tfcompat.context.StockContext` (an ordinary call recomputed under
-    gradient checkpointing) goes to the stock function instead, with the stock mask. Under Ulysses (``B == 1``, ``L = T / sp``), q/k/v are traded for a
-    head split before the core and back after it.
+    and for any other kwarg this adapter does not know to be harmless. A `tfcompat.context.StockContext` (an
+    ordinary call recomputed under gradient checkpointing) goes to the stock function instead, with the stock mask.
+    Under Ulysses (``B == 1``, ``L = T / sp``), q/k/v are traded for a head split before the core and back after
+    it; each rank takes its heads' sinks (`rank_heads`).
     """
     ctx = kwargs.get(CONTEXT_KWARG) or module.__dict__.get(BRIDGE_ATTR)
     if isinstance(ctx, StockContext):  # an ordinary call, recomputed under gradient checkpointing after its forward
@@ -113,20 +114,22 @@ def _layer_sinks(module: torch.nn.Module, features: AttentionFeatures, dropout: 
         return PatchedModelError(f"{type(module).__name__} {what}", why=why, fix=fix)
 
     refit = "patch() the model again after changing its config or modules, or undo() the patch"
-    for name, recorded in (("sliding_window", features.window), ("softcap", features.softcap)):
-        if name in kwargs and kwargs[name] != recorded:
-            raise refuse(f"passed {name}={kwargs[name]!r} to the packed attention, but patch() recorded {recorded!r}",
+    extra = kwargs.keys() - _HARMLESS  # usually none, or sliding_window: this runs per layer call
+    for name in extra:
+        value = kwargs[name]
+        recorded = features.window if name == "sliding_window" else features.softcap if name == "softcap" else None
+        if name in ("sliding_window", "softcap") and value != recorded:
+            raise refuse(f"passed {name}={value!r} to the packed attention, but patch() recorded {recorded!r}",
                          why=f"the layer's attention features were read at patch time: {features}", fix=refit)
-    if kwargs.get("is_causal") is False:
-        raise refuse("asked for non-causal attention (is_causal=False)",
-                     why="tfcompat's packed attention is causal within each sequence",
-                     fix="run bidirectional attention unpatched (undo() the patch)")
+        if name == "is_causal" and value is False:
+            raise refuse("asked for non-causal attention (is_causal=False)",
+                         why="tfcompat's packed attention is causal within each sequence",
+                         fix="run bidirectional attention unpatched (undo() the patch)")
     if dropout:
         raise refuse(f"asked for attention dropout {dropout!r}",
                      why="tfcompat's packed attention has no dropout (it would be silently skipped)",
                      fix="set the config's attention_dropout to 0.0, or undo() the patch")
-    unknown = sorted(name for name, value in kwargs.items()
-                     if value is not None and name not in _HARMLESS and name not in _CHECKED)
+    unknown = sorted(name for name in extra - _CHECKED if kwargs[name] is not None)
     if unknown:
         raise refuse(f"passed {', '.join(unknown)} to the packed attention, which does not implement "
                      f"{'it' if len(unknown) == 1 else 'them'}",

@@ -100,9 +100,9 @@ class Router:
         the patch): the patch cannot tell which attention the caller wants."""
         changed = [c._attn_implementation for c, _ in self.stock if c._attn_implementation != self.key]
         if changed:
-            raise PatchedModelError(
+            raise self.r.error(
+                PatchedModelError,
                 f"the attention implementation of a patched model was changed to {changed[0]!r} after patch()",
-                family=self.r.family, transformers_version=self.r.transformers_version,
                 why=f"patch() set config._attn_implementation to {self.key!r}; something (set_attn_implementation?) "
                 f"replaced it, so neither packed rows nor ordinary calls would run what the patch promises",
                 fix="undo() the patch, then set_attn_implementation(...), then patch again; ordinary (unpacked) calls "

@@ -74,6 +74,9 @@ def _norm(self, x):
 def forward(self, x):
     down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
     return down_proj
+""", """
+def forward(self, hidden_state):
+    return self.down_proj(self.act_fn(self.gate_proj(hidden_state)) * self.up_proj(hidden_state))
 """],
     "rope": ["""
 def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
@@ -134,8 +137,8 @@ def plan(model: torch.nn.Module, kernels: Collection[str] = KERNELS) -> list[Fus
     """Every module of ``model`` of a kind in ``kernels``, with whether the kernel is exact for it (``why`` empty).
 
     RMSNorm: a module whose class name ends in ``RMSNorm``; SwiGLU: a module with ``gate_proj``, ``up_proj``,
-    ``down_proj`` and ``act_fn``; rope: a module whose class name ends in ``Attention`` and whose modeling module
-    has ``apply_rotary_pos_emb``. Needs no liger-kernel.
+    ``down_proj`` and ``act_fn``; rope: a module whose class name ends in ``Attention`` and whose forward calls its
+    modeling module's ``apply_rotary_pos_emb``. Needs no liger-kernel.
     """
     found = []
     for name, module in model.named_modules():
@@ -145,7 +148,7 @@ def plan(model: torch.nn.Module, kernels: Collection[str] = KERNELS) -> list[Fus
             found.append(FusedModule(name, module, "rms_norm", form, why))
         elif "swiglu" in kernels and all(hasattr(module, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
             found.append(FusedModule(name, module, "swiglu", "swiglu", _swiglu_gap(module)))
-        if "rope" in kernels and cls.__name__.endswith("Attention"):
+        if "rope" in kernels and cls.__name__.endswith("Attention") and _calls(cls.forward, "apply_rotary_pos_emb"):
             modeling = sys.modules.get(cls.__module__)
             if modeling is not None and hasattr(modeling, "apply_rotary_pos_emb"):
                 found.append(FusedModule(name, module, "rope", modeling.__name__, _rope_gap(modeling)))
@@ -169,8 +172,9 @@ def prepare(model: torch.nn.Module, fused: Fused, family: str, version: str) -> 
     refused = [m for m in modules if m.why]
     if strict and refused:
         first = refused[0]
+        where = f"{first.name or 'the model'} ({type(first.module).__name__})"
         raise PatchError(
-            f"fused kernel {first.kernel!r} is not exact for {first.name or 'the model'} ({type(first.module).__name__})"
+            f"fused kernel {first.kernel!r} is not exact for {where}"
             + (f" and {len(refused) - 1} more modules" if len(refused) > 1 else ""),
             family=family, transformers_version=version, why=first.why,
             supported="RMSNorm in the llama or gemma form, a SiLU gate/up/down MLP, the llama form of "
@@ -333,6 +337,15 @@ def _rope_gap(modeling: types.ModuleType) -> str:
     if _tree(getattr(modeling, "rotate_half", None)) not in _trees("rope/rotate_half"):
         return f"{modeling.__name__}.rotate_half does not swap the two halves of the head dim"
     return ""
+
+
+def _calls(fn: Any, name: str) -> bool:
+    """Whether ``fn``'s source calls the global ``name`` (so replacing it in its module reaches the call)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (TypeError, OSError, SyntaxError):
+        return False
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name for n in ast.walk(tree))
 
 
 def _tree(fn: Any) -> str | None:

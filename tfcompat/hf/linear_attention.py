@@ -34,7 +34,7 @@ from ..core.linear_attention import (
     linear_attention,
     linear_attention_params,
 )
-from ..errors import PatchedModelError, PatchError
+from ..errors import InvalidInputError, PatchedModelError, PatchError
 from ..registry import Resolved
 from ..registry.records import LinearAttention
 
@@ -60,16 +60,13 @@ def plan(model: torch.nn.Module, r: Resolved, group: Any, backend: str) -> Linea
 
     Every decoder layer must hold exactly one mixer tfcompat packs: the entry's softmax attention class, or its
     linear-attention class (`tfcompat.records.Entry.linear_attention`). backend: `LinearBackend`; "fla" needs
-    flash-linear-attention installed. Raises `PatchError` (unknown mixer, unknown or missing backend) or
-    `tfcompat.errors.InvalidInputError` (heads not divisible by the Ulysses group).
+    flash-linear-attention installed. Raises `PatchError` (unknown mixer, unknown or missing backend, heads not
+    divisible by the Ulysses group).
     """
-    def error(what: str, why: str, supported: str, fix: str) -> PatchError:
-        return PatchError(what, family=r.family, transformers_version=r.transformers_version, why=why,
-                          supported=supported, fix=fix)
-
     if backend not in _BACKENDS:
-        raise error(f"unknown linear-attention backend {backend!r}", "linear_backend names the Gated DeltaNet kernels",
-                    ", ".join(get_args(LinearBackend)), "pass linear_backend='auto'")
+        raise r.error(PatchError, f"unknown linear-attention backend {backend!r}",
+                      why="linear_backend names the Gated DeltaNet kernels",
+                      supported=", ".join(get_args(LinearBackend)), fix="pass linear_backend='auto'")
     spec = r.entry.linear_attention
     linear_cls = r.classes.get("linear_attention")
     known = (r.attention_cls,) if linear_cls is None else (r.attention_cls, linear_cls)
@@ -81,11 +78,12 @@ def plan(model: torch.nn.Module, r: Resolved, group: Any, backend: str) -> Linea
         if len(mixers) != 1:
             children = ", ".join(f"{n}: {type(c).__name__}" for n, c in layer.named_children())
             kind = _layer_type(model, index)
-            raise error(
+            raise r.error(
+                PatchError,
                 f"decoder layer {index}{kind} of {type(model).__name__} has {len(mixers)} mixers tfcompat can pack",
-                f"its children are {children}; tfcompat packs {names}",
-                f"{r.family} layers mixing with {names}",
-                "build the model with layer types whose mixers tfcompat packs (config.layer_types), or undo the "
+                why=f"its children are {children}; tfcompat packs {names}",
+                supported=f"{r.family} layers mixing with {names}",
+                fix="build the model with layer types whose mixers tfcompat packs (config.layer_types), or undo the "
                 "patch for this model",
             )
         name, module = mixers[0]
@@ -93,15 +91,17 @@ def plan(model: torch.nn.Module, r: Resolved, group: Any, backend: str) -> Linea
             continue
         linear = cast(LinearAttention, spec)  # a family table names a linear_attention class only with its spec
         if backend == "fla" and _linear_kernels.fla_rule() is None:
-            raise error("linear_backend='fla' but flash-linear-attention is not installed",
-                        f"{type(module).__name__} layers would run the gated delta rule in fla's kernel",
-                        "linear_backend 'auto' (fla where installed and usable, else torch), 'torch', 'fla'",
-                        "pip install flash-linear-attention, or pass linear_backend='auto'")
+            raise r.error(PatchError, "linear_backend='fla' but flash-linear-attention is not installed",
+                          why=f"{type(module).__name__} layers would run the gated delta rule in fla's kernel",
+                          supported="linear_backend 'auto' (fla where installed and usable, else torch), 'torch', "
+                          "'fla'", fix="pip install flash-linear-attention, or pass linear_backend='auto'")
         if group is not None:
             import torch.distributed as dist
 
-            check_linear_heads(linear_attention_params(module).heads, dist.get_world_size(group), family=r.family,
-                               transformers_version=r.transformers_version)
+            try:
+                check_linear_heads(linear_attention_params(module).heads, dist.get_world_size(group))
+            except InvalidInputError as exc:  # patch() raises PatchError for everything it refuses
+                raise r.error(PatchError, exc.what, why=exc.why, supported=exc.supported, fix=exc.fix) from None
         forwards.append((module, packed_linear_forward(module, linear, backend)))
         if not linear.layer_forwards_kwargs:
             bridges.append((layer, module))
@@ -115,7 +115,8 @@ def _layer_type(model: torch.nn.Module, index: int) -> str:
 
 
 def packed_linear_forward(module: torch.nn.Module, spec: LinearAttention, backend: str) -> Callable[..., torch.Tensor]:
-    """An instance ``forward`` for a stock Gated DeltaNet ``module``: ``hidden_states (B, L, hidden) -> (B, L, hidden)``.
+    """An instance ``forward`` for a stock Gated DeltaNet ``module``:
+    ``hidden_states (B, L, hidden) -> (B, L, hidden)``.
 
     Takes every keyword the decoder layer passes (cache, cache position and mask are ignored: packed rows have no
     padding and no past) and the context (`tfcompat.context.CONTEXT_KWARG`, or the bridge). Projections per
@@ -135,7 +136,8 @@ def packed_linear_forward(module: torch.nn.Module, spec: LinearAttention, backen
             raise PatchedModelError(
                 f"{type(module).__name__} runs tfcompat's packed linear attention without packed boundaries",
                 why="the layer was called outside the patched text model's forward",
-                fix="call the patched model (or its text model) rather than a decoder layer directly, or undo() the patch",
+                fix="call the patched model (or its text model) rather than a decoder layer directly, or undo() the "
+                "patch",
             )
         batch, length, _ = hidden_states.shape
         mixed_qkv, z, b, a = project(module, hidden_states)

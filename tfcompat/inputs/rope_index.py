@@ -83,9 +83,8 @@ def rope_index(
         return torch.cat([text[None].cpu(), mrope], dim=0).to(input_ids.device)
     if ("video_grid_unsplit" in r.entry.rope_index_deviations and video_grid_thw is not None
             and bool((video_grid_thw[:, 0] > 1).any())):
-        raise InvalidInputError(
-            f"the installed {r.family} get_rope_index cannot place videos of more than one frame",
-            family=r.family, transformers_version=r.transformers_version,
+        raise r.error(
+            InvalidInputError, f"the installed {r.family} get_rope_index cannot place videos of more than one frame",
             why=REFERENCES[str(r.spec.reference_rope_index)].deviations["video_grid_unsplit"],
             supported=f"impl='installed' with images and one-frame videos on {r.entry.versions}",
             fix="use impl='reference' (the model's own semantics), or another transformers release",

@@ -54,9 +54,8 @@ def vision_call(r: Resolved, model: torch.nn.Module, input_ids: Any, inputs: dic
 def require_vision(r: Resolved, what: str) -> None:
     """`InvalidInputError` when ``r`` is a text-only family (``what``: the call that needs a vision tower)."""
     if r.entry.vision is None:
-        raise InvalidInputError(
-            f"{what} needs a vision-language family; {r.family} is text only", family=r.family,
-            transformers_version=r.transformers_version,
+        raise r.error(
+            InvalidInputError, f"{what} needs a vision-language family; {r.family} is text only",
             why="text-only families have no vision tower and no M-RoPE: their position ids are 0, 1, 2, ... per "
             "sequence",
             supported=", ".join(k for k, f in families().items() if f.is_vision),
@@ -70,13 +69,11 @@ def check_token_ids(r: Resolved, input_ids: Any, what: str) -> None:
             or input_ids.dtype == torch.bool:
         got = (f"dtype {input_ids.dtype}, shape {tuple(input_ids.shape)}" if isinstance(input_ids, torch.Tensor)
                else type(input_ids).__name__)
-        raise InvalidInputError(f"{what} takes integer input_ids of shape (B, L)", family=r.family,
-                                transformers_version=r.transformers_version, why=f"got {got}",
-                                fix="pass a LongTensor (B, L); one sequence of L tokens is ids[None]")
+        raise r.error(InvalidInputError, f"{what} takes integer input_ids of shape (B, L)", why=f"got {got}",
+                      fix="pass a LongTensor (B, L); one sequence of L tokens is ids[None]")
     if input_ids.device.type == "meta":
-        raise InvalidInputError(f"{what} got input_ids on the meta device", family=r.family,
-                                transformers_version=r.transformers_version, why="meta tensors have no values",
-                                fix="pass the token ids on a real device (cpu or cuda)")
+        raise r.error(InvalidInputError, f"{what} got input_ids on the meta device", why="meta tensors have no values",
+                      fix="pass the token ids on a real device (cpu or cuda)")
 
 
 def check_vision_inputs(r: Resolved, config: Any, input_ids: torch.Tensor | None, inputs: dict[str, Any], *,

@@ -26,7 +26,7 @@ processed dataset (``dataset_kwargs={"skip_prepare_dataset": True}``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -35,7 +35,7 @@ from ..errors import InvalidInputError, PatchedModelError
 from ..hf.patching import is_patched
 from ..inputs.pack import pack
 from ..inputs.rope_index import Impl
-from ..registry import resolve
+from ..inputs.vision_inputs import family_of
 
 __all__ = ["PackedCollator"]
 
@@ -75,18 +75,17 @@ class PackedCollator:
         self.model = model
         self.ignore_index = ignore_index
         self.impl = impl
-        self.resolved = resolve(cast(str, getattr(getattr(model, "config", None), "model_type", None)))  # None: typed error
+        self.resolved = family_of(model)
 
     def __call__(self, features: Sequence[Mapping[str, Any]], return_tensors: str | None = None) -> dict[str, Any]:
         r = self.resolved
         if return_tensors not in (None, "pt"):
-            raise self._error(f"PackedCollator cannot return {return_tensors!r} tensors",
-                              "the packed row feeds a torch model", "leave return_tensors out, or pass 'pt'",
-                              supported="'pt'")
+            raise self.resolved.error(InvalidInputError, f"PackedCollator cannot return {return_tensors!r} tensors",
+                                      why="the packed row feeds a torch model",
+                                      fix="leave return_tensors out, or pass 'pt'", supported="'pt'")
         if not is_patched(self.model):
-            raise PatchedModelError(
-                f"PackedCollator's {type(self.model).__name__} is not patched", family=r.family,
-                transformers_version=r.transformers_version,
+            raise r.error(
+                PatchedModelError, f"PackedCollator's {type(self.model).__name__} is not patched",
                 why="a packed row holds several sequences; the stock attention would let each attend to the ones "
                 "before it (no error, a wrong loss)",
                 fix="call tfcompat.patch(model) before training (and keep the handle active while the Trainer runs)")
@@ -100,8 +99,9 @@ class PackedCollator:
     def _example(self, i: int, feature: Mapping[str, Any]) -> dict[str, Any]:
         """Feature ``i`` with every value a tensor (ids and grids int64, pixels and seconds floating point)."""
         if not isinstance(feature, Mapping):
-            raise self._error(f"PackedCollator feature {i} is not a mapping", f"got {type(feature).__name__}",
-                              "give the Trainer a dataset of dicts (a processor's output per sample)")
+            raise self.resolved.error(InvalidInputError, f"PackedCollator feature {i} is not a mapping",
+                                      why=f"got {type(feature).__name__}",
+                                      fix="give the Trainer a dataset of dicts (a processor's output per sample)")
         out: dict[str, Any] = {}
         for name, value in feature.items():
             if value is None or isinstance(value, torch.Tensor):
@@ -110,9 +110,10 @@ class PackedCollator:
             try:
                 tensor = torch.as_tensor(value)
             except (TypeError, ValueError, RuntimeError) as e:
-                raise self._error(f"PackedCollator feature {i}: {name} is not a numeric array",
-                                  f"{type(value).__name__}: {e}", "pass lists, NumPy arrays or tensors of numbers "
-                                  "(a processor's output per sample; drop text columns)") from None
+                raise self.resolved.error(
+                    InvalidInputError, f"PackedCollator feature {i}: {name} is not a numeric array",
+                    why=f"{type(value).__name__}: {e}", fix="pass lists, NumPy arrays or tensors of numbers (a "
+                    "processor's output per sample; drop text columns)") from None
             floating = name in _FLOAT_KEYS
             out[name] = tensor.float() if floating and not tensor.is_floating_point() else (
                 tensor if floating else tensor.long())
@@ -126,17 +127,13 @@ class PackedCollator:
         issues = r.entry.known_issues
         if videos and ("videos_rejected" in issues or (images and "images_with_videos_rejected" in issues)):
             issue = "videos_rejected" if "videos_rejected" in issues else "images_with_videos_rejected"
-            raise self._error(
-                "PackedCollator got a batch the installed stock forward cannot take in one call",
-                f"known issue {issue!r} of the registry entry {r.entry.versions}: the forward rejects "
+            raise r.error(
+                InvalidInputError, "PackedCollator got a batch the installed stock forward cannot take in one call",
+                why=f"known issue {issue!r} of the registry entry {r.entry.versions}: the forward rejects "
                 + ("every video" if issue == "videos_rejected" else "images and videos together; tfcompat.pack would "
-                   "embed the row with the vision tower, which a collator must not run (the data loader collates ahead "
-                   "of the optimizer step)"),
-                "keep videos out of the batches" + ("" if issue == "videos_rejected" else " that hold images (group the "
-                "dataset by modality)") + ", or pack inside the training step: override Trainer.compute_loss to call "
+                   "embed the row with the vision tower, which a collator must not run (the data loader collates "
+                   "ahead of the optimizer step)"),
+                fix="keep videos out of the batches"
+                + ("" if issue == "videos_rejected" else " that hold images (group the dataset by modality)")
+                + ", or pack inside the training step: override Trainer.compute_loss to call "
                 "tfcompat.pack(model, examples) on the raw features", supported=f"entry {r.entry.versions}")
-
-    def _error(self, what: str, why: str, fix: str, supported: str = "") -> InvalidInputError:
-        return InvalidInputError(what, family=self.resolved.family,
-                                 transformers_version=self.resolved.transformers_version, why=why,
-                                 supported=supported, fix=fix)

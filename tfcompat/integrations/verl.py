@@ -44,12 +44,13 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
+from ..core.a2a import check_heads
 from ..errors import InvalidInputError, PatchError
 from ..heads import model_logprobs
 from ..hf.patching import PatchHandle, patch
 from ..inputs.embedding import embed_inputs
 from ..registry import resolve
-from ..ulysses import check_heads, shard_inputs
+from ..ulysses import shard_inputs
 
 __all__ = ["FUSED_BACKENDS", "FusedOutput", "VerlPatch", "apply_monkey_patch"]
 
@@ -92,8 +93,8 @@ def apply_monkey_patch(
         backend ``"auto"``: never the ``(T, V)`` logits).
 
     Everything that cannot apply raises here: unknown family or release, verl not importable while
-    ``ulysses_sp_size > 1``, a fused backend verl would skip (`PatchError`); heads not divisible by
-    ``ulysses_sp_size`` (`InvalidInputError`, as `tfcompat.patch`).
+    ``ulysses_sp_size > 1``, a fused backend verl would skip, heads not divisible by ``ulysses_sp_size``
+    (`PatchError`, as `tfcompat.patch`).
     Calling it again with the same arguments returns the same `VerlPatch`.
     """
     options = {"ulysses_sp_size": ulysses_sp_size, "use_remove_padding": use_remove_padding,
@@ -110,23 +111,22 @@ def apply_monkey_patch(
         raise PatchError("model has no config.model_type", why=f"got {type(model).__name__}",
                          fix="pass the transformers model verl's worker built")
     r = resolve(family)
-
-    def error(what: str, why: str, fix: str, supported: str = "") -> PatchError:
-        return PatchError(what, family=r.family, transformers_version=r.transformers_version, why=why,
-                          supported=supported, fix=fix)
-
     if not use_remove_padding:
-        raise error("tfcompat's verl patch takes remove-padding batches only", "use_remove_padding=False",
-                    "set actor_rollout_ref.model.use_remove_padding=True (verl's default)")
+        raise r.error(PatchError, "tfcompat's verl patch takes remove-padding batches only",
+                      why="use_remove_padding=False",
+                      fix="set actor_rollout_ref.model.use_remove_padding=True (verl's default)")
     if isinstance(ulysses_sp_size, bool) or not isinstance(ulysses_sp_size, int) or ulysses_sp_size < 1:
-        raise error("ulysses_sp_size must be a positive int", f"got {ulysses_sp_size!r}", "pass verl's Ulysses size")
+        raise r.error(PatchError, "ulysses_sp_size must be a positive int", why=f"got {ulysses_sp_size!r}",
+                      fix="pass verl's Ulysses size")
     if use_fused_kernels and fused_kernels_backend not in FUSED_BACKENDS:
-        raise error(f"unknown fused_kernels_backend {fused_kernels_backend!r}",
-                    "verl's own patch would skip the fused forward, and its actor would then find no log_probs",
-                    "set model.fused_kernel_options.impl_backend=torch", supported=", ".join(FUSED_BACKENDS))
+        raise r.error(PatchError, f"unknown fused_kernels_backend {fused_kernels_backend!r}",
+                      why="verl's own patch would skip the fused forward, and its actor would then find no log_probs",
+                      fix="set model.fused_kernel_options.impl_backend=torch", supported=", ".join(FUSED_BACKENDS))
     text = cast(Any, model.config).get_text_config()
-    check_heads(text.num_attention_heads, text.num_key_value_heads, ulysses_sp_size, family=r.family,
-                transformers_version=r.transformers_version)
+    try:
+        check_heads(text.num_attention_heads, text.num_key_value_heads, ulysses_sp_size)
+    except InvalidInputError as exc:
+        raise r.error(PatchError, exc.what, why=exc.why, supported=exc.supported, fix=exc.fix) from None
     if ulysses_sp_size > 1:
         _verl_ulysses(r.family, r.transformers_version)  # fail now, not in the first forward
     vp = VerlPatch(model, options, patch(model, remove_padding=True))
@@ -192,9 +192,9 @@ class VerlPatch:
         group = module.get_ulysses_sequence_parallel_group() if module is not None else None
         size = dist.get_world_size(group) if group is not None else 1
         if size != sp:
-            raise InvalidInputError(
+            raise r.error(
+                InvalidInputError,
                 f"verl's Ulysses group has {size} rank(s), apply_monkey_patch was given ulysses_sp_size={sp}",
-                family=r.family, transformers_version=r.transformers_version,
                 why="verl sets the group in FSDPUlyssesShardingManager; the inputs are sliced for its size",
                 fix="run the forward inside verl's sharding manager (or set_ulysses_sequence_parallel_group) with "
                 "a group of ulysses_sp_size ranks",
@@ -222,27 +222,26 @@ class VerlPatch:
         r = self.handle.resolved
         fused = self.options["use_fused_kernels"]
 
-        def error(what: str, why: str, fix: str = "") -> InvalidInputError:
-            return InvalidInputError(what, family=r.family, transformers_version=r.transformers_version, why=why,
-                                     fix=fix)
-
         vision = {k: kwargs.pop(k) for k in _VISION if kwargs.get(k) is not None}
         unexpected = sorted(set(kwargs) - set(_ROPE_ONLY))
         if unexpected:
-            raise error(f"unexpected arguments {unexpected}", "verl's remove-padding actor passes input_ids, "
-                        "position_ids, the multi-modal inputs and, with fused kernels, temperature and shift_labels")
+            raise r.error(InvalidInputError, f"unexpected arguments {unexpected}",
+                          why="verl's remove-padding actor passes input_ids, position_ids, the multi-modal inputs "
+                          "and, with fused kernels, temperature and shift_labels")
         if input_ids is None or position_ids is None:
-            raise error("verl's forward takes input_ids and position_ids", "one of them is None",
-                        "pass the remove-padding row and its position ids, as verl's actor does")
+            raise r.error(InvalidInputError, "verl's forward takes input_ids and position_ids",
+                          why="one of them is None",
+                          fix="pass the remove-padding row and its position ids, as verl's actor does")
         if attention_mask is not None:
-            raise error("a remove-padding row takes attention_mask=None", "got an attention mask",
-                        "pass verl's remove-padding inputs (attention_mask=None)")
+            raise r.error(InvalidInputError, "a remove-padding row takes attention_mask=None",
+                          why="got an attention mask", fix="pass verl's remove-padding inputs (attention_mask=None)")
         if not fused and (temperature is not None or shift_labels is not None):
-            raise error("temperature and shift_labels are fused-kernel arguments",
-                        "apply_monkey_patch was called with use_fused_kernels=False",
-                        "scale the logits yourself (verl does), or patch with use_fused_kernels=True")
+            raise r.error(InvalidInputError, "temperature and shift_labels are fused-kernel arguments",
+                          why="apply_monkey_patch was called with use_fused_kernels=False",
+                          fix="scale the logits yourself (verl does), or patch with use_fused_kernels=True")
         if vision and not self._vlm:
-            raise error(f"{sorted(vision)} given to a text model", f"{type(self.model).__name__} has no vision tower")
+            raise r.error(InvalidInputError, f"{sorted(vision)} given to a text model",
+                          why=f"{type(self.model).__name__} has no vision tower")
         group = self._group()
         self._follow(group)
 
@@ -269,8 +268,8 @@ class VerlPatch:
             rolled = torch.roll(ids, shifts=-1, dims=-1)  # (1, T')
             shift_labels = rolled if group is None else rolled[:, shard.local_slice]
         if shift_labels.shape != (1, local):
-            raise error("shift_labels must be this rank's (1, T/sp) slice of the rolled ids",
-                        f"got {tuple(shift_labels.shape)} for {local} local tokens")
+            raise r.error(InvalidInputError, "shift_labels must be this rank's (1, T/sp) slice of the rolled ids",
+                          why=f"got {tuple(shift_labels.shape)} for {local} local tokens")
         out = model_logprobs(self.model, shift_labels, 1.0 if temperature is None else temperature,
                              **inputs, use_cache=False)
         return FusedOutput(out.logprobs, out.entropy)

@@ -46,12 +46,14 @@ def rope_index(
     """
     unknown = set(deviations) - DEVIATIONS.keys()
     if unknown:
-        raise InvalidInputError("unknown rope-index deviations", why=f"{sorted(unknown)}", supported=f"{sorted(DEVIATIONS)}")
+        raise InvalidInputError("unknown rope-index deviations", why=f"{sorted(unknown)}",
+                                supported=f"{sorted(DEVIATIONS)}")
     merge = config.vision_config.spatial_merge_size
     tokens_per_second = getattr(config.vision_config, "tokens_per_second", None)
     out = torch.ones(3, *input_ids.shape, dtype=torch.long)
     grids = {config.image_token_id: _rows(image_grid_thw), config.video_token_id: _rows(video_grid_thw)}
-    seconds: Iterator[torch.Tensor] = iter(second_per_grid_ts if second_per_grid_ts is not None else [])  # 0-d tensors: their dtype
+    # 0-d tensors: their dtype
+    seconds: Iterator[torch.Tensor] = iter(second_per_grid_ts if second_per_grid_ts is not None else [])
     for b, row in enumerate(input_ids.tolist()):
         keep = [True] * len(row) if attention_mask is None else attention_mask[b].bool().tolist()
         tokens = [tok for tok, k in zip(row, keep) if k]

@@ -41,7 +41,8 @@ def rope_index(
     """
     unknown = set(deviations) - DEVIATIONS.keys()
     if unknown:
-        raise InvalidInputError("unknown rope-index deviations", why=f"{sorted(unknown)}", supported=f"{sorted(DEVIATIONS)}")
+        raise InvalidInputError("unknown rope-index deviations", why=f"{sorted(unknown)}",
+                                supported=f"{sorted(DEVIATIONS)}")
     if second_per_grid_ts is not None:
         raise InvalidInputError("Qwen3-VL takes no second_per_grid_ts", why="video time is written as timestamp text",
                                 fix="drop the argument")

@@ -1,0 +1,219 @@
+"""Every causal-LM type transformers ships, as a tiny random model: build, sample, run stock, pack, compare.
+
+The oracle is the stock model run on each sequence alone (no cache); the candidate is the packed row (one row,
+position ids restarting at 0 per sequence) through `tfcompat.patch(model)`. `check()` classifies one type:
+
+- ``pass``: patched, and per token the packed logits (and every parameter's gradient of a fixed random projection
+  of them) equal stock per sequence within `TOLERANCE` (relative, fp32);
+- ``refused``: `patch()` raised a typed tfcompat error (its first line is the reason);
+- ``fail``: patched and wrong, or `patch()` raised something untyped;
+- ``unbuildable``: the tiny model cannot be built, or its stock forward/backward does not run (the reason says which);
+- ``skipped``: the model class has no such stock attention implementation (sdpa), so there is no reference.
+
+`stock_check()` validates the zoo without tfcompat: each tiny model runs forward and backward per sequence, and the
+comparison can fail (the unpatched row with positions running on across sequences differs from per sequence).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Sequence
+
+import torch
+
+import tfcompat
+from tfcompat.errors import PatchError, UnknownFamilyError, UnsupportedVersionError
+from tfcompat.tiny_models import Kind, attention_implementations, tiny_image, tiny_model
+
+TOLERANCE = 1e-5
+REFUSALS = (PatchError, UnknownFamilyError, UnsupportedVersionError)
+LENGTHS = (7, 13, 10)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What `check()` or `stock_check()` found for one type: status, reason (first line), max relative diff."""
+
+    model_type: str
+    status: str  # "pass" | "refused" | "fail" | "unbuildable" | "skipped"
+    reason: str = ""
+    diff: float | None = None
+
+
+def build(model_type: str, attn_implementation: str = "sdpa", *, kind: Kind = "causal_lm", seed: int = 0
+          ) -> torch.nn.Module:
+    """The tiny fp32 model of `model_type`, seeded, in eval mode (dropout is 0 anyway); raises TinyModelError."""
+    return tiny_model(model_type, kind, attn_implementation=attn_implementation, seed=seed)
+
+
+def special_ids(config) -> set[int]:
+    """Every token id the config tree names (bos, eos, pad, image, ...): sampled text avoids them."""
+    ids: set[int] = set()
+    stack = [config]
+    while stack:
+        cfg = stack.pop()
+        for key, value in cfg.to_dict().items():
+            if key.endswith(("token_id", "token_ids", "token_index")) and "vocab" not in key:
+                ids.update(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, int))
+        stack.extend(getattr(cfg, n) for n in (getattr(cfg, "sub_configs", None) or {})
+                     if hasattr(getattr(cfg, n, None), "to_dict"))
+    return ids
+
+
+def sample_sequences(config, lengths: Sequence[int] = LENGTHS, seed: int = 0) -> list[torch.Tensor]:
+    """Random token ids, one `(L_i,)` long tensor per length, drawn from the text vocab minus the special ids."""
+    vocab = config.get_text_config().vocab_size
+    allowed = torch.tensor(sorted(set(range(vocab)) - special_ids(config)))
+    g = torch.Generator().manual_seed(seed)
+    return [allowed[torch.randint(len(allowed), (n,), generator=g)] for n in lengths]
+
+
+def logits_of(model: torch.nn.Module, **inputs) -> torch.Tensor:
+    """`(L, V)` fp32 logits of a one-row call without cache."""
+    return model(**inputs, use_cache=False).logits[0].float()
+
+
+def stock_per_sequence(model: torch.nn.Module, seqs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Stock logits of each sequence alone, `(L_i, V)` each (position ids 0.. where the forward takes them)."""
+    takes_positions = "position_ids" in inspect.signature(model.forward).parameters
+    return [logits_of(model, input_ids=s[None], **({"position_ids": torch.arange(len(s))[None]} if takes_positions
+                                                   else {})) for s in seqs]
+
+
+def packed_inputs(seqs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One packed row: `input_ids (1, T)` and `position_ids (1, T)` restarting at 0 at each sequence."""
+    return {
+        "input_ids": torch.cat(seqs)[None],
+        "position_ids": torch.cat([torch.arange(len(s)) for s in seqs])[None],
+    }
+
+
+def compare(packed: torch.Tensor, per_sequence: list[torch.Tensor]) -> float:
+    """Max over tokens of `max |packed - stock| / max |stock|` for that token; `packed (T, V)`, `per_sequence (L_i, V)`."""
+    expected = torch.cat(per_sequence)
+    if packed.shape != expected.shape:
+        raise ValueError(f"packed logits {tuple(packed.shape)} vs per-sequence {tuple(expected.shape)}")
+    scale = expected.abs().amax(-1).clamp_min(1e-6)  # (T,)
+    return float(((packed - expected).abs().amax(-1) / scale).max())
+
+
+def projection(model: torch.nn.Module, seed: int = 3) -> torch.Tensor:
+    """A fixed random `(V,)` vector: the loss `(logits @ w).sum()` reaches every logit with a distinct weight."""
+    vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else (
+        model.config.get_text_config().vocab_size)
+    return torch.randn(vocab, generator=torch.Generator().manual_seed(seed))
+
+
+def gradients(model: torch.nn.Module, losses: Callable[[], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Gradient of every parameter of `losses()` (a scalar), from zero."""
+    model.zero_grad(set_to_none=True)
+    losses().backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def compare_gradients(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> float:
+    """Max over parameters of `max |got - expected| / max(1, max |expected|)`; a parameter missing on one side is inf."""
+    if got.keys() != expected.keys():
+        return float("inf")
+    return max((float((got[n] - e).abs().max()) / max(1.0, float(e.abs().max())) for n, e in expected.items()),
+               default=0.0)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    why = next((line.strip() for line in text if line.strip().startswith("why:")), "")
+    return f"{type(exc).__name__}: {text[0] if text else ''}{' (' + why + ')' if why else ''}"[:240]
+
+
+def check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> Outcome:
+    """Packed through `tfcompat.patch` vs stock per sequence, forward and backward (see the module docstring)."""
+    if attn_implementation not in attention_implementations(model_type):
+        return Outcome(model_type, "skipped", f"the model class offers no {attn_implementation} attention")
+    try:
+        model = build(model_type, attn_implementation, seed=seed)
+        seqs = sample_sequences(model.config, seed=seed)
+        w = projection(model)
+        with torch.no_grad():
+            expected = stock_per_sequence(model, seqs)
+        expected_grads = gradients(model, lambda: sum((o @ w).sum() for o in stock_per_sequence(model, seqs)))
+    except Exception as exc:  # noqa: BLE001 -- the zoo reports every reason a type cannot be built or run
+        return Outcome(model_type, "unbuildable", _reason(exc))
+    try:
+        handle = tfcompat.patch(model)
+    except REFUSALS as exc:
+        return Outcome(model_type, "refused", _reason(exc))
+    except Exception as exc:  # noqa: BLE001 -- an untyped error at patch() is a defect
+        return Outcome(model_type, "fail", f"untyped error at patch(): {_reason(exc)}")
+    with handle:
+        try:
+            inputs = packed_inputs(seqs)
+            with torch.no_grad():
+                diff = compare(logits_of(model, **inputs), expected)
+            got_grads = gradients(model, lambda: (logits_of(model, **inputs) @ w).sum())
+        except Exception as exc:  # noqa: BLE001
+            return Outcome(model_type, "fail", f"patched forward raised {_reason(exc)}")
+    if got_grads.keys() != expected_grads.keys():
+        missing = sorted(got_grads.keys() ^ expected_grads.keys())
+        return Outcome(model_type, "fail", f"patched gradients reach other parameters: {', '.join(missing[:4])}",
+                       float("inf"))
+    diff = max(diff, compare_gradients(got_grads, expected_grads))
+    if diff <= TOLERANCE:
+        return Outcome(model_type, "pass", diff=diff)
+    return Outcome(model_type, "fail", f"patched packed differs from stock per sequence: {diff:.2e}", diff)
+
+
+def stock_check(model_type: str, attn_implementation: str = "eager", seed: int = 0) -> Outcome:
+    """Without tfcompat: the tiny model runs forward and backward per sequence, with finite logits `(L_i, V)`, and
+    `compare` can fail (the unpatched row with positions running on across sequences differs from per sequence)."""
+    try:
+        model = build(model_type, attn_implementation, seed=seed)
+        seqs = sample_sequences(model.config, seed=seed)
+        w = projection(model)
+        grads = gradients(model, lambda: sum((o @ w).sum() for o in stock_per_sequence(model, seqs)))
+        with torch.no_grad():
+            expected = stock_per_sequence(model, seqs)
+            run_on = logits_of(model, input_ids=torch.cat(seqs)[None])
+    except Exception as exc:  # noqa: BLE001
+        return Outcome(model_type, "unbuildable", _reason(exc))
+    if not all(torch.isfinite(o).all() for o in expected) or not grads:
+        return Outcome(model_type, "fail", "non-finite logits or no gradient")
+    control = compare(run_on, expected)
+    if control <= 1e-3:
+        return Outcome(model_type, "fail", f"control: the run-on row equals per sequence ({control:.1e})", control)
+    return Outcome(model_type, "pass", diff=control)
+
+
+def image_sequence(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
+    """One row of text around one fake image: `input_ids (1, L)` with the image's placeholder run, the image kwargs,
+    and `mm_token_type_ids (1, L)` (1 on the image) where the forward takes them."""
+    image = tiny_image(model, seed=seed)
+    before, after = sample_sequences(model.config, lengths=(5, 4), seed=seed)
+    ids = torch.cat([before, torch.full((image.tokens,), image.token_id), after])[None]
+    inputs = {"input_ids": ids, **image.inputs}
+    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
+        inputs["mm_token_type_ids"] = (ids == image.token_id).long()
+    return inputs
+
+
+def image_check(model_type: str, attn_implementation: str = "eager", seed: int = 0) -> Outcome:
+    """Without tfcompat: the tiny vision-language model runs forward and backward on text around one fake image,
+    with finite logits, and the image reaches the logits (another image changes them)."""
+    try:
+        model = build(model_type, attn_implementation, kind="image_text_to_text", seed=seed)
+        inputs = image_sequence(model, seed=seed)
+        logits = logits_of(model, **inputs)
+        (logits @ projection(model)[: logits.shape[-1]]).sum().backward()
+        other = {k: torch.randn_like(v) if k == "pixel_values" else v for k, v in inputs.items()}
+        with torch.no_grad():
+            moved = compare(logits_of(model, **other), [logits.detach()])
+    except Exception as exc:  # noqa: BLE001
+        return Outcome(model_type, "unbuildable", _reason(exc))
+    if not torch.isfinite(logits).all():
+        return Outcome(model_type, "fail", "non-finite logits")
+    if moved <= 1e-6:
+        return Outcome(model_type, "fail", "the image does not reach the logits")
+    n = int(inputs["input_ids"].shape[-1]) - 9  # 5 + 4 text tokens around the image
+    return Outcome(model_type, "pass", f"{n} image tokens, pixel_values {tuple(inputs['pixel_values'].shape)}", moved)

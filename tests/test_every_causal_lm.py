@@ -1,0 +1,52 @@
+"""Every causal-LM type the installed transformers ships (`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`), as a tiny model.
+
+Rule: `tfcompat.patch(model)` either refuses with a typed error (the type passes as "refused", the reason recorded)
+or the packed row equals stock per sequence per token, forward and backward (fp32, relative 1e-5; eager and sdpa
+as stock references); patched and wrong fails. A type whose tiny model cannot be built or run is an xfail that
+names why (never silent). `test_stock_zoo` validates the zoo itself without tfcompat.
+
+`python -m tests.every_type_report` prints the counts per release.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.every_type import check, stock_check
+from tfcompat.tiny_models import model_types
+
+pytestmark = pytest.mark.broad
+TYPES = model_types("causal_lm")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matmuls: one thread is 10-40x faster than several on a shared machine (OpenMP spin-waits)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _record(request: pytest.FixtureRequest, outcome) -> None:
+    request.node.user_properties.append(("outcome", f"{outcome.status}: {outcome.reason}"))
+    if outcome.status == "skipped":
+        pytest.skip(f"{outcome.model_type}: {outcome.reason}")
+    if outcome.status == "unbuildable":
+        pytest.xfail(f"{outcome.model_type}: tiny model cannot be built or run: {outcome.reason}")
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("model_type", TYPES)
+def test_patched_packed_equals_stock_or_is_refused(request, model_type, impl):
+    outcome = check(model_type, impl)
+    _record(request, outcome)
+    assert outcome.status in ("pass", "refused"), outcome.reason
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_stock_zoo(request, model_type):
+    outcome = stock_check(model_type)
+    _record(request, outcome)
+    assert outcome.status == "pass", outcome.reason

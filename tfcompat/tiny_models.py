@@ -1,0 +1,522 @@
+"""Tiny random models of any transformers model type, built from its config class (no download).
+
+`tiny_config(model_type)` shrinks the defaults of the type's config class generically: every size the config
+names (through its `attribute_map`, and in every sub-config) is set from one table, every dropout to 0, special
+token ids are moved inside the small vocabulary, and the number of layers is the smallest that still holds one
+layer of each kind the full-size default has (its `layer_types` and other per-layer patterns, first dense layers
+of an MoE). A few types need more than the generic shrink: `_OVERRIDES` says which and why. A type that cannot be
+made tiny raises `TinyModelError` naming why.
+
+transformers is imported inside the functions only: importing tfcompat does not import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+from .errors import TfcompatError
+from .registry.versions import installed_transformers
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
+
+__all__ = [
+    "Kind", "TinyImage", "TinyModelError", "attention_implementations", "model_class_name", "model_types",
+    "tiny_config", "tiny_image", "tiny_model",
+]
+
+Kind = Literal["causal_lm", "image_text_to_text"]
+
+VOCAB = 256
+
+# One size per role, keyed by config attribute (resolved through the config's `attribute_map`). Chosen so that
+# head_dim (16) times heads (4) is the hidden size (64), q/k head dims differ from v (MLA: 16 + 8 vs 16), MoE routes
+# 2 of 4 experts in 2 groups, and a window of 8 tokens cuts into sequences of 10-20.
+_SIZES: dict[str, int] = {
+    "vocab_size": VOCAB, "unpadded_vocab_size": VOCAB, "vocab_size_per_layer_input": VOCAB,
+    "encoder_hash_byte_group_vocab": VOCAB, "hidden_size_per_layer_input": 16,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    # other names of the same roles that are not in an attribute_map
+    "n_embd": 64, "d_model": 64, "emb_dim": 64, "embedding_dim": 64, "n_inner": 128, "ffn_dim": 128,
+    "decoder_ffn_dim": 128, "encoder_ffn_dim": 128, "ffn_hidden_size": 128, "dim_ff": 128, "intermediate_size_mlp": 128,
+    "dense_intermediate_size": 128, "n_head": 4, "n_heads": 4, "num_heads": 4, "decoder_attention_heads": 4,
+    "encoder_attention_heads": 4, "attention_heads": 4, "num_kv_heads": 2, "d_head": 16, "dim_head": 16,
+    "attention_head_dim": 16, "kv_channels": 16, "rotary_dim": 8, "swa_num_attention_heads": 4,
+    "swa_num_key_value_heads": 2, "swa_head_dim": 16,
+    # MoE
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
+    "num_experts_per_tok": 2, "num_experts_per_token": 2, "moe_k": 2, "moe_topk": 2, "top_k_experts": 2,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "expert_ffn_hidden_size": 32,
+    "moe_shared_expert_intermediate_size": 32, "shared_experts_intermediate_size": 32,
+    "n_group": 2, "num_expert_group": 2, "topk_group": 1,
+    # multi-head latent attention (DeepSeek): q/k head dim 24, v head dim 16
+    "kv_lora_rank": 32, "q_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "qk_head_dim": 24,
+    "v_head_dim": 16, "index_n_heads": 2, "index_head_dim": 16, "index_topk": 8,
+    # windows and chunks that matter for sequences of 10-20 tokens
+    "sliding_window": 8, "attention_chunk_size": 8, "sliding_window_size": 8, "attention_window_size": 8,
+    # linear attention and state-space layers: 4 value heads of 16, state 16
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    "linear_num_heads": 4, "linear_head_dim": 16, "mamba_n_heads": 8, "mamba_num_heads": 8, "mamba_d_head": 16,
+    "mamba_head_dim": 16, "mamba_headdim": 16, "mamba_d_ssm": 128, "ssm_state_size": 16, "state_size": 16,
+    "mamba_chunk_size": 16, "chunk_size": 16,  # the torch SSD scan pads to whole chunks
+    # vision towers: 32 x 32 images of 8 x 8 patches (a 4 x 4 grid, divisible by the usual 2 x 2 merges)
+    "image_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 64, "out_hidden_size": 64, "projection_dim": 64,
+    "mm_tokens_per_image": 4, "vision_hidden_size": 64, "text_hidden_size": 64, "vision_output_dim": 64,
+    "projector_input_dim": 64, "projector_output_dim": 64, "projection_hidden_size": 64,
+}
+# Capped, not set: a model may have none of these, and keeping one is enough to have that kind of layer or expert.
+_AT_MOST: dict[str, int] = {
+    "n_shared_experts": 1, "num_shared_experts": 1, "moe_num_shared_experts": 1,
+    "first_k_dense_replace": 1, "num_dense_layers": 1, "moe_layer_start_index": 1,
+}
+# Left None by some classes for the modeling code to derive, yet read as numbers by others: always set.
+_DERIVED = {"head_dim", "num_key_value_heads", "num_experts_per_tok", "num_local_experts", "n_routed_experts"}
+_LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers", "encoder_layers",
+           "num_decoder_layers", "num_encoder_layers")
+_MAX_LAYERS = 16
+
+# Additions to the generic shrink, by config class, each with the reason the generic one fails.
+_OVERRIDES: dict[str, dict[str, Any]] = {
+    # the pattern is a run-length list [[kinds, repeats]], not one entry per layer
+    "GPTNeoConfig": {"attention_types": [[["global", "local"], 1]]},
+    # `num_heads` here are SSM heads: num_heads * head_dim must be expand (2) * hidden (64)
+    "Mamba2Config": {"num_heads": 8, "head_dim": 16, "n_groups": 1},
+    # routes to one expert only
+    "ZayaConfig": {"num_experts_per_tok": 1},
+    # one codebook: the decoder then reads input_ids (B, L) like any causal LM
+    "MusicgenDecoderConfig": {"num_codebooks": 1},
+    "MusicgenMelodyDecoderConfig": {"num_codebooks": 1},
+    # the model reads `rope_theta` from its attention sub-config, whose class has no such field (5.x)
+    "DbrxAttentionConfig": {"rope_theta": 10000.0},
+    # the last `num_kv_shared_layers` layers reuse K/V of earlier ones: 6 of 11 compute their own (both kinds)
+    "Gemma3nTextConfig": {"num_kv_shared_layers": 5},
+    # per-layer overrides are keyed by layer index: the one full-attention layer of 6 keeps a larger head
+    "Gemma4TextConfig": {"per_layer_config": {"05": {"head_dim": 32}}},
+    "Gemma4UnifiedTextConfig": {"per_layer_config": {"05": {"head_dim": 32}}},
+    # the shared transformer block is tied across hybrid layers: it needs two of them
+    "ZambaConfig": {"attn_layer_period": 2, "attn_layer_offset": 1, "num_hidden_layers": 6},
+    # sliding layers' head_dim is their q/k head (per-layer qk_nope_head_dim + qk_rope_head_dim)
+    "Dots3NoteTextConfig": {"head_dim": 24},
+    # the projector concatenates these vision layers: two of the tiny tower's two
+    "VipLlavaConfig": {"vision_feature_layers": [-2, -1]},
+    # the pixel-shuffle adapter's input (hidden 64 / 0.5**2) is the vision `intermediate_size`
+    "Llama4VisionConfig": {"intermediate_size": 256},
+    # any-resolution tiles of the tiny 32 x 32 image
+    "LlavaNextConfig": {"image_grid_pinpoints": [[32, 32]]},
+    "LlavaNextVideoConfig": {"image_grid_pinpoints": [[32, 32]]},
+    "LlavaOnevisionConfig": {"image_grid_pinpoints": [[32, 32]]},
+    # rotary parameters are keyed by layer type, and the defaults give none
+    "CohereCompassTextConfig": {"rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+}
+
+# Values a class's defaults leave None where its model needs a value, by config class; set only where the default is
+# None (so where a release has a default, it stays).
+_FILL_NONE: dict[str, dict[str, Any]] = {
+    "Lfm2MoeConfig": {"layer_types": ["conv", "full_attention"]},  # indexed per layer
+    "GraniteMoeHybridConfig": {"layers_block_type": ["mamba", "attention"]},  # indexed per layer (4.x)
+    "Qwen4ExpTextConfig": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
+                           "indexer_compress_ratio": 4},  # divided by
+    "DbrxAttentionConfig": {"clip_qkv": 8.0},  # clamped by
+    "Dots1Config": {"n_shared_experts": 1},  # multiplied by
+    "MllamaTextConfig": {"rope_scaling": {"rope_type": "default"}},  # read by the rotary embedding (4.x)
+}
+# M-RoPE sections the modeling code assumes where the config has none, and the 4.x rope type, by text config class:
+# scaled to the tiny head like a config's own.
+_MROPE: dict[str, tuple[list[int], str]] = {
+    "Qwen2VLTextConfig": ([16, 24, 24], "mrope"), "Qwen2_5_VLTextConfig": ([16, 24, 24], "mrope"),
+    "Qwen2_5OmniTextConfig": ([16, 24, 24], "mrope"), "Qwen3VLTextConfig": ([24, 20, 20], "default"),
+    "Qwen3VLMoeTextConfig": ([24, 20, 20], "default"), "Glm4vTextConfig": ([8, 12, 12], "default"),
+    "Glm4vMoeTextConfig": ([8, 12, 12], "default"), "GlmImageTextConfig": ([8, 12, 12], "default"),
+    "GlmOcrTextConfig": ([8, 12, 12], "default"),
+}
+# Switches to the stock code path that runs on CPU, wherever a config has them.
+_FLAGS: dict[str, Any] = {"use_mamba_kernels": False}
+
+# Calls a model needs before its first forward, by type.
+_AFTER_BUILD: dict[str, Callable[[Any], None]] = {
+    "xmod": lambda model: model.set_default_language(model.config.languages[0]),  # adapters are per language
+}
+
+
+class TinyModelError(TfcompatError, ValueError):
+    """A model type that tfcompat cannot make tiny from its config class."""
+
+
+def model_types(kind: Kind = "causal_lm") -> list[str]:
+    """The model types the installed transformers maps to a model class of this kind, sorted."""
+    return sorted(_mapping(kind))
+
+
+def model_class_name(model_type: str, kind: Kind = "causal_lm") -> str:
+    """The name of the class transformers' auto mapping of this kind builds for `model_type`."""
+    mapping = _mapping(kind)
+    if model_type not in mapping:
+        raise _error(model_type, f"transformers has no {kind} model for this type",
+                     supported=f"{len(mapping)} {kind} types: see tfcompat.tiny_models.model_types({kind!r})")
+    name = mapping[model_type]
+    return name if isinstance(name, str) else name[0]
+
+
+def attention_implementations(model_type: str, kind: Kind = "causal_lm") -> tuple[str, ...]:
+    """The stock attention implementations of the mapped class that run on CPU: eager, and sdpa where it has one."""
+    import transformers
+
+    cls = getattr(transformers, model_class_name(model_type, kind), None)
+    return ("eager", "sdpa") if getattr(cls, "_supports_sdpa", False) else ("eager",)
+
+
+def tiny_config(model_type: str, kind: Kind = "causal_lm") -> PretrainedConfig:
+    """The config of `model_type` with every size shrunk (hidden 64, 4 heads of 16, vocab 256, few layers).
+
+    The config class is the one the mapped model class takes (`Qwen3_5ForCausalLM` takes the text config of
+    `qwen3_5`, not the composite one `CONFIG_MAPPING` names).
+    """
+    config_cls = _config_class(model_type, kind)
+    try:
+        default = config_cls()
+    except Exception as exc:  # noqa: BLE001 -- any failure of a foreign constructor is the reason to report
+        raise _error(model_type, f"{config_cls.__name__} does not build from its own defaults", cause=exc) from None
+    return _shrunk(model_type, default, _token_map(default), base={})
+
+
+def tiny_model(
+    model_type: str, kind: Kind = "causal_lm", *, attn_implementation: str = "sdpa", seed: int = 0
+) -> torch.nn.Module:
+    """A tiny random fp32 model of `model_type` in eval mode, seeded; `(config, class)` as transformers maps them."""
+    import torch
+    import transformers
+
+    config = tiny_config(model_type, kind)
+    cls = getattr(transformers, model_class_name(model_type, kind))
+    torch.manual_seed(seed)
+    try:
+        model = cls._from_config(config, attn_implementation=attn_implementation)
+    except Exception as exc:  # noqa: BLE001
+        raise _error(model_type, f"{cls.__name__} does not build from the tiny config", cause=exc) from None
+    _AFTER_BUILD.get(model_type, lambda m: None)(model)
+    with torch.no_grad():  # zero-initialized weights (gemma3's projector, gpt-oss' sinks) would make a path vacuous
+        for p in model.parameters():
+            if p.is_floating_point() and not p.any():
+                p.normal_(0.0, 0.02)
+    return model.float().eval()
+
+
+class TinyImage(NamedTuple):
+    """One fake image for a tiny vision-language model: the image kwargs of its forward and the placeholder run.
+
+    inputs: `pixel_values` (and `image_grid_thw` / `image_sizes` where the model takes them), batch of one image.
+    token_id: the placeholder token id; tokens: how many placeholders the image fills in `input_ids`.
+    """
+
+    inputs: dict[str, torch.Tensor]
+    token_id: int
+    tokens: int
+
+
+def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
+    """A random image in the patch layout `model` expects, found by trying the layouts transformers' VLMs use.
+
+    Layouts, in order: flattened patches with a `(1, 3)` `image_grid_thw` (Qwen2-VL style, `(t*h*w, C*tp*p*p)`);
+    one `(1, C, S, S)` image (with `image_sizes` where the forward takes them); `(1, 1, C, S, S)` (Idefics3 style).
+    The placeholder count is what `get_image_features` returns, in rows of the text hidden size.
+    """
+    import inspect
+
+    import torch
+
+    config: Any = model.config
+    token_id = _image_token_id(config)
+    vision = getattr(config, "vision_config", None)
+    if token_id is None or vision is None:
+        raise _error(config.model_type, "the config names no image token id or no vision config")
+    features = getattr(model, "get_image_features", None) or getattr(getattr(model, "model", None),
+                                                                    "get_image_features", None)
+    if features is None:
+        raise _error(config.model_type, "the model has no get_image_features")
+    hidden = config.get_text_config().hidden_size
+    params = inspect.signature(model.forward).parameters
+    g = torch.Generator().manual_seed(seed)
+    reasons = []
+    for layout in _layouts(vision, params, g):
+        try:
+            with torch.no_grad():
+                out = features(**layout)
+        except Exception as exc:  # noqa: BLE001 -- the next layout may fit
+            reasons.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:120])
+            continue
+        numel = sum(t.numel() for t in _tensors(out))
+        if numel and numel % hidden == 0:
+            return TinyImage(layout, token_id, numel // hidden)
+        reasons.append(f"get_image_features gave {numel} values, not rows of {hidden}")
+    raise _error(config.model_type, "no image layout fits its get_image_features", supported="; ".join(reasons))
+
+
+def _image_token_id(config: Any) -> int | None:
+    for key in ("image_token_id", "image_token_index", "image_token"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
+    """The image kwargs to try, in order (see `tiny_image`)."""
+    import torch
+
+    channels = getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None) or 3
+    patch = getattr(vision, "patch_size", 8)
+    patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+    layouts = []
+    if "image_grid_thw" in params:  # flattened patches and their (t, h, w) grid (Qwen2-VL); Kimi takes them unflattened
+        merge = getattr(vision, "spatial_merge_size", 2) or 1
+        merge = merge[0] if isinstance(merge, (list, tuple)) else merge
+        temporal = getattr(vision, "temporal_patch_size", 1) or 1
+        h, w = 2 * merge, 3 * merge
+        flat = torch.randn(h * w, channels * temporal * patch * patch, generator=g)
+        grid = torch.tensor([[1, h, w]])
+        layouts += [{"pixel_values": flat, "image_grid_thw": grid},
+                    {"pixel_values": flat.view(h * w, channels * temporal, patch, patch), "image_grid_thw": grid}]
+    if "spatial_shapes" in params:  # SigLIP2 NaFlex (LFM2-VL): (B, N, C*p*p) patches, their grid, a patch mask
+        layouts.append({"pixel_values": torch.randn(1, 16, channels * patch * patch, generator=g),
+                        "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16).bool()})
+    size = getattr(vision, "image_size", 32)
+    size = size[0] if isinstance(size, (list, tuple)) else size
+    size = size if isinstance(size, int) else 32
+    image = torch.randn(1, channels, size, size, generator=g)
+    layouts += [{"pixel_values": image}, {"pixel_values": image[:, None]}]
+    if "image_sizes" in params:  # any-resolution (LLaVA-NeXT): the base image and one tile of the 32 x 32 grid
+        sizes = torch.tensor([[size, size]])
+        layouts += [{"pixel_values": image, "image_sizes": sizes},
+                    {"pixel_values": torch.cat([image, image.flip(-1)])[None], "image_sizes": sizes}]
+    return layouts
+
+
+def _tensors(out: Any) -> list[Any]:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    for key in ("pooler_output", "last_hidden_state"):  # 5.x returns a model output; llama4 projects later
+        if getattr(out, key, None) is not None:
+            return _tensors(getattr(out, key))
+    return []
+
+
+def _config_class(model_type: str, kind: Kind) -> type[PretrainedConfig]:
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    name = model_class_name(model_type, kind)
+    model_cls = getattr(transformers, name, None)
+    if model_cls is None:
+        raise _error(model_type, f"transformers does not export {name}")
+    config_cls = getattr(model_cls, "config_class", None)
+    if config_cls is None:
+        try:
+            config_cls = CONFIG_MAPPING[model_type]
+        except KeyError:
+            raise _error(model_type, "transformers has no config class for this type") from None
+    return config_cls
+
+
+def _mapping(kind: Kind) -> dict[str, Any]:
+    from transformers.models.auto import modeling_auto
+
+    if kind == "causal_lm":
+        return dict(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    if kind == "image_text_to_text":
+        return dict(modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+    raise ValueError(f"kind must be 'causal_lm' or 'image_text_to_text', got {kind!r}")
+
+
+def _error(model_type: str, what: str, *, cause: BaseException | None = None, supported: str = "") -> TinyModelError:
+    while cause is not None and cause.__cause__ is not None:  # a validator's wrapper: its cause says why
+        cause = cause.__cause__
+    first = next((line.strip() for line in str(cause).splitlines() if line.strip()), "")
+    why = f"{type(cause).__name__}: {first}"[:300] if cause else ""
+    return TinyModelError(
+        f"cannot build a tiny {model_type!r}: {what}", family=model_type,
+        transformers_version=installed_transformers(), why=why, supported=supported,
+        fix="add an entry to tfcompat.tiny_models._OVERRIDES naming what the generic shrink gets wrong",
+    )
+
+
+def _sub_configs(config: PretrainedConfig) -> dict[str, PretrainedConfig]:
+    from transformers import PretrainedConfig
+
+    names = set(getattr(config, "sub_configs", {}) or {})
+    return {n: getattr(config, n) for n in sorted(names) if isinstance(getattr(config, n, None), PretrainedConfig)}
+
+
+def _token_map(config: PretrainedConfig) -> dict[int, int]:
+    """Special token ids of the whole config tree that the tiny vocab does not hold -> distinct ids inside it."""
+    found: set[int] = set()
+
+    def collect(cfg: PretrainedConfig) -> None:
+        for key, value in cfg.to_dict().items():
+            if _is_token_key(key):
+                found.update(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, int))
+        for sub in _sub_configs(cfg).values():
+            collect(sub)
+
+    collect(config)
+    kept = {i for i in found if 0 <= i < VOCAB}
+    free = (i for i in range(VOCAB - 1, -1, -1) if i not in kept)
+    return {i: next(free) for i in sorted(found - kept)}
+
+
+def _is_token_key(key: str) -> bool:
+    return key.endswith(("token_id", "token_ids", "token_index")) and "vocab" not in key
+
+
+def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], base: dict[str, Any]) -> PretrainedConfig:
+    """Build the tiny config of the class of `default`, sub-configs first; the fewest layers that hold every kind.
+
+    `base` holds the values to start from: none for the top config (its class defaults), the full-size values
+    for a sub-config (a parent may give its sub-configs values their class lacks, e.g. dbrx's `rope_theta`).
+    """
+    patterns = _per_layer_patterns(default)
+    subs = _sub_configs(default)
+    kwargs = {k: v for k, v in base.items() if k not in patterns and k not in subs and k not in _META}
+    kwargs.update(_generic_kwargs(default, ids))
+    for name, sub in subs.items():
+        kwargs[name] = _shrunk(model_type, sub, ids, base=sub.to_diff_dict())
+    layers = _layers_needed(default, patterns)
+    for key in _LAYERS:
+        real = default.attribute_map.get(key, key)
+        if real in default.to_dict():
+            kwargs[real] = layers
+    kwargs.update(_OVERRIDES.get(type(default).__name__, {}))
+    values = default.to_dict()
+    kwargs.update({k: v for k, v in _FILL_NONE.get(type(default).__name__, {}).items() if values.get(k, None) is None})
+    kwargs.update({k: v for k, v in _FLAGS.items() if k in values})
+    layers = kwargs.get("num_hidden_layers", layers)
+    for key, value in kwargs.items():
+        if key in patterns and isinstance(value, list):
+            kwargs[key] = value[:layers]  # a per-layer size (gemma3n's intermediate_size), shrunk above
+    if isinstance(kwargs.get("per_layer_config"), dict):
+        kwargs["per_layer_config"] = {i: v for i, v in kwargs["per_layer_config"].items() if int(i) < layers}
+    cls = type(default)
+    if subs and not _accepts_config_objects(cls, kwargs, subs):
+        kwargs.update({n: kwargs[n].to_diff_dict() for n in subs})  # 4.x composites that take dicts only
+    try:
+        config = cls(**kwargs)
+        if all(_holds(getattr(config, k, None), v, layers) for k, v in patterns.items() if k not in kwargs):
+            return config
+    except Exception:  # noqa: BLE001, S110 -- retried below with the pattern given, which then names the cause
+        pass
+    # the class keeps a full-size pattern (a list, not a rule derived from the number of layers): give it the first
+    # `layers` entries
+    kwargs.update({k: v[:layers] for k, v in patterns.items() if k not in kwargs})
+    try:
+        return cls(**kwargs)
+    except Exception as exc:  # noqa: BLE001
+        raise _error(model_type, f"{cls.__name__} rejects the shrunk sizes", cause=exc) from None
+
+
+def _holds(pattern: Any, default: list[Any], layers: int) -> bool:
+    """Whether a tiny per-layer pattern has one entry per layer and every kind the full-size one has."""
+    return isinstance(pattern, (list, tuple)) and len(pattern) == layers and {repr(k) for k in pattern} == {
+        repr(k) for k in default}
+
+
+def _accepts_config_objects(cls: type, kwargs: dict[str, Any], subs: dict[str, Any]) -> bool:
+    """Whether `cls` keeps sub-configs given as config objects (some 4.x composites take dicts and drop objects)."""
+    try:
+        built = cls(**{n: kwargs[n] for n in subs})
+    except (TypeError, AttributeError):
+        return False
+    except Exception:  # noqa: BLE001 -- other complaints are about the sizes, not the sub-configs
+        return True
+    return all(getattr(built, n, None) is not None for n in subs)
+
+
+def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, Any]:
+    values = config.to_dict()
+    derived = {k for k in values if isinstance(getattr(type(config), k, None), property)}  # falcon's head_dim
+    kwargs = _sizes({k: v for k, v in values.items() if k not in derived}, config.attribute_map)
+    for key, cap in _AT_MOST.items():
+        if isinstance(values.get(key), int):
+            kwargs[key] = min(values[key], cap)
+    mrope = _MROPE.get(type(config).__name__)
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = values.get(key, 0)
+        if rope is None and key == "rope_scaling" and mrope is not None and "rope_parameters" not in values:
+            rope = {"type": mrope[1], "rope_type": mrope[1]}  # 4.x: M-RoPE is read from rope_scaling
+        sections = rope.get("mrope_section", mrope and mrope[0]) if isinstance(rope, dict) else None
+        if isinstance(rope, dict) and isinstance(sections, list):
+            kwargs[key] = {**rope, "mrope_section": _mrope_sections(sections, {**values, **rope})}
+    for key, value in values.items():
+        if key == "per_layer_config" and isinstance(value, dict):
+            # per-layer overrides keyed by layer index: the same sizes (the index is cut to the tiny layers later)
+            kwargs[key] = {i: {**layer, **_sizes(layer, {})} for i, layer in value.items()}
+        elif ("dropout" in key or "pdrop" in key or key.endswith("layerdrop")) and isinstance(value, float):
+            kwargs[key] = 0.0
+        elif _is_token_key(key) and value is not None:
+            kwargs[key] = [ids.get(v, v) for v in value] if isinstance(value, list) else ids.get(value, value)
+    return kwargs
+
+
+def _mrope_sections(sections: list[int], values: dict[str, Any]) -> list[int]:
+    """M-RoPE's (t, h, w) split of the tiny head's rotary frequencies (head_dim 16 times the rotary fraction, halved)."""
+    total = max(len(sections), round(_SIZES["head_dim"] * values.get("partial_rotary_factor", 1.0) / 2))
+    scaled = [max(1, s * total // sum(sections)) for s in sections]
+    scaled[-1] += total - sum(scaled)
+    return scaled
+
+
+def _sizes(values: dict[str, Any], attribute_map: dict[str, str]) -> dict[str, Any]:
+    """The `_SIZES` of the keys `values` has (`attribute_map` names their stored keys), with the MLA rules."""
+    kwargs: dict[str, Any] = {}
+    for key, size in _SIZES.items():
+        real = attribute_map.get(key, key)
+        value = values.get(real, 0.5)  # 0.5: absent
+        if (isinstance(value, int) and not isinstance(value, bool)) or (value is None and key in _DERIVED):
+            kwargs[real] = size
+        elif isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+            kwargs[real] = [size] * len(value)  # one size per layer
+    if isinstance(values.get("qk_rope_head_dim"), int) and values.get("head_dim") == values["qk_rope_head_dim"]:
+        kwargs["head_dim"] = _SIZES["qk_rope_head_dim"]  # MLA: `head_dim` names the rotary part of q and k
+    elif isinstance(values.get("qk_rope_head_dim"), int) and isinstance(values.get("qk_nope_head_dim"), int) and (
+            values.get("head_dim") == values["qk_rope_head_dim"] + values["qk_nope_head_dim"]):
+        kwargs["head_dim"] = _SIZES["qk_head_dim"]  # or the whole q/k head (dots3's sliding layers)
+    if "kv_lora_rank" in values and "num_key_value_heads" in values:
+        kwargs["num_key_value_heads"] = _SIZES["num_attention_heads"]  # MLA expands K and V to every head
+    return kwargs
+
+
+def _per_layer_patterns(config: PretrainedConfig) -> dict[str, list[Any]]:
+    """The config's lists with one entry per layer (`layer_types`, `no_rope_layers`, ...)."""
+    layers = getattr(config, "num_hidden_layers", None)
+    if not isinstance(layers, int) or layers < 2:
+        return {}
+    return {k: list(v) for k, v in config.to_dict().items()
+            if isinstance(v, (list, tuple)) and len(v) == layers and k not in _NOT_PATTERNS}
+
+
+_NOT_PATTERNS = {"architectures"}
+_META = {"model_type", "transformers_version", "architectures"}
+
+
+def _layers_needed(config: PretrainedConfig, patterns: dict[str, list[Any]]) -> int:
+    """Two layers, or the shortest prefix of every per-layer pattern that holds each of its kinds."""
+    needed = 2
+    for pattern in patterns.values():
+        firsts: dict[str, int] = {}
+        for i, kind in enumerate(pattern):
+            firsts.setdefault(repr(kind), i)
+        needed = max(needed, max(firsts.values()) + 1)
+    for key in ("first_k_dense_replace", "num_dense_layers"):
+        if isinstance(getattr(config, key, None), int) and getattr(config, key) > 0:
+            needed = max(needed, 2)
+    return min(needed, _MAX_LAYERS)
