@@ -73,6 +73,10 @@ def from_host_positions(host: torch.Tensor, *, device: torch.device, family: str
     [0, 3, 5]
     """
     batch, length = host.shape
+    if length == 0:
+        raise InvalidInputError(
+            "a packed forward got no tokens", family=family, why=f"position ids of shape {tuple(host.shape)}",
+            fix="leave empty sequences out of the batch")
     flat = host.reshape(-1)
     if bool((flat < 0).any()):
         i = int((flat < 0).nonzero()[0])

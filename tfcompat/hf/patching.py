@@ -461,6 +461,13 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         if visual is not None:
             _take_visual(a, visual, tokens.shape[:2])
         a["position_ids"] = to_text_model_layout(positions, r.entry.text_model_positions)
+        mask = a.get("attention_mask")
+        if mask is not None and not (isinstance(mask, torch.Tensor) and mask.shape == tokens.shape[:2]):
+            raise r.error(InvalidInputError, "a custom attention mask with packed inputs",
+                          why=f"got {_mask_kind(mask)} with a tfcompat context; the packed forward attends within "
+                          "the context's sequences and would ignore it",
+                          fix="drop attention_mask (the boundaries come from the packed inputs), or call the model "
+                          "without the tfcompat context (stock attention honours the mask)")
         if "attention_mask" in a:
             a["attention_mask"] = None
         if "use_cache" in sig.parameters:  # a KV cache of a packed row is of no use to any later call
@@ -500,6 +507,12 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         a["deepstack_visual_embeds"] = list(visual.deepstack_visual_embeds)
 
     return forward
+
+
+def _mask_kind(mask: object) -> str:
+    if isinstance(mask, torch.Tensor):
+        return f"a {mask.ndim}-D attention_mask {tuple(mask.shape)}"
+    return f"an attention_mask of type {type(mask).__name__}"
 
 
 def _describe(group: Any) -> str:
