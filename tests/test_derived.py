@@ -1,4 +1,5 @@
-"""Derived families (`tfcompat.registry.derive`): the named causal LMs without a written table, on the installed release.
+"""Derived families (`tfcompat.registry.derive`): the named causal LMs without a written table, on the installed
+release.
 
 Rule: per token, the patched packed forward (and backward) of a tiny random model equals the stock model run on
 each sequence alone, with the eager and the sdpa references; control: the stock model on the packed row does not.

@@ -148,8 +148,8 @@ def derive(model_type: str, version: str) -> Family:
     config_cls = _config_class(model_type)
     rope_key: RopeConfigKey = "rope_parameters" if "rope_parameters" in _config_fields(config_cls) else "rope_scaling"
     derivation = Derivation(
-        causal_lm=lm.__name__, text_model=text.__name__, text_model_attr=prefix, decoder_layers=tuple(c.__name__ for c in layers),
-        attention=call, config=config_cls)
+        causal_lm=lm.__name__, text_model=text.__name__, text_model_attr=prefix,
+        decoder_layers=tuple(c.__name__ for c in layers), attention=call, config=config_cls)
     release = versions.parse(version).release
     line = f"{release[0]}.{release[1]}"
     entry = Entry(

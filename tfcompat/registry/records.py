@@ -14,8 +14,9 @@ import torch
 from . import versions
 
 __all__ = [
-    "TEXT_ROLES", "AttentionCall", "CacheKwarg", "Derivation", "Entry", "Family", "LinearAttention", "LinearProjections", "RopeConfigKey", "Rotary",
-    "RotaryLayout", "TextModelLayout", "VisionItem", "VisionOutput", "VisionTower",
+    "TEXT_ROLES", "AttentionCall", "CacheKwarg", "Derivation", "Entry", "Family", "LinearAttention",
+    "LinearProjections", "RopeConfigKey", "Rotary", "RotaryLayout", "TextModelLayout", "VisionItem", "VisionOutput",
+    "VisionTower",
 ]
 
 RotaryLayout = Literal["sectioned", "folded"]
