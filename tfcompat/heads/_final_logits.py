@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import sys
 import textwrap
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -32,7 +33,6 @@ from typing import Any, NamedTuple
 import torch
 
 from ..errors import InvalidInputError
-from ..registry.versions import installed_transformers
 
 __all__ = ["FinalLogits", "final_logits"]
 
@@ -113,7 +113,7 @@ def _refusal(model: torch.nn.Module, why: str) -> InvalidInputError:
     return InvalidInputError(
         f"model_logprobs cannot compute the logits of {type(model).__name__}",
         family=getattr(getattr(model, "config", None), "model_type", None),
-        transformers_version=installed_transformers(), why=why,
+        transformers_version=getattr(sys.modules.get("transformers"), "__version__", None), why=why,
         supported="forwards returning s * lm_head(h) or c * tanh(s * lm_head(h) / c) of one backbone's h "
         "(softcaps, logit scales, casts)",
         fix="run the model and pass its logits' log_softmax, or logprobs_entropy(hidden, weight, labels, "
