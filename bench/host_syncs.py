@@ -98,7 +98,8 @@ def main() -> None:
     reps = args.reps if args.reps is not None else (3 if smoke else 20)
     dims = (dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=256)
             if smoke else
-            dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, intermediate_size=2816, vocab_size=4096))
+            dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, intermediate_size=2816,
+                 vocab_size=4096))
 
     info = C.machine(device)
     lengths = C.random_lengths(total, n_seq, seed=0, min_len=2)
@@ -110,7 +111,8 @@ def main() -> None:
 
     rows, results = [], []
     for n_layers in layers:
-        model = tiny_model("llama", "sdpa", num_hidden_layers=n_layers, max_position_embeddings=max(8192, total), **dims)
+        model = tiny_model("llama", "sdpa", num_hidden_layers=n_layers, max_position_embeddings=max(8192, total),
+                           **dims)
         model = model.to(device=device, dtype=dtype)
         model.requires_grad_(True)
 
@@ -184,7 +186,7 @@ def main() -> None:
 
     boundaries_ms = C.median(C.time_ms(boundaries, device, warmup * 3, reps * 5))
     n_bound, _, _ = count_steady(boundaries, device)
-    fa_rows.append(["tfcompat from_text_positions (once per forward)", _n(n_bound), boundaries_ms * 1e3])
+    fa_rows.append(["tfcompat boundaries (once per forward)", _n(n_bound), boundaries_ms * 1e3])
     if steps is None:
         print("note: transformers.modeling_flash_attention_utils.prepare_fa_kwargs_from_position_ids is missing "
               "on this transformers; FA2-style comparison skipped")

@@ -77,7 +77,8 @@ def build_model(shape: dict, layers: int, device: torch.device, dtype: torch.dty
 
 def main() -> None:
     p = C.base_parser(__doc__.splitlines()[0])
-    p.add_argument("--tokens", default=None, help="comma-separated packed token counts (default 16384,32768; smoke 300)")
+    p.add_argument("--tokens", default=None,
+                   help="comma-separated packed token counts (default 16384,32768; smoke 300)")
     p.add_argument("--seqs", type=int, default=8, help="sequences per packed row (default 8)")
     p.add_argument("--layers", type=int, default=4, help="decoder layers, every fourth gated attention (default 4)")
     args = p.parse_args()

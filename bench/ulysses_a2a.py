@@ -167,7 +167,8 @@ def _measure(rank: int, world: int, device: torch.device, cfg: dict) -> dict:
                 timed = fns if not queued else {k: f for k, f in fns.items() if not k.startswith("pack copy")}
                 ms = {k: C.median(v) for k, v in _timed(timed, device, cfg["warmup"], cfg["reps"], queued).items()}
                 bandwidth.append({"tokens": tokens, "heads": heads, "head_dim": d, "bytes_per_rank": nbytes,
-                                  "queued": queued, "ms": ms, "gbps": {k: nbytes / (v * 1e-3) / 1e9 for k, v in ms.items()}})
+                                  "queued": queued, "ms": ms,
+                                  "gbps": {k: nbytes / (v * 1e-3) / 1e9 for k, v in ms.items()}})
 
     qkv = [_measure_qkv(cfg_qkv, world, device, dtype, gen, group, cfg) for cfg_qkv in cfg["qkv_sizes"]]
 
@@ -339,8 +340,8 @@ def main() -> None:
                             >= TARGET else "NO"] for e in rows]))
     bw_out1 = [e for e in bw_out if not e["queued"]]
     names = [k for k in bw_out1[0]["ms_slowest_rank"] if k != "raw"]
-    print("time per call, ms (slowest rank, one call per timing); 'pack copy W' is the all_to_all transport's layout copy alone, "
-          "moving words of type W:")
+    print("time per call, ms (slowest rank, one call per timing); 'pack copy W' is the all_to_all transport's "
+          "layout copy alone, moving words of type W:")
     print(C.table(["tokens x heads x dim (global)", "raw a2a", *names],
                   [[f"{e['tokens']}x{e['heads']}x{e['head_dim']}", e["ms_slowest_rank"]["raw"],
                     *(e["ms_slowest_rank"][k] for k in names)] for e in bw_out1]))

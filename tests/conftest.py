@@ -2,7 +2,9 @@
 
 Tests in `BROAD` files check what does not change from one registry entry to the next (version-independent
 kernels, property tests, the misuse probes, trainers) or repeat at length what the per-entry tests and the doctor's
-self-check already cover (rotary hypothesis runs, checkpointing every family); they carry the ``broad`` marker, so
+self-check already cover (rotary hypothesis runs, checkpointing every family), and the derived families' tests (every
+causal-LM type transformers ships, the named derived types: not registry entries, so CI runs them on its full versions,
+the matrix on every release); they carry the ``broad`` marker, so
 the CI subset runs them on its full versions only (noxfile.py), every other CI version the per-entry tests, and
 ``nox -s matrix`` all of them on every release.
 
@@ -21,9 +23,10 @@ from tfcompat.registry import families
 from tfcompat.registry.versions import installed_transformers
 
 BROAD = {
-    "test_a2a.py", "test_attention_backends.py", "test_checkpointing.py", "test_heads.py", "test_heads_triton.py",
-    "test_integrations_verl.py", "test_linear_attention.py", "test_misuse.py", "test_model_logprobs.py",
-    "test_packing.py", "test_rotary.py", "test_trainer.py", "test_versions.py",
+    "test_a2a.py", "test_attention_backends.py", "test_attention_features.py", "test_checkpointing.py",
+    "test_derived.py", "test_fused.py", "test_heads.py", "test_heads_triton.py", "test_integrations_verl.py",
+    "test_linear_attention.py", "test_misuse.py", "test_model_logprobs.py", "test_packing.py", "test_rotary.py",
+    "test_tiny_models.py", "test_trainer.py", "test_versions.py",
 }
 
 

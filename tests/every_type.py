@@ -17,13 +17,14 @@ comparison can fail (the unpatched row with positions running on across sequence
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Sequence
 
 import torch
 
 import tfcompat
 from tfcompat.errors import PatchError, UnknownFamilyError, UnsupportedVersionError
-from tfcompat.tiny_models import Kind, attention_implementations, tiny_model
+from tfcompat.tiny_models import Kind, attention_implementations, tiny_image, tiny_model
 
 TOLERANCE = 1e-5
 REFUSALS = (PatchError, UnknownFamilyError, UnsupportedVersionError)
@@ -74,8 +75,10 @@ def logits_of(model: torch.nn.Module, **inputs) -> torch.Tensor:
 
 
 def stock_per_sequence(model: torch.nn.Module, seqs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Stock logits of each sequence alone, `(L_i, V)` each."""
-    return [logits_of(model, input_ids=s[None], position_ids=torch.arange(len(s))[None]) for s in seqs]
+    """Stock logits of each sequence alone, `(L_i, V)` each (position ids 0.. where the forward takes them)."""
+    takes_positions = "position_ids" in inspect.signature(model.forward).parameters
+    return [logits_of(model, input_ids=s[None], **({"position_ids": torch.arange(len(s))[None]} if takes_positions
+                                                   else {})) for s in seqs]
 
 
 def packed_inputs(seqs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -87,7 +90,8 @@ def packed_inputs(seqs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def compare(packed: torch.Tensor, per_sequence: list[torch.Tensor]) -> float:
-    """Max over tokens of `max |packed - stock| / max |stock|` for that token; `packed (T, V)`, `per_sequence (L_i, V)`."""
+    """Max over tokens of `max |packed - stock| / max |stock|` for that token;
+    `packed (T, V)`, `per_sequence (L_i, V)`."""
     expected = torch.cat(per_sequence)
     if packed.shape != expected.shape:
         raise ValueError(f"packed logits {tuple(packed.shape)} vs per-sequence {tuple(expected.shape)}")
@@ -95,10 +99,8 @@ def compare(packed: torch.Tensor, per_sequence: list[torch.Tensor]) -> float:
     return float(((packed - expected).abs().amax(-1) / scale).max())
 
 
-def projection(model: torch.nn.Module, seed: int = 3) -> torch.Tensor:
+def projection(vocab: int, seed: int = 3) -> torch.Tensor:
     """A fixed random `(V,)` vector: the loss `(logits @ w).sum()` reaches every logit with a distinct weight."""
-    vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else (
-        model.config.get_text_config().vocab_size)
     return torch.randn(vocab, generator=torch.Generator().manual_seed(seed))
 
 
@@ -112,7 +114,8 @@ def gradients(model: torch.nn.Module, losses: Callable[[], torch.Tensor]) -> dic
 
 
 def compare_gradients(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> float:
-    """Max over parameters of `max |got - expected| / max(1, max |expected|)`; a parameter missing on one side is inf."""
+    """Max over parameters of `max |got - expected| / max(1, max |expected|)`;
+    a parameter missing on one side is inf."""
     if got.keys() != expected.keys():
         return float("inf")
     return max((float((got[n] - e).abs().max()) / max(1.0, float(e.abs().max())) for n, e in expected.items()),
@@ -132,9 +135,9 @@ def check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> 
     try:
         model = build(model_type, attn_implementation, seed=seed)
         seqs = sample_sequences(model.config, seed=seed)
-        w = projection(model)
         with torch.no_grad():
             expected = stock_per_sequence(model, seqs)
+        w = projection(expected[0].shape[-1])
         expected_grads = gradients(model, lambda: sum((o @ w).sum() for o in stock_per_sequence(model, seqs)))
     except Exception as exc:  # noqa: BLE001 -- the zoo reports every reason a type cannot be built or run
         return Outcome(model_type, "unbuildable", _reason(exc))
@@ -152,6 +155,10 @@ def check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> 
             got_grads = gradients(model, lambda: (logits_of(model, **inputs) @ w).sum())
         except Exception as exc:  # noqa: BLE001
             return Outcome(model_type, "fail", f"patched forward raised {_reason(exc)}")
+    if got_grads.keys() != expected_grads.keys():
+        missing = sorted(got_grads.keys() ^ expected_grads.keys())
+        return Outcome(model_type, "fail", f"patched gradients reach other parameters: {', '.join(missing[:4])}",
+                       float("inf"))
     diff = max(diff, compare_gradients(got_grads, expected_grads))
     if diff <= TOLERANCE:
         return Outcome(model_type, "pass", diff=diff)
@@ -164,7 +171,8 @@ def stock_check(model_type: str, attn_implementation: str = "eager", seed: int =
     try:
         model = build(model_type, attn_implementation, seed=seed)
         seqs = sample_sequences(model.config, seed=seed)
-        w = projection(model)
+        with torch.no_grad():
+            w = projection(stock_per_sequence(model, seqs[:1])[0].shape[-1])
         grads = gradients(model, lambda: sum((o @ w).sum() for o in stock_per_sequence(model, seqs)))
         with torch.no_grad():
             expected = stock_per_sequence(model, seqs)
@@ -177,3 +185,36 @@ def stock_check(model_type: str, attn_implementation: str = "eager", seed: int =
     if control <= 1e-3:
         return Outcome(model_type, "fail", f"control: the run-on row equals per sequence ({control:.1e})", control)
     return Outcome(model_type, "pass", diff=control)
+
+
+def image_sequence(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
+    """One row of text around one fake image: `input_ids (1, L)` with the image's placeholder run, the image kwargs,
+    and `mm_token_type_ids (1, L)` (1 on the image) where the forward takes them."""
+    image = tiny_image(model, seed=seed)
+    before, after = sample_sequences(model.config, lengths=(5, 4), seed=seed)
+    ids = torch.cat([before, torch.full((image.tokens,), image.token_id), after])[None]
+    inputs = {"input_ids": ids, **image.inputs}
+    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
+        inputs["mm_token_type_ids"] = (ids == image.token_id).long()
+    return inputs
+
+
+def image_check(model_type: str, attn_implementation: str = "eager", seed: int = 0) -> Outcome:
+    """Without tfcompat: the tiny vision-language model runs forward and backward on text around one fake image,
+    with finite logits, and the image reaches the logits (another image changes them)."""
+    try:
+        model = build(model_type, attn_implementation, kind="image_text_to_text", seed=seed)
+        inputs = image_sequence(model, seed=seed)
+        logits = logits_of(model, **inputs)
+        (logits @ projection(logits.shape[-1])).sum().backward()
+        other = {k: torch.randn_like(v) if k == "pixel_values" else v for k, v in inputs.items()}
+        with torch.no_grad():
+            moved = compare(logits_of(model, **other), [logits.detach()])
+    except Exception as exc:  # noqa: BLE001
+        return Outcome(model_type, "unbuildable", _reason(exc))
+    if not torch.isfinite(logits).all():
+        return Outcome(model_type, "fail", "non-finite logits")
+    if moved <= 1e-6:  # the zoo's limit, not the model's: its tiny tower maps every image to the same features
+        return Outcome(model_type, "unbuildable", "the image does not reach the logits (degenerate tiny vision tower)")
+    n = int(inputs["input_ids"].shape[-1]) - 9  # 5 + 4 text tokens around the image
+    return Outcome(model_type, "pass", f"{n} image tokens, pixel_values {tuple(inputs['pixel_values'].shape)}", moved)

@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-from tests.every_type import Outcome, check, stock_check
+from tests.every_type import Outcome, check, image_check, stock_check
 from tfcompat.registry.versions import installed_transformers
 from tfcompat.tiny_models import model_types
 
@@ -28,25 +28,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stock", action="store_true", help="check the zoo without tfcompat")
     parser.add_argument("--impl", default="both", choices=["eager", "sdpa", "both"], help="stock reference(s)")
     parser.add_argument("--only", nargs="*", help="these types only")
+    parser.add_argument("--kind", default="causal_lm", choices=["causal_lm", "image_text_to_text"],
+                        help="image_text_to_text: the stock zoo with one fake image per row (image_check)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # tiny matmuls; see tests/test_every_causal_lm.py
     warnings.filterwarnings("ignore")
     import transformers
 
     transformers.logging.set_verbosity_error()
-    types = model_types("causal_lm")
+    types = model_types(args.kind)
     impls = ("eager", "sdpa") if args.impl == "both" else (args.impl,)
     outcomes = []
     for model_type in args.only or types:
         start = time.perf_counter()
-        outcome = stock_check(model_type) if args.stock else _worst([check(model_type, i) for i in impls])
+        if args.kind == "image_text_to_text":
+            outcome = image_check(model_type)
+        else:
+            outcome = stock_check(model_type) if args.stock else _worst([check(model_type, i) for i in impls])
         outcomes.append(outcome)
         diff = f"{outcome.diff:.1e}" if outcome.diff is not None else "-"
         print(f"{model_type:28} {outcome.status:11} {time.perf_counter() - start:5.2f}s {diff:>8}  {outcome.reason}",
               flush=True)
     counts = collections.Counter(o.status for o in outcomes)
-    mode = "stock zoo" if args.stock else f"tfcompat.patch vs stock {args.impl}"
-    print(f"\ntransformers {installed_transformers()}, {mode}: {len(outcomes)} of {len(types)} causal-LM types: "
+    mode = "stock zoo with an image" if args.kind != "causal_lm" else (
+        "stock zoo" if args.stock else f"tfcompat.patch vs stock {args.impl}")
+    print(f"\ntransformers {installed_transformers()}, {mode}: {len(outcomes)} of {len(types)} {args.kind} types: "
           + ", ".join(f"{counts[s]} {s}" for s in ("pass", "refused", "fail", "unbuildable")))
     for status in ("refused", "unbuildable", "fail"):
         # one line per kind of reason: the type's own name and suggestions left out

@@ -77,7 +77,8 @@ def test_patched_model_flex_matches_stock_and_builds_one_mask_per_forward(monkey
     """Rule: a model patched with backend "flex" gives stock per-sequence logits, building one mask per forward."""
     builds = []
     real = attention._build_document_block_mask
-    monkeypatch.setattr(attention, "_build_document_block_mask", lambda seqs, window=None: builds.append(1) or real(seqs, window))
+    monkeypatch.setattr(attention, "_build_document_block_mask",
+                        lambda seqs, window=None: builds.append(1) or real(seqs, window))
     model = tiny_model("llama", "sdpa", num_hidden_layers=3)
     seqs = sample_sequences(model, LENGTHS, [None] * len(LENGTHS), seed=3)
     r = tfcompat.resolve("llama")

@@ -1,4 +1,5 @@
-"""Derived families (`tfcompat.registry.derive`): the named causal LMs without a written table, on the installed release.
+"""Derived families (`tfcompat.registry.derive`): the named causal LMs without a written table, on the installed
+release.
 
 Rule: per token, the patched packed forward (and backward) of a tiny random model equals the stock model run on
 each sequence alone, with the eager and the sdpa references; control: the stock model on the packed row does not.
@@ -54,6 +55,17 @@ REFUSED = {
 # model_type -> what the refusal at resolve() names, on 4.x releases: qwen2_moe picks one of its own attention classes
 # per implementation there (QWEN2MOE_ATTENTION_CLASSES), none dispatching through AttentionInterface
 REFUSED_ON_4 = {"qwen2_moe": "holds no attention that dispatches through AttentionInterface"}
+# model_type -> what the refusal at resolve() names, on every release where the type exists: token mixers other than
+# softmax attention, attention that does not dispatch through transformers' AttentionInterface
+NOT_DERIVABLE = {
+    "jamba": r"token mixer other than softmax attention: JambaMambaMixer",
+    "falcon_h1": r"token mixer other than softmax attention: FalconH1Mixer",
+    "bamba": r"token mixer other than softmax attention: BambaMixer",
+    "recurrent_gemma": r"token mixer other than softmax attention: RecurrentGemmaRecurrentBlock",
+    "lfm2": r"token mixer other than softmax attention: Lfm2ShortConv",
+    "mamba": r"token mixer other than softmax attention: MambaMixer",
+    "bloom": r"BloomBlock holds no attention that dispatches through AttentionInterface",
+}
 MAJOR = int(str(tfcompat.registry.versions.installed_transformers()).split(".")[0])
 RESOLVE_REFUSED = REFUSED_ON_4 if MAJOR == 4 else {}
 BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -110,6 +122,14 @@ def test_resolve_and_explain_say_derived(model_type):
     assert "DERIVED" in text and r.entry.module in text and r.entry.derived.attention.describe() in text
     with pytest.raises(PatchError, match="no rotary convention"):
         r.apply_rotary  # noqa: B018
+
+
+@pytest.mark.parametrize("model_type", [t for t in NOT_DERIVABLE if t in causal_lm_types()])
+def test_not_derivable_is_refused_naming_why(model_type):
+    assert model_type in tfcompat.registry.derivable_types()
+    with pytest.raises(PatchError, match=NOT_DERIVABLE[model_type]) as info:
+        tfcompat.resolve(model_type)
+    assert info.value.family == model_type and info.value.fix
 
 
 def test_unknown_type_is_unknown():
@@ -225,6 +245,7 @@ def test_sequence_classification_twin_pools_per_sequence(model_type):
     assert float((got - expected).abs().max() / expected.abs().max()) <= 1e-5
     assert control.shape == (1, 2)
     assert reward(**inputs).logits.shape == (1, 2)  # undone: the stock pooling again
+    assert "forward" not in vars(reward) and "forward" not in vars(reward.score)
 
 
 @pytest.mark.parametrize("model_type", [t for t in ("qwen3_moe", "mixtral") if t in INSTALLED])
@@ -257,3 +278,39 @@ def test_moe_routing_is_per_token_and_aux_loss_is_the_padded_batch_one(model_typ
     from_packed = [float(lm.load_balancing_loss_func(tuple(p), model.num_experts, model.num_experts_per_tok))
                    for p in pieces]
     assert abs(sum(from_packed) / len(from_packed) - per_sequence) <= 1e-5 * per_sequence
+
+
+class _AlibiAttention(torch.nn.Module):
+    """An attention whose call passes what the packed core does not implement (read from this source)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sliding_window, self.layer_idx, self.head_dim, self.alibi = 3, 0, 8, None
+
+    def forward(self, hidden_states, cache_position=None, **kwargs):  # pragma: no cover - only its source is read
+        attention_interface = ALL_ATTENTION_FUNCTIONS["eager"]  # noqa: F821
+        if self.training and cache_position is not None:
+            hidden_states = hidden_states * cache_position.float()
+        return attention_interface(self, hidden_states, hidden_states, hidden_states, None,
+                                   sliding_window=self.sliding_window if not self.training else None,
+                                   alibi=self.alibi, **kwargs)
+
+
+def test_attention_call_read_from_the_source():
+    from tfcompat.registry.derive import attention_call, guard_holds, passed_values
+
+    call = attention_call(_AlibiAttention)
+    assert call.keywords == (("sliding_window", "self.sliding_window if not self.training else None"),
+                             ("alibi", "self.alibi")) and call.passes_kwargs and call.positional == 5
+    assert call.row_positions == ("(self.training and cache_position is not None)",)
+    module = _AlibiAttention()
+    assert passed_values(call, module) == {"sliding_window": 3, "alibi": None}
+    assert passed_values(call, module, training=True)["sliding_window"] is None
+    assert guard_holds(call.row_positions[0], module) is False  # no cache in a packed forward, eval mode
+
+
+def test_unknown_attention_keyword_is_refused_naming_it():
+    from tfcompat.hf.features import module_features
+
+    found = module_features(_AlibiAttention(), tiny("olmo2").config)
+    assert "passes alibi=self.alibi" in found.refusal and found.features.window == 3

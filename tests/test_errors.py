@@ -49,7 +49,8 @@ class TestUnsupportedVersion:
     """A version below the family's span raises UnsupportedVersionError naming the version, family, span and a fix."""
 
     def test_message(self) -> None:
-        with pytest.raises(tfcompat.UnsupportedVersionError, match=r"glm4v is not supported on transformers 4\.52\.4") as info:
+        with pytest.raises(tfcompat.UnsupportedVersionError,
+                           match=r"glm4v is not supported on transformers 4\.52\.4") as info:
             registry.match("glm4v", "4.52.4")
         msg = str(info.value)
         for needle in ("4.52.4", "glm4v", "supported", "fix", "4.53"):
@@ -72,7 +73,8 @@ class TestHierarchy:
 
     def test_every_exported_exception_is_in_the_hierarchy(self) -> None:
         exported = [getattr(tfcompat, n) for n in tfcompat.__all__]
-        exceptions = {o for o in exported if isinstance(o, type) and issubclass(o, Exception) and not issubclass(o, Warning)}
+        exceptions = {o for o in exported
+                      if isinstance(o, type) and issubclass(o, Exception) and not issubclass(o, Warning)}
         assert exceptions == set(ERROR_CLASSES)
 
     def test_probe_failures_are_unsupported_versions(self) -> None:
@@ -90,7 +92,8 @@ class TestPickle:
 
     @pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.__name__)
     def test_round_trip(self, cls: type) -> None:
-        err = cls("it broke", family="glm4v", transformers_version="5.0.0rc1", why="because", supported="4.53+", fix="do x")
+        err = cls("it broke", family="glm4v", transformers_version="5.0.0rc1", why="because", supported="4.53+",
+                  fix="do x")
         back = pickle.loads(pickle.dumps(err))
         assert type(back) is cls
         assert str(back) == str(err)

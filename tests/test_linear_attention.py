@@ -288,7 +288,8 @@ class TestHeadSplit:
 
 
 def test_fla_guarded_backward_is_not_offered(monkeypatch):
-    """fla's own guard (Hopper, Triton >= 3.4, < 3.7.1, no tilelang) makes 'auto' skip fla rather than crash in backward."""
+    """fla's own guard (Hopper, Triton >= 3.4, < 3.7.1, no tilelang) makes 'auto' skip fla rather than crash
+    in backward."""
     import importlib.util
     import sys
     import types

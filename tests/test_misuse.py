@@ -59,7 +59,8 @@ def test_answers_labels_per_sequence(family):
         model.config.vocab_size = model.config.get_text_config().vocab_size
     packed, seqs = _packed_rows(model, family)
     stock = [model(**stock_inputs(r, model, s), use_cache=False).logits[0] for s in seqs]
-    total = sum(torch.nn.functional.cross_entropy(lg[:-1], s.input_ids[0, 1:], reduction="sum") for lg, s in zip(stock, seqs))
+    total = sum(torch.nn.functional.cross_entropy(lg[:-1], s.input_ids[0, 1:], reduction="sum")
+                for lg, s in zip(stock, seqs))
     expected = total / sum(s.input_ids.shape[1] - 1 for s in seqs)
     inputs = {k: v for k, v in packed.model_inputs.items() if k != "tfcompat_context"}
     with tfcompat.patch(model):
@@ -72,7 +73,8 @@ def test_refuses_vision_tokens_with_text_only_position_ids(family):
     model = tiny_model(family, "sdpa")
     seq = _one(model)
     pos = torch.arange(seq.input_ids.shape[1])[None]
-    with tfcompat.patch(model), pytest.raises(tfcompat.InvalidInputError, match="text-only \\(B, L\\) position ids") as info:
+    with tfcompat.patch(model), pytest.raises(tfcompat.InvalidInputError,
+                                              match="text-only \\(B, L\\) position ids") as info:
         model(input_ids=seq.input_ids, position_ids=pos, **seq.vision_inputs())
     _typed(info, family=family)
 
@@ -226,7 +228,8 @@ class TestRopeIndexInputs:
         model = tiny_model(family, "sdpa")
         seq = _one(model)
         grid = torch.cat([seq.image_grid_thw, seq.image_grid_thw]) if bad == "extra" else None
-        with pytest.raises(tfcompat.InvalidInputError, match="image placeholder tokens and image_grid_thw disagree") as info:
+        with pytest.raises(tfcompat.InvalidInputError,
+                           match="image placeholder tokens and image_grid_thw disagree") as info:
             tfcompat.rope_index(model, seq.input_ids, image_grid_thw=grid, impl=impl)
         _typed(info, family=family)
 

@@ -61,13 +61,15 @@ class TestInstalledMatchesReference:
     its registry entry declares; anything else is a new transformers regression, named by version."""
 
     @settings(max_examples=25, deadline=None)
-    @given(rows=st.lists(row, min_size=1, max_size=3), seconds=st.lists(st.sampled_from([0.5, 1.0, 1.5, 2.0]), min_size=15, max_size=15))
+    @given(rows=st.lists(row, min_size=1, max_size=3),
+           seconds=st.lists(st.sampled_from([0.5, 1.0, 1.5, 2.0]), min_size=15, max_size=15))
     def test_random_layouts(self, model, rows, seconds):
         entry = tfcompat.resolve(model.config.model_type).entry
         ids, mask, images, videos, ts = build(model.config, rows, seconds)
         if images is not None and "seconds_consumed_by_images" in entry.rope_index_deviations:
             ts = None  # this release would hand the videos' seconds to the images (and run out)
-        if videos is not None and "video_grid_unsplit" in entry.rope_index_deviations and bool((videos[:, 0] > 1).any()):
+        if (videos is not None and "video_grid_unsplit" in entry.rope_index_deviations
+                and bool((videos[:, 0] > 1).any())):
             with pytest.raises(tfcompat.InvalidInputError, match="impl='reference'"):  # refused, not a StopIteration
                 tfcompat.rope_index(model, ids, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask)
             return
@@ -136,7 +138,8 @@ class TestDeclaredDeviationsAreReal:
         assert int(text_after.min()) > int(ref[1:, 0, :-3].max())  # resumes after everything before it
 
 
-@pytest.mark.parametrize("family", [k for k, f in installed_families().items() if f.is_vision and not f.reference_rope_index])
+@pytest.mark.parametrize("family",
+                         [k for k, f in installed_families().items() if f.is_vision and not f.reference_rope_index])
 def test_reference_impl_refused_without_a_reference(family):
     model = tiny_model(family, "sdpa")
     with pytest.raises(tfcompat.InvalidInputError, match=f"no reference M-RoPE index for {family}"):

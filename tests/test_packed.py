@@ -280,3 +280,25 @@ def test_declared_stock_mixed_rejection_is_real(family):
             model(**inputs, use_cache=False)
     else:
         model(**inputs, use_cache=False)
+
+
+@pytest.mark.parametrize("family", ["llama", FAMILY])
+def test_position_ids_split_once_per_forward(family, monkeypatch):
+    """Rule: a packed forward splits its position ids once (the top model's decision hands its split to the text
+    model), and the logits still equal stock per sequence."""
+    from tfcompat.hf import forward as hf_forward
+
+    calls = []
+    split = hf_forward.split_positions
+    monkeypatch.setattr(hf_forward, "split_positions", lambda *a, **k: calls.append(1) or split(*a, **k))
+    r = tfcompat.resolve(family)
+    model = tiny_model(family, "sdpa")
+    seqs = sample_sequences(model, [5, 7], [None, None])
+    with torch.no_grad():
+        expected = _stock_logits(r, model, seqs)
+        inputs = pack(model, seqs)
+        with tfcompat.patch(model):
+            got = model(**inputs, use_cache=False).logits[0]
+    # 1, not 0: the counted split is the forward's; not 2: the text model reuses the top model's
+    assert len(calls) == 1, f"position ids split {len(calls)} times in one forward"
+    assert max_token_diff(got, expected) <= 1e-5

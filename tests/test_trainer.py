@@ -82,7 +82,8 @@ def _stock_sums(model: torch.nn.Module, feature: dict[str, Any]) -> tuple[torch.
     vision = {k: _tensor(feature[k]) for k in _VISION_KEYS if feature.get(k) is not None}
     logits = model(**stock_inputs(r, model, Sequence(ids[None], **vision)), use_cache=False).logits[0]
     targets = labels[1:]
-    return F.cross_entropy(logits[:-1].float(), targets, ignore_index=-100, reduction="sum"), int((targets != -100).sum())
+    return (F.cross_entropy(logits[:-1].float(), targets, ignore_index=-100, reduction="sum"),
+            int((targets != -100).sum()))
 
 
 def _per_sequence_loss(model: torch.nn.Module, micro_batches: list[list[dict[str, Any]]],

@@ -13,7 +13,7 @@ transformers is imported inside the functions only: importing tfcompat does not 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from .errors import TfcompatError
 from .registry.versions import installed_transformers
@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 __all__ = [
-    "Kind", "TinyModelError", "attention_implementations", "model_class_name", "model_types", "tiny_config",
-    "tiny_model",
+    "Kind", "TinyImage", "TinyModelError", "attention_implementations", "model_class_name", "model_types",
+    "tiny_config", "tiny_image", "tiny_model",
 ]
 
 Kind = Literal["causal_lm", "image_text_to_text"]
@@ -64,6 +64,11 @@ _SIZES: dict[str, int] = {
     "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
     "linear_num_heads": 4, "linear_head_dim": 16, "mamba_n_heads": 8, "mamba_num_heads": 8, "mamba_d_head": 16,
     "mamba_head_dim": 16, "mamba_headdim": 16, "mamba_d_ssm": 128, "ssm_state_size": 16, "state_size": 16,
+    "mamba_chunk_size": 16, "chunk_size": 16,  # the torch SSD scan pads to whole chunks
+    # vision towers: 32 x 32 images of 8 x 8 patches (a 4 x 4 grid, divisible by the usual 2 x 2 merges)
+    "image_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 64, "out_hidden_size": 64, "projection_dim": 64,
+    "mm_tokens_per_image": 4, "vision_hidden_size": 64, "text_hidden_size": 64, "vision_output_dim": 64,
+    "projector_input_dim": 64, "projector_output_dim": 64, "projection_hidden_size": 64,
 }
 # Capped, not set: a model may have none of these, and keeping one is enough to have that kind of layer or expert.
 _AT_MOST: dict[str, int] = {
@@ -71,7 +76,7 @@ _AT_MOST: dict[str, int] = {
     "first_k_dense_replace": 1, "num_dense_layers": 1, "moe_layer_start_index": 1,
 }
 # Left None by some classes for the modeling code to derive, yet read as numbers by others: always set.
-_DERIVED = {"head_dim", "num_key_value_heads", "num_experts_per_tok", "num_local_experts"}
+_DERIVED = {"head_dim", "num_key_value_heads", "num_experts_per_tok", "num_local_experts", "n_routed_experts"}
 _LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers", "encoder_layers",
            "num_decoder_layers", "num_encoder_layers")
 _MAX_LAYERS = 16
@@ -82,36 +87,60 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "GPTNeoConfig": {"attention_types": [[["global", "local"], 1]]},
     # `num_heads` here are SSM heads: num_heads * head_dim must be expand (2) * hidden (64)
     "Mamba2Config": {"num_heads": 8, "head_dim": 16, "n_groups": 1},
-    # the defaults leave `layer_types` None, which the model indexes
-    "Lfm2MoeConfig": {"layer_types": ["conv", "full_attention"]},
-    # the defaults leave the indexer unset, which the model divides by
-    "Qwen4ExpTextConfig": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
-                           "indexer_compress_ratio": 4},
     # routes to one expert only
     "ZayaConfig": {"num_experts_per_tok": 1},
     # one codebook: the decoder then reads input_ids (B, L) like any causal LM
     "MusicgenDecoderConfig": {"num_codebooks": 1},
     "MusicgenMelodyDecoderConfig": {"num_codebooks": 1},
-    # the model reads `rope_theta` from its attention sub-config, whose class has no such field
-    # and clamps q/k/v by `clip_qkv`, which the defaults leave None
-    "DbrxAttentionConfig": {"rope_theta": 10000.0, "clip_qkv": 8.0},
-    # the defaults leave the shared experts None, which the model multiplies by
-    "Dots1Config": {"n_shared_experts": 1},
+    # the model reads `rope_theta` from its attention sub-config, whose class has no such field (5.x)
+    "DbrxAttentionConfig": {"rope_theta": 10000.0},
     # the last `num_kv_shared_layers` layers reuse K/V of earlier ones: 6 of 11 compute their own (both kinds)
     "Gemma3nTextConfig": {"num_kv_shared_layers": 5},
     # per-layer overrides are keyed by layer index: the one full-attention layer of 6 keeps a larger head
     "Gemma4TextConfig": {"per_layer_config": {"05": {"head_dim": 32}}},
     "Gemma4UnifiedTextConfig": {"per_layer_config": {"05": {"head_dim": 32}}},
     # the shared transformer block is tied across hybrid layers: it needs two of them
-    "ZambaConfig": {"attn_layer_period": 2, "attn_layer_offset": 1, "num_hidden_layers": 4,
-                    "layers_block_type": ["linear_attention", "hybrid", "linear_attention", "hybrid"]},
+    "ZambaConfig": {"attn_layer_period": 2, "attn_layer_offset": 1, "num_hidden_layers": 6},
     # sliding layers' head_dim is their q/k head (per-layer qk_nope_head_dim + qk_rope_head_dim)
     "Dots3NoteTextConfig": {"head_dim": 24},
+    # ReformerModelWithLMHead asserts it (the causal LM head of an encoder-style config)
+    "ReformerConfig": {"is_decoder": True, "axial_pos_embds_dim": [32, 32]},
+    # the projector concatenates these vision layers: two of the tiny tower's two
+    "VipLlavaConfig": {"vision_feature_layers": [-2, -1]},
+    # the pixel-shuffle adapter's input (hidden 64 / 0.5**2) is the vision `intermediate_size`
+    "Llama4VisionConfig": {"intermediate_size": 256},
+    # any-resolution tiles of the tiny 32 x 32 image
+    "LlavaNextConfig": {"image_grid_pinpoints": [[32, 32]]},
+    "LlavaNextVideoConfig": {"image_grid_pinpoints": [[32, 32]]},
+    "LlavaOnevisionConfig": {"image_grid_pinpoints": [[32, 32]]},
     # rotary parameters are keyed by layer type, and the defaults give none
     "CohereCompassTextConfig": {"rope_parameters": {
         "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
 }
+
+# Values a class's defaults leave None where its model needs a value, by config class; set only where the default is
+# None (so where a release has a default, it stays).
+_FILL_NONE: dict[str, dict[str, Any]] = {
+    "Lfm2MoeConfig": {"layer_types": ["conv", "full_attention"]},  # indexed per layer
+    "GraniteMoeHybridConfig": {"layers_block_type": ["mamba", "attention"]},  # indexed per layer (4.x)
+    "Qwen4ExpTextConfig": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
+                           "indexer_compress_ratio": 4},  # divided by
+    "DbrxAttentionConfig": {"clip_qkv": 8.0},  # clamped by
+    "Dots1Config": {"n_shared_experts": 1},  # multiplied by
+    "MllamaTextConfig": {"rope_scaling": {"rope_type": "default"}},  # read by the rotary embedding (4.x)
+}
+# M-RoPE sections the modeling code assumes where the config has none, and the 4.x rope type, by text config class:
+# scaled to the tiny head like a config's own.
+_MROPE: dict[str, tuple[list[int], str]] = {
+    "Qwen2VLTextConfig": ([16, 24, 24], "mrope"), "Qwen2_5_VLTextConfig": ([16, 24, 24], "mrope"),
+    "Qwen2_5OmniTextConfig": ([16, 24, 24], "mrope"), "Qwen3VLTextConfig": ([24, 20, 20], "default"),
+    "Qwen3VLMoeTextConfig": ([24, 20, 20], "default"), "Glm4vTextConfig": ([8, 12, 12], "default"),
+    "Glm4vMoeTextConfig": ([8, 12, 12], "default"), "GlmImageTextConfig": ([8, 12, 12], "default"),
+    "GlmOcrTextConfig": ([8, 12, 12], "default"),
+}
+# Switches to the stock code path that runs on CPU, wherever a config has them.
+_FLAGS: dict[str, Any] = {"use_mamba_kernels": False}
 
 # Calls a model needs before its first forward, by type.
 _AFTER_BUILD: dict[str, Callable[[Any], None]] = {
@@ -175,7 +204,114 @@ def tiny_model(
     except Exception as exc:  # noqa: BLE001
         raise _error(model_type, f"{cls.__name__} does not build from the tiny config", cause=exc) from None
     _AFTER_BUILD.get(model_type, lambda m: None)(model)
+    with torch.no_grad():  # zero-initialized weights (gemma3's projector, gpt-oss' sinks) would make a path vacuous
+        for p in model.parameters():
+            if p.is_floating_point() and not p.any():
+                p.normal_(0.0, 0.02)
     return model.float().eval()
+
+
+class TinyImage(NamedTuple):
+    """One fake image for a tiny vision-language model: the image kwargs of its forward and the placeholder run.
+
+    inputs: `pixel_values` (and `image_grid_thw` / `image_sizes` where the model takes them), batch of one image.
+    token_id: the placeholder token id; tokens: how many placeholders the image fills in `input_ids`.
+    """
+
+    inputs: dict[str, torch.Tensor]
+    token_id: int
+    tokens: int
+
+
+def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
+    """A random image in the patch layout `model` expects, found by trying the layouts transformers' VLMs use.
+
+    Layouts, in order: flattened patches with a `(1, 3)` `image_grid_thw` (Qwen2-VL style, `(t*h*w, C*tp*p*p)`);
+    one `(1, C, S, S)` image (with `image_sizes` where the forward takes them); `(1, 1, C, S, S)` (Idefics3 style).
+    The placeholder count is what `get_image_features` returns, in rows of the text hidden size.
+    """
+    import inspect
+
+    import torch
+
+    config: Any = model.config
+    token_id = _image_token_id(config)
+    vision = getattr(config, "vision_config", None)
+    if token_id is None or vision is None:
+        raise _error(config.model_type, "the config names no image token id or no vision config")
+    features = getattr(model, "get_image_features", None) or getattr(getattr(model, "model", None),
+                                                                    "get_image_features", None)
+    if features is None:
+        raise _error(config.model_type, "the model has no get_image_features")
+    hidden = config.get_text_config().hidden_size
+    params = inspect.signature(model.forward).parameters
+    g = torch.Generator().manual_seed(seed)
+    reasons = []
+    for layout in _layouts(vision, params, g):
+        try:
+            with torch.no_grad():
+                out = features(**layout)
+        except Exception as exc:  # noqa: BLE001 -- the next layout may fit
+            reasons.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:120])
+            continue
+        numel = sum(t.numel() for t in _tensors(out))
+        if numel and numel % hidden == 0:
+            return TinyImage(layout, token_id, numel // hidden)
+        reasons.append(f"get_image_features gave {numel} values, not rows of {hidden}")
+    raise _error(config.model_type, "no image layout fits its get_image_features", supported="; ".join(reasons))
+
+
+def _image_token_id(config: Any) -> int | None:
+    for key in ("image_token_id", "image_token_index", "image_token"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
+    """The image kwargs to try, in order (see `tiny_image`)."""
+    import torch
+
+    channels = getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None) or 3
+    patch = getattr(vision, "patch_size", 8)
+    patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+    layouts = []
+    if "image_grid_thw" in params:  # flattened patches and their (t, h, w) grid (Qwen2-VL); Kimi takes them unflattened
+        merge = getattr(vision, "spatial_merge_size", 2) or 1
+        merge = merge[0] if isinstance(merge, (list, tuple)) else merge
+        temporal = getattr(vision, "temporal_patch_size", 1) or 1
+        h, w = 2 * merge, 3 * merge
+        flat = torch.randn(h * w, channels * temporal * patch * patch, generator=g)
+        grid = torch.tensor([[1, h, w]])
+        layouts += [{"pixel_values": flat, "image_grid_thw": grid},
+                    {"pixel_values": flat.view(h * w, channels * temporal, patch, patch), "image_grid_thw": grid}]
+    if "spatial_shapes" in params:  # SigLIP2 NaFlex (LFM2-VL): (B, N, C*p*p) patches, their grid, a patch mask
+        layouts.append({"pixel_values": torch.randn(1, 16, channels * patch * patch, generator=g),
+                        "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16).bool()})
+    size = getattr(vision, "image_size", 32)
+    size = size[0] if isinstance(size, (list, tuple)) else size
+    size = size if isinstance(size, int) else 32
+    image = torch.randn(1, channels, size, size, generator=g)
+    layouts += [{"pixel_values": image}, {"pixel_values": image[:, None]}]
+    if "image_sizes" in params:  # any-resolution (LLaVA-NeXT): the base image and one tile of the 32 x 32 grid
+        sizes = torch.tensor([[size, size]])
+        layouts += [{"pixel_values": image, "image_sizes": sizes},
+                    {"pixel_values": torch.cat([image, image.flip(-1)])[None], "image_sizes": sizes}]
+    return layouts
+
+
+def _tensors(out: Any) -> list[Any]:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    for key in ("pooler_output", "last_hidden_state"):  # 5.x returns a model output; llama4 projects later
+        if getattr(out, key, None) is not None:
+            return _tensors(getattr(out, key))
+    return []
 
 
 def _config_class(model_type: str, kind: Kind) -> type[PretrainedConfig]:
@@ -256,13 +392,16 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
     kwargs = {k: v for k, v in base.items() if k not in patterns and k not in subs and k not in _META}
     kwargs.update(_generic_kwargs(default, ids))
     for name, sub in subs.items():
-        kwargs[name] = _shrunk(model_type, sub, ids, base=sub.to_dict())
+        kwargs[name] = _shrunk(model_type, sub, ids, base=sub.to_diff_dict())
     layers = _layers_needed(default, patterns)
     for key in _LAYERS:
         real = default.attribute_map.get(key, key)
         if real in default.to_dict():
             kwargs[real] = layers
     kwargs.update(_OVERRIDES.get(type(default).__name__, {}))
+    values = default.to_dict()
+    kwargs.update({k: v for k, v in _FILL_NONE.get(type(default).__name__, {}).items() if values.get(k, None) is None})
+    kwargs.update({k: v for k, v in _FLAGS.items() if k in values})
     layers = kwargs.get("num_hidden_layers", layers)
     for key, value in kwargs.items():
         if key in patterns and isinstance(value, list):
@@ -270,9 +409,11 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
     if isinstance(kwargs.get("per_layer_config"), dict):
         kwargs["per_layer_config"] = {i: v for i, v in kwargs["per_layer_config"].items() if int(i) < layers}
     cls = type(default)
+    if subs and not _accepts_config_objects(cls, kwargs, subs):
+        kwargs.update({n: kwargs[n].to_diff_dict() for n in subs})  # 4.x composites that take dicts only
     try:
         config = cls(**kwargs)
-        if all(getattr(config, k, None) == v[:layers] for k, v in patterns.items() if k not in kwargs):
+        if all(_holds(getattr(config, k, None), v, layers) for k, v in patterns.items() if k not in kwargs):
             return config
     except Exception:  # noqa: BLE001, S110 -- retried below with the pattern given, which then names the cause
         pass
@@ -285,6 +426,23 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
         raise _error(model_type, f"{cls.__name__} rejects the shrunk sizes", cause=exc) from None
 
 
+def _holds(pattern: Any, default: list[Any], layers: int) -> bool:
+    """Whether a tiny per-layer pattern has one entry per layer and every kind the full-size one has."""
+    return isinstance(pattern, (list, tuple)) and len(pattern) == layers and {repr(k) for k in pattern} == {
+        repr(k) for k in default}
+
+
+def _accepts_config_objects(cls: type, kwargs: dict[str, Any], subs: dict[str, Any]) -> bool:
+    """Whether `cls` keeps sub-configs given as config objects (some 4.x composites take dicts and drop objects)."""
+    try:
+        built = cls(**{n: kwargs[n] for n in subs})
+    except (TypeError, AttributeError):
+        return False
+    except Exception:  # noqa: BLE001 -- other complaints are about the sizes, not the sub-configs
+        return True
+    return all(getattr(built, n, None) is not None for n in subs)
+
+
 def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, Any]:
     values = config.to_dict()
     derived = {k for k in values if isinstance(getattr(type(config), k, None), property)}  # falcon's head_dim
@@ -292,6 +450,14 @@ def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, 
     for key, cap in _AT_MOST.items():
         if isinstance(values.get(key), int):
             kwargs[key] = min(values[key], cap)
+    mrope = _MROPE.get(type(config).__name__)
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = values.get(key, 0)
+        if rope is None and key == "rope_scaling" and mrope is not None and "rope_parameters" not in values:
+            rope = {"type": mrope[1], "rope_type": mrope[1]}  # 4.x: M-RoPE is read from rope_scaling
+        sections = rope.get("mrope_section", mrope and mrope[0]) if isinstance(rope, dict) else None
+        if isinstance(rope, dict) and isinstance(sections, list):
+            kwargs[key] = {**rope, "mrope_section": _mrope_sections(sections, {**values, **rope})}
     for key, value in values.items():
         if key == "per_layer_config" and isinstance(value, dict):
             # per-layer overrides keyed by layer index: the same sizes (the index is cut to the tiny layers later)
@@ -301,6 +467,15 @@ def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, 
         elif _is_token_key(key) and value is not None:
             kwargs[key] = [ids.get(v, v) for v in value] if isinstance(value, list) else ids.get(value, value)
     return kwargs
+
+
+def _mrope_sections(sections: list[int], values: dict[str, Any]) -> list[int]:
+    """M-RoPE's (t, h, w) split of the tiny head's rotary frequencies
+    (head_dim 16 times the rotary fraction, halved)."""
+    total = max(len(sections), round(_SIZES["head_dim"] * values.get("partial_rotary_factor", 1.0) / 2))
+    scaled = [max(1, s * total // sum(sections)) for s in sections]
+    scaled[-1] += total - sum(scaled)
+    return scaled
 
 
 def _sizes(values: dict[str, Any], attribute_map: dict[str, str]) -> dict[str, Any]:
@@ -328,7 +503,8 @@ def _per_layer_patterns(config: PretrainedConfig) -> dict[str, list[Any]]:
     layers = getattr(config, "num_hidden_layers", None)
     if not isinstance(layers, int) or layers < 2:
         return {}
-    return {k: v for k, v in config.to_dict().items() if isinstance(v, list) and len(v) == layers and k not in _NOT_PATTERNS}
+    return {k: list(v) for k, v in config.to_dict().items()
+            if isinstance(v, (list, tuple)) and len(v) == layers and k not in _NOT_PATTERNS}
 
 
 _NOT_PATTERNS = {"architectures"}

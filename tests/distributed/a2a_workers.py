@@ -60,13 +60,15 @@ def fused_transports_agree(rank: int, world: int) -> None:
     rewrote a workspace half too early would corrupt a peer's read.
     """
     group, device = dist.group.WORLD, _device()
-    shapes = [(16, 2, 1, 8), (1024, 4, 2, 128), (8, 1, 1, 64), (4096, 8, 1, 128), (3, 2, 2, 16)]  # (T/sp, Hq/sp, Hkv, D)
+    # (T/sp, Hq/sp, Hkv, D)
+    shapes = [(16, 2, 1, 8), (1024, 4, 2, 128), (8, 1, 1, 64), (4096, 8, 1, 128), (3, 2, 2, 16)]
     for dtype in (torch.bfloat16, torch.float32):
         gen = torch.Generator().manual_seed(rank)
         cases = []
         for t, hq, hkv, d in shapes:
             hkv = hkv * world if hkv > 1 else hkv  # > sp (2 per rank) or 1 (< sp: repeated)
-            qkv = [torch.randn(h, t, d, generator=gen).to(device, dtype).transpose(0, 1) for h in (hq * world, hkv, hkv)]
+            qkv = [torch.randn(h, t, d, generator=gen).to(device, dtype).transpose(0, 1)
+                   for h in (hq * world, hkv, hkv)]
             rep = ulysses.kv_repeats(hkv, world)
             grads = [torch.randn(t * world, h * rep // world if i else hq, d, generator=gen).to(device, dtype)
                      for i, h in enumerate((hq * world, hkv, hkv))]

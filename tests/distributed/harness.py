@@ -75,5 +75,6 @@ def run_world(fn: Callable[..., None], world: int, *args: Any, backend: str = "g
         messages.append(errors.get())
     if hung or messages or any(p.exitcode for p in procs):
         raise AssertionError(
-            f"{len(hung)} rank(s) hung past {timeout} s; exit codes {[p.exitcode for p in procs]}\n" + "\n".join(messages)
+            f"{len(hung)} rank(s) hung past {timeout} s; exit codes {[p.exitcode for p in procs]}\n"
+            + "\n".join(messages)
         )

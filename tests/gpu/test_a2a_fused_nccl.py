@@ -15,12 +15,14 @@ from tests.distributed.harness import run_world
 from tfcompat.core.attention import available_backends, varlen_attention
 from tfcompat.core.packing import from_lengths
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run on the GPU machine")]
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run on the GPU machine")]
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 WORLDS = [w for w in (2, 4, 8) if w <= GPUS] or [2]
 # (q heads, KV heads, head_dim, tokens per rank, dtype): KV heads below, at and above each group size
-CASES = [(16, 1, 128, 64, "bfloat16"), (16, 2, 64, 33, "bfloat16"), (32, 8, 128, 17, "float32"), (16, 16, 80, 9, "float16")]
+CASES = [(16, 1, 128, 64, "bfloat16"), (16, 2, 64, 33, "bfloat16"), (32, 8, 128, 17, "float32"),
+         (16, 16, 80, 9, "float16")]
 
 
 @pytest.mark.dist

@@ -5,8 +5,8 @@ computed on every rank with the same dtype and backend. Each case runs over both
 and ``"auto"``, which must pick ``"symm_mem"`` on two GPUs of one host with peer access.
 Stated tolerances (max abs difference per tensor):
 
-- fp32 (backend "auto", which selects "sdpa" for fp32; TF32 off in the workers): ``1e-5 * max(1, |ref|.max())`` for the logits and for
-  each all-reduced gradient of q_proj, o_proj, the embeddings (and the vision tower), as on CPU.
+- fp32 (backend "auto", which selects "sdpa" for fp32; TF32 off in the workers): ``1e-5 * max(1, |ref|.max())``
+  for the logits and for each all-reduced gradient of q_proj, o_proj, the embeddings (and the vision tower), as on CPU.
 - bf16 (backend "torch", varlen_attn): ``5e-2 * |ref|.max()`` per tensor. SP changes the GEMM shapes (T/2 rows per
   rank) and sums two bf16 partial gradients, so a few bf16 ulps (2**-8 relative each) of the tensor's largest
   entry are expected; 5e-2 is about 13 ulps. The same run on CPU with gloo and the sdpa backend stays under 1e-2.

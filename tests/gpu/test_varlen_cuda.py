@@ -161,7 +161,8 @@ def test_flex_block_mask_built_once_per_forward(monkeypatch):
     _needs("flex")
     builds = []
     real = attention._build_document_block_mask
-    monkeypatch.setattr(attention, "_build_document_block_mask", lambda seqs: builds.append(1) or real(seqs))
+    monkeypatch.setattr(attention, "_build_document_block_mask",
+                        lambda seqs, window=None: builds.append(1) or real(seqs, window))
     model = tiny_model("llama", "sdpa", hidden_size=256, intermediate_size=512, num_attention_heads=4,
                        num_key_value_heads=2, num_hidden_layers=3).to(DEVICE, torch.bfloat16)
     seqs = sample_sequences(model, [7, 12, 30], [None] * 3, seed=2)

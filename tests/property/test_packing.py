@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import tfcompat
 from tfcompat.core.attention import varlen_attention
+from tfcompat.core.labels import mask_ends, mask_starts, shift_labels
 from tfcompat.core.packing import PackedSeqs, check_text_positions, from_host_positions, from_lengths
 from tfcompat.core.position_ids import split_positions
 from tfcompat.hf.forward import to_text_model_layout
@@ -263,3 +264,20 @@ class TestSplitPositions:
     def test_family_named_in_error(self) -> None:
         with pytest.raises(tfcompat.InvalidInputError, match=r"(?s)text row.*family: glm4v"):
             split_positions(torch.zeros(3, 1, 5, dtype=torch.long), seq_len=5, family="glm4v")
+
+
+class TestLabelsPerSequence:
+    """The labels rule (`tfcompat.core.labels`): no target crosses a sequence boundary."""
+
+    @SETTINGS
+    @given(LENGTHS, st.integers(0, 2**31 - 1))
+    def test_shifted_labels_are_each_sequence_shifted_alone(self, lengths: list[int], seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        parts = [torch.randint(0, 50, (n,), generator=gen) for n in lengths]
+        row = torch.cat(parts)[None]  # (1, T)
+        seqs = from_lengths(lengths)
+        alone = torch.cat([torch.cat([p[1:], p.new_full((1,), -100)]) for p in parts])[None]
+        assert torch.equal(shift_labels(row, seqs), alone)
+        assert torch.equal(mask_ends(torch.roll(row, -1, 1), seqs), alone)  # a whole-row shift, ends masked
+        starts = mask_starts(row, seqs)
+        assert torch.equal(starts, torch.cat([torch.cat([p.new_full((1,), -100), p[1:]]) for p in parts])[None])

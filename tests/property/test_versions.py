@@ -46,7 +46,8 @@ def version_strings(draw: st.DrawFn, lines: st.SearchStrategy[tuple[int, int]] =
     s = ".".join(map(str, release))
     if draw(st.booleans()):  # pre-release
         kind = draw(st.sampled_from(sorted(PRE_SPELLINGS)))
-        s += draw(st.sampled_from(["", ".", "-"])) + draw(st.sampled_from(PRE_SPELLINGS[kind])) + str(draw(st.integers(0, 5)))
+        s += (draw(st.sampled_from(["", ".", "-"])) + draw(st.sampled_from(PRE_SPELLINGS[kind]))
+              + str(draw(st.integers(0, 5))))
     if draw(st.booleans()):  # post-release
         n = draw(st.integers(0, 9))
         s += draw(st.sampled_from([f".post{n}", f"-post{n}", f".rev{n}", f"-{n}"]))
@@ -176,7 +177,8 @@ class TestVersionRange:
     """``v in VersionRange(lo, hi)`` iff ``lo.0.dev0 <= v < hi.0.dev0`` on PEP 440 ordering; ranges are intervals."""
 
     @SETTINGS
-    @given(line_strings(), st.one_of(st.none(), line_strings()), version_strings(st.tuples(st.sampled_from([4, 5]), st.integers(0, 12))))
+    @given(line_strings(), st.one_of(st.none(), line_strings()),
+           version_strings(st.tuples(st.sampled_from([4, 5]), st.integers(0, 12))))
     def test_membership_matches_pep440_ordering(self, lo: str, hi: str | None, v: str) -> None:
         expected = Version(f"{lo}.0.dev0") <= Version(v) and (hi is None or Version(v) < Version(f"{hi}.0.dev0"))
         r = VersionRange(lo, hi)

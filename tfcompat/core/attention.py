@@ -389,6 +389,9 @@ def _flex_gaps(features: AttentionFeatures, qk_dim: int, v_dim: int, device: tor
         return f"flex attention takes head dims that are powers of two >= 16, not q/k {qk_dim} and v {v_dim}"
     if features.sinks and device.type != "cuda":
         return "flex attention compiled on CPU returns no log-sum-exp (torch's CPU flex template), so no sinks"
+    if features.softcap is not None and features.window is not None and device.type == "cuda":
+        # measured on an H200 with torch 2.11: the compile fails ("all unwrapped values must be FakeTensor")
+        return "compiled flex attention fails on a softcap score_mod beside a windowed block mask (torch 2.11, CUDA)"
     return ""
 
 

@@ -69,7 +69,8 @@ def packed_attention(
     """
     ctx = kwargs.get(CONTEXT_KWARG) or module.__dict__.get(BRIDGE_ATTR)
     if isinstance(ctx, StockContext):  # an ordinary call, recomputed under gradient checkpointing after its forward
-        return stock_function(ctx)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        return stock_function(ctx)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                   **kwargs)
     if ctx is None:
         raise PatchedModelError(
             f"{type(module).__name__} runs tfcompat's packed attention without packed boundaries",

@@ -15,11 +15,17 @@ from typing import Any, NamedTuple, cast
 import torch
 
 from ..core.attention import AttentionFeatures, unsupported
-from ..registry.derive import ATTENTION_KEYWORDS, UNKNOWN, attention_call, guard_holds, layer_kind, passed_values
+from ..registry.derive import (
+    ATTENTION_KEYWORDS,
+    SOFTMAX_LAYER_TYPES,
+    UNKNOWN,
+    attention_call,
+    guard_holds,
+    layer_kind,
+    passed_values,
+)
 
 __all__ = ["AttentionFeatures", "ModuleFeatures", "module_features", "unsupported"]
-
-_SOFTMAX_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
 
 
 class ModuleFeatures(NamedTuple):
@@ -51,7 +57,7 @@ def module_features(attn: torch.nn.Module, config: Any) -> ModuleFeatures:
         if values.get(key, None) is UNKNOWN or training.get(key, None) is UNKNOWN:
             problems.append(f"{name} passes {key}={dict(call.keywords)[key]}, which tfcompat cannot evaluate on the "
                             "module")
-    if "is_causal" in values and values["is_causal"] is not True:
+    if values.get("is_causal", True) not in (True, UNKNOWN):
         problems.append(f"{name} passes is_causal={values['is_causal']!r}: the packed core is causal")
     if training.get("dropout") not in (None, UNKNOWN) and training["dropout"]:
         problems.append(f"{name} applies attention dropout {training['dropout']} in training")
@@ -61,7 +67,7 @@ def module_features(attn: torch.nn.Module, config: Any) -> ModuleFeatures:
             problems.append(f"{name} reads positions from the row index (cache_position or torch.arange) "
                             + (f"when {guard}, which holds here" if held else "") + "; on a packed row they count "
                             "across sequences")
-    if kind is not None and kind not in _SOFTMAX_KINDS:
+    if kind is not None and kind not in SOFTMAX_LAYER_TYPES:
         problems.append(f"config.layer_types[{index}] = {kind!r} is not softmax attention")
     window = values.get("sliding_window")
     if window is None and kind == "sliding_attention":  # the text model's mask may window it; flash would not

@@ -85,7 +85,8 @@ def pooled_forward(original: Callable[..., Any], router: Router, held: dict[str,
             raise router.r.error(
                 InvalidInputError, "labels passed to a packed forward of a sequence classifier",
                 why="the stock loss pairs one label with each row's pooled score; a packed row holds several sequences",
-                fix="compute the loss from out.logits, one score per sequence (N, num_labels), and a label per sequence")
+                fix="compute the loss from out.logits, one score per sequence (N, num_labels), "
+                "and a label per sequence")
         mask = a.get("attention_mask")
         out.logits = pool_per_sequence(held.pop("logits"), ctx.seqs, a.get("input_ids"), pad_token_id,
                                        mask if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None)

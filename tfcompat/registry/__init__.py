@@ -19,5 +19,5 @@ from .lookup import (
     resolve_model,
 )
 
-__all__ = ["ForwardCompatWarning", "Resolved", "VisionModules", "derivable_types", "families", "family", "installed_families", "match",
-           "resolve", "resolve_entry", "resolve_model"]
+__all__ = ["ForwardCompatWarning", "Resolved", "VisionModules", "derivable_types", "families", "family",
+           "installed_families", "match", "resolve", "resolve_entry", "resolve_model"]

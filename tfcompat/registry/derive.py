@@ -29,7 +29,8 @@ from ..errors import PatchError, UnknownFamilyError
 from . import versions
 from .records import AttentionCall, Derivation, Entry, Family, RopeConfigKey
 
-__all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "attention_call", "causal_lm_types", "derive", "passed_values"]
+__all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "attention_call", "causal_lm_types",
+           "derive", "guard_holds", "layer_kind", "module_name", "passed_values"]
 
 # what an attention forward may pass to the attention function, and what the packed path makes of it
 ATTENTION_KEYWORDS = {
@@ -41,6 +42,7 @@ ATTENTION_KEYWORDS = {
     "is_causal": "causality (must be True)",
     "attention_mask": "the mask (the packed core takes the boundaries instead)",
     "position_ids": "position ids for flash-attention's packing check (the packed core takes the boundaries instead)",
+    "head_mask": "a per-head mask (4.x; the packed attention refuses any but None, per forward)",
 }
 # class names (and torch.nn layers) of token mixers other than softmax attention: state space, convolution,
 # recurrence, linear attention
@@ -50,7 +52,8 @@ MIXER_PATTERN = re.compile(r"mamba|ssm|conv|recurren|rglru|mixer|linearattention
                            r"retention|lightning|xlstm|mlstm|slstm|hyena", re.IGNORECASE)
 # the names transformers gives the attention forward's cache parameter, across releases
 _CACHE_PARAMS = ("past_key_value", "past_key_values", "cache", "layer_past")
-_SOFTMAX_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+# the ``config.layer_types`` values of softmax attention layers
+SOFTMAX_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 
 
 def causal_lm_types() -> dict[str, str]:
@@ -106,13 +109,14 @@ def derive(model_type: str, version: str) -> Family:
     if not layers:
         raise refuse(f"no decoder layers found in {text.__name__}",
                      f"{text.__name__}.__init__ builds no nn.ModuleList of {where}'s classes")
-    attentions: list[type] = []
-    for layer in layers:
+    for layer in layers:  # every layer class first: a hybrid is named by its mixer
         mixers = _token_mixers(module, layer, lm.__name__.removesuffix("ForCausalLM"))
         if mixers:
             raise refuse(f"{layer.__name__} holds a token mixer other than softmax attention: {', '.join(mixers)}",
                          "packing restarts softmax attention per sequence; state, convolution and recurrence across "
                          "the packed row are not proved per sequence")
+    attentions: list[type] = []
+    for layer in layers:
         found = [c for c in _built_classes(module, layer, "__init__") if _dispatch_call(c) is not None]
         if not found:
             raise refuse(f"{layer.__name__} holds no attention that dispatches through AttentionInterface",
@@ -128,18 +132,34 @@ def derive(model_type: str, version: str) -> Family:
     if unknown:
         raise refuse(f"{attention.__name__} passes {', '.join(unknown)} to the attention function",
                      "the packed core implements " + ", ".join(ATTENTION_KEYWORDS))
+    if call.positional + ("attention_mask" in dict(call.keywords)) != 5:
+        raise refuse(f"{attention.__name__} passes {call.positional} positional arguments to the attention function",
+                     "transformers' attention functions take (module, query, key, value, attention_mask) first")
+    own_mask = _method(attention, "forward")
+    if call.mask not in ("", "None", "attention_mask") or own_mask is None or "attention_mask" not in {
+            a.arg for a in own_mask.args.args + own_mask.args.kwonlyargs}:
+        raise refuse(f"{attention.__name__} passes its own mask ({call.mask or 'none'}) to the attention function",
+                     "the packed core replaces the model's causal mask by the sequence boundaries; a mask or bias the "
+                     "attention computes itself (dynamic masks, position biases) would be dropped")
     unguarded = [g for g in call.row_positions if not g]
     if unguarded:
         raise refuse(f"{attention.__name__} reads positions from the row index",
                      "it computes with cache_position or torch.arange over the row, which on a packed row counts "
                      "across sequences (position_ids restart per sequence)")
+    dropped = _layer_calls_without_kwargs(text)
+    if dropped:
+        raise refuse(f"{text.__name__}.forward calls its decoder layers without **kwargs ({dropped})",
+                     "the packed boundaries travel in the forward's kwargs and could not reach the attention")
     passes = [_passes_kwargs(layer, attention) for layer in layers]
+    if len(layers) > 1 and not all(passes):
+        raise refuse(f"several decoder layer classes ({', '.join(c.__name__ for c in layers)}), some dropping **kwargs",
+                     "the packed boundaries are bridged to the attention of one decoder layer class")
     cache = [p for p in _CACHE_PARAMS if p in inspect.signature(cast(Any, attention).forward).parameters]
     config_cls = _config_class(model_type)
     rope_key: RopeConfigKey = "rope_parameters" if "rope_parameters" in _config_fields(config_cls) else "rope_scaling"
     derivation = Derivation(
-        causal_lm=lm.__name__, text_model=text.__name__, text_model_attr=prefix, decoder_layers=tuple(c.__name__ for c in layers),
-        attention=call, config=config_cls)
+        causal_lm=lm.__name__, text_model=text.__name__, text_model_attr=prefix,
+        decoder_layers=tuple(c.__name__ for c in layers), attention=call, config=config_cls)
     release = versions.parse(version).release
     line = f"{release[0]}.{release[1]}"
     entry = Entry(
@@ -172,7 +192,10 @@ def attention_call(cls: type) -> AttentionCall:
     fn, call = found
     keywords = tuple((k.arg, ast.unparse(k.value)) for k in call.keywords if k.arg is not None)
     passes = any(k.arg is None for k in call.keywords)
-    return AttentionCall(cls.__name__, keywords, passes, _row_position_guards(fn))
+    mask = call.args[4] if len(call.args) > 4 else next((k.value for k in call.keywords if k.arg == "attention_mask"),
+                                                        None)
+    return AttentionCall(cls.__name__, keywords, passes, _row_position_guards(fn), len(call.args),
+                         "" if mask is None else ast.unparse(mask))
 
 
 def passed_values(call: AttentionCall, module: Any, *, training: bool = False) -> dict[str, Any]:
@@ -233,12 +256,13 @@ def _built_classes(module: Any, cls: type, method: str, *, attr: str | None = No
     """The classes of ``module`` that ``cls.method`` instantiates (in order, once each).
 
     attr: only those assigned to ``self.attr``; lists_only: only those inside an ``nn.ModuleList(...)`` assigned to
-    an attribute of ``self``.
+    an attribute of ``self`` (or into a local list it is built from: ``layers.append(...)``, where the class may come
+    from a dict of the module, ``ALL_DECODER_LAYER_TYPES[kind]``).
     """
     fn = _method(cls, method)
     if fn is None:
         return []
-    out: list[type] = []
+    names: list[str] = []
     for node in ast.walk(fn):
         if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
             continue
@@ -250,12 +274,39 @@ def _built_classes(module: Any, cls: type, method: str, *, attr: str | None = No
         value = node.value
         if lists_only and not (isinstance(value, ast.Call) and ast.unparse(value.func).endswith("ModuleList")):
             continue
-        for sub in ast.walk(value):
-            if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name):
-                found = _local_class(module, sub.func.id)
-                if found is not None and found not in out and _is_module(found):
-                    out.append(found)
+        for sub in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
+            if isinstance(sub.func, ast.Name):
+                names.append(sub.func.id)
+            elif isinstance(sub.func, ast.Subscript) and isinstance(sub.func.value, ast.Name):  # TYPES[kind](config)
+                table = getattr(module, sub.func.value.id, None)
+                names += [v.__name__ for v in table.values() if isinstance(v, type)] if isinstance(table, dict) else []
+        if lists_only and isinstance(value, ast.Call):  # nn.ModuleList(layers): what was appended to the local list
+            for arg in (a for a in value.args if isinstance(a, ast.Name)):
+                names += _appended(fn, module, arg.id)
+    out = [c for c in dict.fromkeys(_local_class(module, n) for n in names) if c is not None and _is_module(c)]
     return out
+
+
+def _appended(fn: ast.FunctionDef, module: Any, var: str) -> list[str]:
+    """Names of the classes ``fn`` appends instances of to its local list ``var``: ``var.append(C(...))``, an
+    appended local assigned from ``C(...)``, or ``C`` read from a dict of the module (``TYPES[kind](...)``)."""
+    assigned = {t.id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets
+                if isinstance(t, ast.Name)}
+
+    def classes(expr: ast.AST) -> list[str]:
+        if isinstance(expr, ast.Name) and expr.id in assigned:
+            return classes(assigned[expr.id])
+        if isinstance(expr, ast.Call):
+            return [n.func.id for n in ast.walk(expr) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                    and n.func.id not in assigned] + (classes(expr.func) if isinstance(expr.func, ast.Name) else [])
+        if isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Name):
+            table = getattr(module, expr.value.id, None)
+            return [v.__name__ for v in table.values() if isinstance(v, type)] if isinstance(table, dict) else []
+        return []
+
+    return [name for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "append" and isinstance(n.func.value, ast.Name) and n.func.value.id == var
+            for arg in n.args for name in classes(arg)]
 
 
 def _is_module(cls: type) -> bool:
@@ -297,6 +348,21 @@ def _dispatch_call(cls: type) -> tuple[ast.FunctionDef, ast.Call] | None:
     return (fn, calls[0]) if len(calls) == 1 else None
 
 
+def _layer_calls_without_kwargs(text: type) -> str:
+    """The source of a decoder-layer call in ``text.forward`` that passes no ``**kwargs`` ("" when every call found
+    does): calls of the loop variable of ``for layer in self.<...>`` loops. Found none: "" (nothing to prove wrong)."""
+    fn = _method(text, "forward")
+    if fn is None:
+        return ""
+    names: set[str] = set()
+    for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For) and "self." in ast.unparse(n.iter)):
+        targets = loop.target.elts if isinstance(loop.target, ast.Tuple) else [loop.target]
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names]
+    bad = [c for c in calls if not any(k.arg is None for k in c.keywords)]
+    return ast.unparse(bad[0].func) + "(...)" if bad else ""
+
+
 def _passes_kwargs(layer: type, attention: type) -> bool:
     """Whether ``layer.forward`` passes ``**kwargs`` on to the attribute holding its ``attention``."""
     init, fn = _method(layer, "__init__"), _method(layer, "forward")
@@ -313,13 +379,15 @@ def _passes_kwargs(layer: type, attention: type) -> bool:
 def _row_position_guards(fn: ast.FunctionDef) -> tuple[str, ...]:
     """The ``if`` tests (joined with ``and``; "" = none) guarding each place where ``fn`` computes with
     ``cache_position`` or ``torch.arange`` (positions counted over the row). Passing ``cache_position`` on (a dict
-    value, a keyword argument: the cache update) is not computing with it."""
-    passed: set[int] = set()
+    value, a keyword argument: the cache update) or testing it against None is not computing with it."""
+    passed: set[int] = set()  # cache_position passed on or tested against None, not computed with
     for node in ast.walk(fn):
         if isinstance(node, ast.Dict):
             passed |= {id(v) for v in node.values if v is not None}
         elif isinstance(node, ast.Call):
             passed |= {id(k.value) for k in node.keywords}
+        elif isinstance(node, ast.Compare) and all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+            passed |= {id(node.left), *map(id, node.comparators)}
     guards: list[str] = []
 
     def visit(node: ast.AST, tests: tuple[str, ...]) -> None:
@@ -382,11 +450,13 @@ def _evaluate(expr: str, module: Any, training: bool) -> Any:
         if isinstance(node, ast.IfExp):
             test = ev(node.test)
             return UNKNOWN if test is UNKNOWN else ev(node.body if test else node.orelse)
-        if isinstance(node, ast.BoolOp):
-            values = [ev(v) for v in node.values]
-            if any(v is UNKNOWN for v in values):
-                return UNKNOWN
-            return all(values) if isinstance(node.op, ast.And) else any(values)
+        if isinstance(node, ast.BoolOp):  # short-circuits as Python does; an unknown operand it reaches is unknown
+            value: Any = None
+            for operand in node.values:
+                value = ev(operand)
+                if value is UNKNOWN or (not value if isinstance(node.op, ast.And) else value):
+                    return value
+            return value
         if isinstance(node, ast.UnaryOp):
             value = ev(node.operand)
             if value is UNKNOWN:
@@ -437,8 +507,3 @@ def layer_kind(config: Any, index: int | None) -> str | None:
     """``config.layer_types[index]`` where the config has layer types (None otherwise)."""
     types = getattr(config, "layer_types", None) or ()
     return types[index] if isinstance(index, int) and 0 <= index < len(types) else None
-
-
-def refused_layer_types(config: Any) -> list[str]:
-    """The ``layer_types`` values of ``config`` that are not softmax attention (e.g. ``"linear_attention"``)."""
-    return sorted({t for t in getattr(config, "layer_types", None) or () if t not in _SOFTMAX_LAYER_TYPES})

@@ -75,8 +75,8 @@ class Resolved:
         if self.rotary is None:
             raise self.error(
                 PatchError, f"{self.family} has no rotary convention in tfcompat's registry",
-                why="its entry was derived from the model; a derived entry leaves rotary to the stock attention forward "
-                "and replaces only the attention function", supported=", ".join(sorted(families())),
+                why="its entry was derived from the model; a derived entry leaves rotary to the stock attention "
+                "forward and replaces only the attention function", supported=", ".join(sorted(families())),
                 fix="apply the model's own rotary (its attention forward does), or use a written family")
         return self.rotary
 

@@ -51,7 +51,8 @@ def probe(family: Family, entry: Entry, version: str, forward_compatible: bool) 
             f"cannot resolve {entry.family}: {entry.module}.{symbol} {why}",
             family=entry.family,
             transformers_version=version,
-            why=f"the {entry.versions} entry expects it" + (" (undeclared version, probed)" if forward_compatible else ""),
+            why=f"the {entry.versions} entry expects it"
+            + (" (undeclared version, probed)" if forward_compatible else ""),
             supported=family.supported,
             fix=f"install transformers {nearest} (nearest supported), or upgrade tfcompat",
         )

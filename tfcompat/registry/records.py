@@ -14,8 +14,9 @@ import torch
 from . import versions
 
 __all__ = [
-    "TEXT_ROLES", "AttentionCall", "CacheKwarg", "Derivation", "Entry", "Family", "LinearAttention", "LinearProjections", "RopeConfigKey", "Rotary",
-    "RotaryLayout", "TextModelLayout", "VisionItem", "VisionOutput", "VisionTower",
+    "TEXT_ROLES", "AttentionCall", "CacheKwarg", "Derivation", "Entry", "Family", "LinearAttention",
+    "LinearProjections", "RopeConfigKey", "Rotary", "RotaryLayout", "TextModelLayout", "VisionItem", "VisionOutput",
+    "VisionTower",
 ]
 
 RotaryLayout = Literal["sectioned", "folded"]
@@ -93,12 +94,16 @@ class AttentionCall:
     passes_kwargs: the call passes the forward's ``**kwargs`` on. row_positions: one entry per place where the
     forward computes with positions counted over the row (``cache_position``, ``torch.arange``) rather than with
     ``position_ids``: the ``if`` tests guarding it (source, joined with ``and``), "" when unguarded.
+    positional: how many arguments it passes by position (module, query, key, value, attention_mask: 5).
+    mask: the source expression it passes as the attention mask ("" when none).
     """
 
     cls: str
     keywords: tuple[tuple[str, str], ...]
     passes_kwargs: bool
     row_positions: tuple[str, ...] = ()
+    positional: int = 5
+    mask: str = "attention_mask"
 
     def describe(self) -> str:
         args = [f"{k}={v}" for k, v in self.keywords] + (["**kwargs"] if self.passes_kwargs else [])

@@ -40,7 +40,8 @@ def dense_entries(family: str, prefix: str) -> tuple[Entry, ...]:
         replace(base, versions=VersionRange("4.56", "5.0"), cache_kwarg="past_key_values",
                 why="cache kwarg renamed past_key_value -> past_key_values"),
         replace(base, versions=VersionRange("5.0", "5.24"), cache_kwarg="past_key_values",
-                rope_config_key="rope_parameters", why="rope_parameters; apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)"),
+                rope_config_key="rope_parameters",
+                why="rope_parameters; apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)"),
         replace(base, versions=VersionRange("5.24", "5.25"), cache_kwarg="cache", rope_config_key="rope_parameters",
                 why="cache kwarg renamed past_key_values -> cache"),
     )

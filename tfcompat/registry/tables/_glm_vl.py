@@ -96,7 +96,8 @@ def glm_vl_entries(family: str, prefix: str, *, first: str = "4.53", first_why: 
 
 def mm_token_types(config: Any, input_ids: torch.Tensor) -> torch.Tensor:
     """0 text, 1 image, 2 video: GLM marks video frames with the image token inside video start/end."""
-    in_video = (input_ids == config.video_start_token_id).cumsum(-1) > (input_ids == config.video_end_token_id).cumsum(-1)
+    in_video = ((input_ids == config.video_start_token_id).cumsum(-1)
+                > (input_ids == config.video_end_token_id).cumsum(-1))
     is_vision = input_ids == config.image_token_id
     return (is_vision & ~in_video).int() + 2 * (is_vision & in_video).int()
 

@@ -29,7 +29,8 @@ from ._table import overlay
 INTERLEAVED = Rotary("apply_rotary_pos_emb", "folded", marker="apply_interleaved_mrope")
 RECOMPOSED = Rotary("apply_rotary_pos_emb", "folded", marker="recomposition_frequencies")
 # the packed sample of the tests and the self-check: text, two image grids, a 2-frame video, text
-SAMPLE_VISION: tuple[VisionItem | None, ...] = (None, ("image", (1, 4, 6)), ("image", (1, 2, 4)), ("video", (2, 4, 4)), None)
+SAMPLE_VISION: tuple[VisionItem | None, ...] = (
+    None, ("image", (1, 4, 6)), ("image", (1, 2, 4)), ("video", (2, 4, 4)), None)
 TIMESTAMP = (5, 6, 7)  # stand-in ids for the "<t seconds>" text before each frame
 
 

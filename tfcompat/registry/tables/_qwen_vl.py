@@ -7,12 +7,12 @@ decoder into *TextModel, whose forward cannot take a text row yet; 4.54 lets the
 ``apply_multimodal_rotary_pos_emb`` (sectioning folds into the rotary embedding's
 ``recomposition_frequencies``); 5.24 renames the cache kwarg to ``cache``.
 
-``get_rope_index`` against tfcompat's reference (`tfcompat.reference_rope.qwen2_vl.DEVIATIONS`, found by the tests): before
-5.18 Qwen2.5-VL truncates a fractional ``second_per_grid_ts``; from the 5.3 rewrite on, text after a video
+``get_rope_index`` against tfcompat's reference (`tfcompat.reference_rope.qwen2_vl.DEVIATIONS`, found by the tests):
+before 5.18 Qwen2.5-VL truncates a fractional ``second_per_grid_ts``; from the 5.3 rewrite on, text after a video
 whose temporal extent exceeds its spatial one overlaps the video's positions, and (to 5.4) Qwen2.5-VL's
-seconds are consumed by images too; 5.3-5.5 flatten a video's frames (one t for all, h smeared). Stock forward: 4.54's Qwen2-VL
-counts video placeholders with the image token and rejects every video. Decoder layers forward
-``**kwargs`` to attention throughout.
+seconds are consumed by images too; 5.3-5.5 flatten a video's frames (one t for all, h smeared).
+Stock forward: 4.54's Qwen2-VL counts video placeholders with the image token and rejects every video.
+Decoder layers forward ``**kwargs`` to attention throughout.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from ._table import overlay
 SECTIONED = Rotary("apply_multimodal_rotary_pos_emb", "sectioned")
 RECOMPOSED = Rotary("apply_rotary_pos_emb", "folded", marker="recomposition_frequencies")
 # the packed sample of the tests and the self-check: text, two image grids, a video, text
-SAMPLE_VISION: tuple[VisionItem | None, ...] = (None, ("image", (1, 4, 6)), ("image", (1, 2, 4)), ("video", (2, 4, 4)), None)
+SAMPLE_VISION: tuple[VisionItem | None, ...] = (
+    None, ("image", (1, 4, 6)), ("image", (1, 2, 4)), ("video", (2, 4, 4)), None)
 
 
 def qwen_vl_entries(family: str, prefix: str, *, takes_seconds: bool, videos_rejected_454: bool) -> tuple[Entry, ...]:
@@ -110,7 +111,8 @@ def qwen_vl_tiny_config(config_name: str, vision: dict[str, Any]):
         if entry.rope_config_key == "rope_scaling":
             rope = {"rope_theta": 10000.0, "rope_scaling": {"type": "mrope", **section}}
         else:
-            rope = {"rope_theta": 10000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, **section}}
+            rope = {"rope_theta": 10000.0,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, **section}}
         text = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                     **rope)

@@ -47,7 +47,8 @@ def starting_at(entries: tuple[Entry, ...], first: str, why: str) -> tuple[Entry
 
 def _inside(cut: str, rng: VersionRange) -> bool:
     """``cut`` falls strictly inside ``rng``."""
-    return release_floor(rng.low) < release_floor(cut) and (rng.high is None or release_floor(cut) < release_floor(rng.high))
+    return (release_floor(rng.low) < release_floor(cut)
+            and (rng.high is None or release_floor(cut) < release_floor(rng.high)))
 
 
 def _covers(span: VersionRange, piece: VersionRange) -> bool:

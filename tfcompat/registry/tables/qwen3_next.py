@@ -55,7 +55,8 @@ def tiny_config(entry: Entry) -> tuple[str, dict[str, Any]]:
     """One Gated DeltaNet layer then one gated-attention layer, both with a 4-expert MoE block (2 per token);
     attention head_dim 16 with partial rotary 0.5; linear attention with 2 key / 4 value heads of 16."""
     rope = {"rope_theta": 10000.0, "partial_rotary_factor": 0.5}
-    rope_keys = rope if entry.rope_config_key == "rope_scaling" else {"rope_parameters": {"rope_type": "default", **rope}}
+    rope_keys = (rope if entry.rope_config_key == "rope_scaling"
+                 else {"rope_parameters": {"rope_type": "default", **rope}})
     return "Qwen3NextConfig", dict(
         vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         layer_types=["linear_attention", "full_attention"], num_attention_heads=4, num_key_value_heads=2, head_dim=16,
