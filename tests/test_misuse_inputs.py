@@ -86,3 +86,25 @@ def test_refuses_an_empty_row_in_the_heads(backend):
     hidden = torch.zeros(1, 0, model.config.hidden_size)
     with pytest.raises(tfcompat.InvalidInputError, match=r"(?s)at least one token.*\(1, 0, "):
         heads.logprobs_entropy(hidden, model.lm_head.weight, torch.zeros(1, 0, dtype=torch.long), backend=backend)
+
+
+def test_refuses_compile_fullgraph_of_a_raw_packed_call_naming_pack():
+    """fullgraph=True cannot trace boundaries read on the host; the error (dynamo's, at the one graph break of a
+    raw packed call) says to pass tfcompat.pack's inputs, which trace whole (tests/test_misuse.py)."""
+    model = tiny_model(FAMILY, "sdpa")
+    ids, position_ids, _ = _packed()
+    with tfcompat.patch(model), torch.no_grad(), pytest.raises(torch._dynamo.exc.Unsupported,
+                                                               match=r"(?s)raw packed call.*tfcompat\.pack\(model"):
+        torch._dynamo.reset()
+        torch.compile(model, fullgraph=True)(input_ids=ids, position_ids=position_ids)
+
+
+def test_answers_compile_of_a_raw_packed_call_with_graph_breaks():
+    """Without fullgraph the raw packed call compiles with graph breaks and answers what eager answers."""
+    model = tiny_model(FAMILY, "sdpa")
+    ids, position_ids, _ = _packed()
+    with tfcompat.patch(model), torch.no_grad():
+        eager = model(input_ids=ids, position_ids=position_ids).logits
+        torch._dynamo.reset()
+        compiled = torch.compile(model)(input_ids=ids, position_ids=position_ids).logits
+    torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -127,3 +129,115 @@ def test_final_logits_read_from_the_config(model_type, expected):
 
     model = tiny_from_config(model_type, attn_implementation="eager")
     assert heads.final_logits(model) == (*expected(model.config), "model")
+
+
+class _Head(torch.nn.Module):
+    """A causal LM's outline: a backbone, an nn.Linear lm head; subclasses write the forward under test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = torch.nn.Identity()
+        self.lm_head = torch.nn.Linear(4, 8)
+        self.norm = torch.nn.Identity()
+        self.config = types.SimpleNamespace(model_type="outline", cap=2.0, scaling=4.0, none=None)
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.lm_head
+
+
+class _Walrus(_Head):
+    def forward(self, hidden_states, labels=None):
+        hidden_states = self.model(hidden_states)
+        logits = self.lm_head(hidden_states[:, -3:, :]).float() / self.config.scaling
+        if (cap := getattr(self.config, "cap", None)) is not None:
+            logits = torch.tanh(logits / cap) * cap
+        if self.config.none is not None:
+            logits = logits * 100.0
+        loss = None
+        if labels is not None:
+            logits = logits.float()
+            loss = logits.sum()
+        return loss, logits
+
+
+class _Masked(_Head):
+    def forward(self, hidden_states):
+        hidden_states = self.model(hidden_states)
+        logits = self.lm_head(hidden_states)
+        logits[..., 0] = -1e9
+        return logits
+
+
+class _NormedHidden(_Head):
+    def forward(self, hidden_states):
+        hidden_states = self.norm(self.model(hidden_states))
+        logits = self.lm_head(hidden_states)
+        return logits
+
+
+class _ModuleOnLogits(_Head):
+    def forward(self, hidden_states):
+        hidden_states = self.model(hidden_states)
+        logits = self.lm_head(hidden_states)
+        logits = self.norm(logits)
+        return logits
+
+
+class _Branch(_Head):
+    def forward(self, hidden_states):
+        hidden_states = self.model(hidden_states)
+        if self.config.cap:
+            return self.lm_head(hidden_states)
+        return None
+
+
+class _TwoTanh(_Head):
+    def forward(self, hidden_states):
+        hidden_states = self.model(hidden_states)
+        logits = torch.tanh(torch.tanh(self.lm_head(hidden_states)))
+        return logits
+
+
+class TestFinalLogits:
+    """What final_logits reads from a forward: values through getattr / get_text_config-like paths, walrus and
+    ``is not None`` blocks, casts in the loss branch; everything else refused, the statement quoted."""
+
+    def test_reads_scale_then_cap(self) -> None:
+        # logits = 2 * tanh((x / 4) / 2): softcap 2 with the scale 1/4 inside it; the None block does nothing
+        assert heads.final_logits(_Walrus()) == (2.0, 0.25, "model")
+
+    def test_equals_the_forward(self) -> None:
+        model = _Walrus()
+        hidden = torch.randn(1, 3, 4)
+        applied = heads.final_logits(model)
+        labels = torch.tensor([[1, 7, 3]])
+        got = heads.logprobs_entropy(hidden, model.lm_head.weight, labels, backend="logits",
+                                     lm_head_bias=model.lm_head.bias, softcap=applied.softcap,
+                                     logit_scale=applied.logit_scale)
+        expected = torch.log_softmax(model(hidden)[1], -1).gather(-1, labels[..., None])[..., 0]
+        torch.testing.assert_close(got.logprobs, expected)
+
+    @pytest.mark.parametrize(("cls", "match"), [
+        (_Masked, r"logits\[\.\.\., 0\] = -1000000000\.0"),
+        (_NormedHidden, r"runs \['norm', 'model'\] submodule\(s\) before the lm head"),
+        (_ModuleOnLogits, r"logits = self\.norm\(logits\)"),
+        (_Branch, r"has `if self\.config\.cap: return self\.lm_head\(hidden_states\)`"),
+        (_TwoTanh, r"applies tanh twice"),
+    ], ids=["masked-columns", "module-on-hidden", "module-on-logits", "branch", "two-tanh"])
+    def test_refused(self, cls: type[_Head], match: str) -> None:
+        with pytest.raises(tfcompat.InvalidInputError, match=f"(?s)cannot compute the logits of {cls.__name__}.*"
+                           f"{match}") as info:
+            heads.model_logprobs(cls(), torch.zeros(1, 3, dtype=torch.long), hidden_states=torch.randn(1, 3, 4))
+        assert info.value.family == "outline" and info.value.fix
+
+    def test_refuses_a_head_that_is_not_the_output_embeddings(self) -> None:
+        model = _Walrus()
+        model.get_output_embeddings = lambda: None  # type: ignore[method-assign]
+        with pytest.raises(tfcompat.InvalidInputError, match="not the nn.Linear of get_output_embeddings"):
+            heads.final_logits(model)
+
+    def test_refuses_a_non_number_scale(self) -> None:
+        model = _Walrus()
+        model.config.scaling = "4"
+        with pytest.raises(tfcompat.InvalidInputError, match=r"scaled by '4' \(self\.config\.scaling\)"):
+            heads.final_logits(model)

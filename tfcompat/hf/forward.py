@@ -60,6 +60,20 @@ def _pad_tails_as_sequences(text: torch.Tensor, mrope: torch.Tensor, attended: t
     return torch.where(pad, tail, text), torch.where(pad, tail, mrope)
 
 
+# torch.compile cannot trace boundaries read from the position ids' values: the host copy is a graph break,
+# which fullgraph=True reports with this reason (a packed forward with tfcompat.pack's context traces whole)
+_COMPILE_REASON = ("tfcompat: a raw packed call (position_ids that restart, no tfcompat context) reads its position "
+                   "ids on the host to find the sequence boundaries, which torch.compile(fullgraph=True) cannot "
+                   "trace; pass tfcompat.pack(model, examples).model_inputs, whose context carries the boundaries, "
+                   "or compile without fullgraph (a graph break here)")
+
+
+@torch.compiler.disable(reason=_COMPILE_REASON)
+def _to_host(rows: list[torch.Tensor]) -> torch.Tensor:
+    """``rows`` stacked and copied to the host: the packed decision's one sync (see `_COMPILE_REASON`)."""
+    return torch.cat(rows).cpu()
+
+
 class Router:
     """Decides packed or stock for the forwards of one patched model (built by `tfcompat.patch`).
 
@@ -163,7 +177,7 @@ class Router:
         if vision:  # vision placeholders with text-only ids: M-RoPE positions would be lost
             rows.append(self.r.spec.mm_token_types(self.vision_config, ids)[None].to(  # type: ignore[misc, arg-type]
                 rows[0].device, torch.long))  # `vision` checked both for None
-        host = torch.cat(rows).cpu()  # (4 [+ 1] [+ 1], B, L): the forward's one host sync
+        host = _to_host(rows)  # (4 [+ 1] [+ 1], B, L): the forward's one host sync
         text, mrope = host[0], host[1:4]
         if mask is not None and not bool(host[4].all()):
             if not self._packed_with_padding(text, host[4]):
