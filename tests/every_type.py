@@ -4,7 +4,7 @@ The oracle is the stock model run on each sequence alone (no cache); the candida
 position ids restarting at 0 per sequence) through `tfcompat.patch(model)`. `check()` classifies one type:
 
 - ``pass``: patched, and per token the packed logits (and every parameter's gradient of a fixed random projection
-  of them) equal stock per sequence within `TOLERANCE` (relative, fp32);
+  of them) equal stock per sequence within `TOLERANCE` (`GRAD_TOLERANCE` for gradients; relative, fp32);
 - ``refused``: `patch()` raised a typed tfcompat error (its first line is the reason);
 - ``fail``: patched and wrong, or `patch()` raised something untyped;
 - ``unbuildable``: the tiny model cannot be built, or its stock forward/backward does not run (the reason says which);
@@ -27,6 +27,9 @@ from tfcompat.errors import PatchError, UnknownFamilyError, UnsupportedVersionEr
 from tfcompat.tiny_models import Kind, attention_implementations, tiny_image, tiny_model
 
 TOLERANCE = 1e-5
+# gradients sum a projection over every token and parameter entry: a deep tiny model's eager reference differs from
+# its own sdpa one by about 1e-5 there (gemma3n_text: patched vs sdpa 2.7e-7, vs eager 1.1e-5), so twice the margin
+GRAD_TOLERANCE = 2e-5
 REFUSALS = (PatchError, UnknownFamilyError, UnsupportedVersionError)
 LENGTHS = (7, 13, 10)
 
@@ -159,10 +162,11 @@ def check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> 
         missing = sorted(got_grads.keys() ^ expected_grads.keys())
         return Outcome(model_type, "fail", f"patched gradients reach other parameters: {', '.join(missing[:4])}",
                        float("inf"))
-    diff = max(diff, compare_gradients(got_grads, expected_grads))
-    if diff <= TOLERANCE:
-        return Outcome(model_type, "pass", diff=diff)
-    return Outcome(model_type, "fail", f"patched packed differs from stock per sequence: {diff:.2e}", diff)
+    grad_diff = compare_gradients(got_grads, expected_grads)
+    if diff <= TOLERANCE and grad_diff <= GRAD_TOLERANCE:
+        return Outcome(model_type, "pass", diff=max(diff, grad_diff))
+    return Outcome(model_type, "fail", f"patched packed differs from stock per sequence: logits {diff:.2e}, "
+                   f"gradients {grad_diff:.2e}", max(diff, grad_diff))
 
 
 def stock_check(model_type: str, attn_implementation: str = "eager", seed: int = 0) -> Outcome:
