@@ -93,8 +93,8 @@ SMOKE_MOE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, h
 # issue 18's derived families at real width (few layers): gpt-oss-20b (sinks, sliding windows of 128 on every other
 # layer, 32 experts top 4, yarn rope) and Qwen3-30B-A3B (q/k norms, 128 experts top 8); built through AutoConfig
 DERIVED = {
-    "gpt_oss": dict(hidden_size=2880, num_attention_heads=64, num_key_value_heads=8, head_dim=64, intermediate_size=2880,
-                    num_local_experts=32, num_experts_per_tok=4, vocab_size=201088, sliding_window=128,
+    "gpt_oss": dict(hidden_size=2880, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                    intermediate_size=2880, num_local_experts=32, num_experts_per_tok=4, vocab_size=201088, sliding_window=128,
                     tie_word_embeddings=False, attention_dropout=0.0),
     "qwen3_moe": dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
                       intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
@@ -470,6 +470,8 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H200: 989)")
     p.add_argument("--profile", nargs="?", const="all", default=None,
                    help="one profiled step per variant (or per variant of a comma list): where the time goes")
+    p.add_argument("--lengths", default=None, help="explicit sequence lengths, comma-separated (e.g. round sizes "
+                   "2048,2048,...), instead of seeded random ones")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     smoke = args.smoke
@@ -513,6 +515,9 @@ def main() -> None:
     print(C.machine_line(info))
     gen = torch.Generator().manual_seed(args.seed)
     lengths = torch.randint(lo, hi + 1, (n_seq,), generator=gen).tolist()
+    if args.lengths:
+        lengths = [int(x) for x in args.lengths.split(",")]
+        n_seq, hi = len(lengths), max(hi, max(lengths))
     # MoE (a VLM's text model): ids below the special tokens, so no vision placeholder is drawn
     batch = Batch(lengths, min(dims["vocab_size"], 151643), device, seed=args.seed + 1)
     if family:
