@@ -94,8 +94,8 @@ SMOKE_MOE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, h
 # layer, 32 experts top 4, yarn rope) and Qwen3-30B-A3B (q/k norms, 128 experts top 8); built through AutoConfig
 DERIVED = {
     "gpt_oss": dict(hidden_size=2880, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
-                    intermediate_size=2880, num_local_experts=32, num_experts_per_tok=4, vocab_size=201088, sliding_window=128,
-                    tie_word_embeddings=False, attention_dropout=0.0),
+                    intermediate_size=2880, num_local_experts=32, num_experts_per_tok=4, vocab_size=201088,
+                    sliding_window=128, tie_word_embeddings=False, attention_dropout=0.0),
     "qwen3_moe": dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
                       intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
                       vocab_size=151936, tie_word_embeddings=False, rms_norm_eps=1e-6, attention_dropout=0.0,
