@@ -26,6 +26,10 @@ same backend for every variant, ``--head``), the loss ``-(logprobs * advantage).
   liger_tfcompat Liger's monkey patch + ``tfcompat.patch(model, backend=B)``
 Liger's monkey patch cannot be undone: the three liger variants run last, on the same model.
 
+A suffix sets a variant's gradient checkpointing: ``@none`` turns it off for the variant; ``@attention``,
+``@mlp``, ``@attention+mlp`` keep those modules' outputs out of the recompute (``patch(checkpoint_keep=...)``; a
+stock variant gets the same through `tfcompat.hf.checkpointing` alone), e.g. ``liger_flex_tfhead@attention+mlp``.
+
 Reported per variant: ms per step (median of ``--reps`` after ``--warmup``, CUDA events), real tokens/s, peak
 memory, loss (a check: the variants agree to bf16 rounding), speed-up over padded, and model FLOPs utilization
 against ``--peak-tflops`` (989, the H200's dense bf16 peak):
@@ -53,6 +57,12 @@ untied head; mrope; a one-block vision tower that the text-only batch never runs
 experts through transformers' ``grouped_mm`` experts implementation where the release has it (``--experts``).
 Model FLOPs count the active parameters: every matmul weight of the text stack and the head, the expert weights
 times ``top_k / n_experts``.
+
+``--family gpt_oss`` / ``--family qwen3_moe``: issue 18's derived families at real width (gpt-oss-20b: sinks,
+sliding window 128 on every other layer, 32 experts top 4; Qwen3-30B-A3B: 128 experts top 8), built through
+``AutoConfig.for_model``, ``--layers`` (default 4); stock padded runs the family's stock attention (eager for
+gpt-oss, which has no sdpa path); ``tfcompat_fused`` is ``fused="auto"`` there (what it fused is printed). Attention
+FLOPs count about ``L * W`` query-key pairs on a layer with a sliding window ``W``.
 """
 
 from __future__ import annotations
