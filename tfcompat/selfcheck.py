@@ -196,8 +196,8 @@ def check_type(model_type: str, tolerance: float = 1e-5) -> TypeCheck:
         return TypeCheck(model_type, "refused", _first_line(exc))
     try:
         model = tiny_of_type(model_type, attn_implementation=attention_implementations(model_type)[-1])
-        vocab = model.config.get_text_config().vocab_size
-        allowed = torch.tensor(sorted(set(range(vocab)) - special_token_ids(model.config)))
+        config: Any = model.config  # a transformers PreTrainedConfig
+        allowed = torch.tensor(sorted(set(range(config.get_text_config().vocab_size)) - special_token_ids(config)))
         gen = torch.Generator().manual_seed(0)
         seqs = [allowed[torch.randint(len(allowed), (n,), generator=gen)] for n in _LENGTHS[:3]]
         takes_positions = "position_ids" in inspect.signature(model.forward).parameters
