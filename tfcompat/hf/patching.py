@@ -11,7 +11,9 @@ function is replaced; removed again when the last patched model is undone). Per 
 - where the installed decoder layer drops ``**kwargs``, a forward pre-hook on each decoder layer that hands
   the boundaries to its attention;
 - on each attention module, its attention features (window, softcap, sinks, chunk: `tfcompat.hf.features`) under
-  `tfcompat.hf.attention.FEATURES_ATTR`.
+  `tfcompat.hf.attention.FEATURES_ATTR`;
+- with ``fused``, the forwards `tfcompat.hf.fused` routes through Liger's kernels; with ``checkpoint_keep``, each
+  checkpointing module's checkpoint function and each kept module's forward (`tfcompat.hf.checkpointing`).
 """
 
 from __future__ import annotations
