@@ -10,6 +10,8 @@ function is replaced; removed again when the last patched model is undone). Per 
   boundaries once per forward and passes them down in kwargs;
 - where the installed decoder layer drops ``**kwargs``, a forward pre-hook on each decoder layer that hands
   the boundaries to its attention;
+- on each token mixer other than softmax attention of a derived hybrid, an instance ``forward`` that runs it per
+  sequence, and a pre-hook on its decoder layer handing it the boundaries (`tfcompat.hf.mixers`);
 - on each attention module, its attention features (window, softcap, sinks, chunk: `tfcompat.hf.features`) under
   `tfcompat.hf.attention.FEATURES_ATTR`;
 - with ``fused``, the forwards `tfcompat.hf.fused` routes through Liger's kernels; with ``checkpoint_keep``, each
@@ -39,6 +41,7 @@ from . import attention as hf_attention
 from . import checkpointing as hf_checkpointing
 from . import fused as hf_fused
 from . import linear_attention as hf_linear_attention
+from . import mixers as hf_mixers
 from .changes import Record
 from .features import ModuleFeatures, module_features, unsupported
 from .forward import Router, to_text_model_layout
@@ -208,6 +211,7 @@ def patch(
     for module, forward in plan.linear:
         handle._set("instance", module, "forward", forward,
                     "packed Gated DeltaNet (conv and state restart per sequence)")
+    hf_mixers.apply(handle, plan.mixers)
     hf_fused.apply(handle, fused_modules)
     hf_checkpointing.apply(handle, kept, holders)
     handle._set("instance", model, "__deepcopy__", _deepcopy(handle), "copy.deepcopy gives a copy patched alike")
@@ -354,6 +358,7 @@ class _Plan:
     bridges: list[tuple[torch.nn.Module, torch.nn.Module]]
     linear: list[tuple[torch.nn.Module, Callable[..., torch.Tensor]]]
     features: list[tuple[torch.nn.Module, Any, str]]
+    mixers: hf_mixers.MixerPlan
 
 
 def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, backend: str) -> _Plan:
@@ -418,9 +423,9 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
                 raise r.error(PatchError, f"{type(layer).__name__} has {len(children)} attention children",
                               why="cannot bridge kwargs", supported=entry)
             bridges.append((layer, children[0]))
-    linear = hf_linear_attention.plan(model, r, group, linear_backend)
+    linear = hf_linear_attention.plan(model, r, group, linear_backend, hf_mixers.mixer_classes(r))
     return _Plan(configs, text_models, bridges + linear.bridges, linear.forwards,
-                 [(attn, found.features, found.note) for attn, found in features])
+                 [(attn, found.features, found.note) for attn, found in features], hf_mixers.plan(model, r, group))
 
 
 def _bridge(attn: torch.nn.Module) -> Callable[..., None]:

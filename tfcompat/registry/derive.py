@@ -27,7 +27,8 @@ from typing import Any, cast
 
 from ..errors import PatchError, UnknownFamilyError
 from . import versions
-from .records import AttentionCall, Derivation, Entry, Family, RopeConfigKey
+from .mixers import mixer_call
+from .records import AttentionCall, Derivation, Entry, Family, MixerCall, RopeConfigKey
 
 __all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "attention_call", "causal_lm_types",
            "derive", "guard_holds", "layer_kind", "module_name", "passed_values"]
@@ -109,15 +110,13 @@ def derive(model_type: str, version: str) -> Family:
     if not layers:
         raise refuse(f"no decoder layers found in {text.__name__}",
                      f"{text.__name__}.__init__ builds no nn.ModuleList of {where}'s classes")
-    for layer in layers:  # every layer class first: a hybrid is named by its mixer
-        mixers = _token_mixers(module, layer, lm.__name__.removesuffix("ForCausalLM"))
-        if mixers:
-            raise refuse(f"{layer.__name__} holds a token mixer other than softmax attention: {', '.join(mixers)}",
-                         "packing restarts softmax attention per sequence; state, convolution and recurrence across "
-                         "the packed row are not proved per sequence")
+    mixer_calls: list[MixerCall] = []  # every layer class first: a hybrid is named by its mixer
+    mixing = [layer for layer in layers if _per_sequence_mixers(module, layer, lm, refuse, mixer_calls)]
     attentions: list[type] = []
-    for layer in layers:
+    for layer in list(layers):
         found = [c for c in _built_classes(module, layer, "__init__") if _dispatch_call(c) is not None]
+        if not found and layer in mixing:  # a layer of mixers alone (Jamba's Mamba layers)
+            continue
         if not found:
             raise refuse(f"{layer.__name__} holds no attention that dispatches through AttentionInterface",
                          f"none of the classes {layer.__name__}.__init__ builds calls a function taken from "
@@ -126,6 +125,10 @@ def derive(model_type: str, version: str) -> Family:
     if len(attentions) > 1:
         raise refuse(f"several attention classes: {', '.join(c.__name__ for c in attentions)}",
                      "one attention class per model is supported")
+    if not attentions:
+        raise refuse("no softmax attention", "every decoder layer mixes with state space, convolution or recurrence; "
+                     "a packed row's boundaries come from position ids, which such a model does not take",
+                     "run one sequence per row, unpatched")
     attention = attentions[0]
     call = attention_call(attention)
     unknown = sorted(set(dict(call.keywords)) - ATTENTION_KEYWORDS.keys())
@@ -150,8 +153,9 @@ def derive(model_type: str, version: str) -> Family:
     if dropped:
         raise refuse(f"{text.__name__}.forward calls its decoder layers without **kwargs ({dropped})",
                      "the packed boundaries travel in the forward's kwargs and could not reach the attention")
-    passes = [_passes_kwargs(layer, attention) for layer in layers]
-    if len(layers) > 1 and not all(passes):
+    passes = [_passes_kwargs(layer, attention) for layer in layers if layer not in mixing or any(
+        c in attentions for c in _built_classes(module, layer, "__init__"))]
+    if len(passes) > 1 and not all(passes):
         raise refuse(f"several decoder layer classes ({', '.join(c.__name__ for c in layers)}), some dropping **kwargs",
                      "the packed boundaries are bridged to the attention of one decoder layer class")
     cache = [p for p in _CACHE_PARAMS if p in inspect.signature(cast(Any, attention).forward).parameters]
@@ -159,7 +163,7 @@ def derive(model_type: str, version: str) -> Family:
     rope_key: RopeConfigKey = "rope_parameters" if "rope_parameters" in _config_fields(config_cls) else "rope_scaling"
     derivation = Derivation(
         causal_lm=lm.__name__, text_model=text.__name__, text_model_attr=prefix,
-        decoder_layers=tuple(c.__name__ for c in layers), attention=call, config=config_cls)
+        decoder_layers=tuple(c.__name__ for c in layers), attention=call, config=config_cls, mixers=tuple(mixer_calls))
     release = versions.parse(version).release
     line = f"{release[0]}.{release[1]}"
     entry = Entry(
@@ -330,6 +334,33 @@ def _token_mixers(module: Any, layer: type, prefix: str, seen: frozenset[type] =
         elif child not in seen:
             out += _token_mixers(module, child, prefix, seen | {layer})
     return list(dict.fromkeys(out))
+
+
+def _per_sequence_mixers(module: Any, layer: type, lm: type, refuse: Callable[..., PatchError],
+                         out: list[MixerCall]) -> bool:
+    """Whether ``layer`` holds token mixers other than softmax attention; each child class holding them is added to
+    ``out`` as a mixer run per sequence (`tfcompat.registry.mixers`). `PatchError` (from ``refuse``) where a mixer
+    sits in the layer itself or in an attention, or its forward is not proved per sequence."""
+    prefix = lm.__name__.removesuffix("ForCausalLM")
+    mixers = _token_mixers(module, layer, prefix)
+    if not mixers:
+        return False
+    held = [c for c in _built_classes(module, layer, "__init__") if _dispatch_call(c) is None
+            and (MIXER_PATTERN.search(c.__name__.removeprefix(prefix)) or _token_mixers(module, c, prefix))]
+    covered = {c.__name__ for c in held} | {m for c in held for m in _token_mixers(module, c, prefix)}
+    loose = [m for m in mixers if m not in covered]
+    if loose:
+        raise refuse(f"{layer.__name__} holds a token mixer other than softmax attention: {', '.join(loose)}",
+                     "a mixer runs per sequence only as a module of its own that dispatches no attention; this one "
+                     "sits in the decoder layer or in its attention")
+    for cls in held:
+        try:
+            call = mixer_call(cls)
+        except ValueError as exc:
+            raise refuse(f"{cls.__name__} cannot run per sequence", str(exc)) from None
+        if all(c.cls != call.cls for c in out):
+            out.append(call)
+    return True
 
 
 def _dispatch_call(cls: type) -> tuple[ast.FunctionDef, ast.Call] | None:

@@ -15,7 +15,7 @@ from . import versions
 
 __all__ = [
     "TEXT_ROLES", "AttentionCall", "CacheKwarg", "Derivation", "Entry", "Family", "LinearAttention",
-    "LinearProjections", "RopeConfigKey", "Rotary", "RotaryLayout", "TextModelLayout", "VisionItem", "VisionOutput",
+    "LinearProjections", "MixerCall", "MixerRole", "RopeConfigKey", "Rotary", "RotaryLayout", "TextModelLayout", "VisionItem", "VisionOutput",
     "VisionTower",
 ]
 
@@ -24,6 +24,8 @@ RopeConfigKey = Literal["rope_scaling", "rope_parameters"]
 TextModelLayout = Literal["mrope", "text+mrope", "text"]
 CacheKwarg = Literal["past_key_value", "past_key_values", "cache", "layer_past"]
 LinearProjections = Literal["qkv_z_b_a", "qkvz_ba"]
+# what a per-sequence token mixer's forward parameter is (`MixerCall`)
+MixerRole = Literal["tokens", "state", "per_token", "cache_position", "position_embeddings", "no_cache", "flag"]
 # a vision item of a test/self-check sequence: ("image" | "video", (t, h, w) patch grid before the merge)
 VisionItem = tuple[Literal["image", "video"], tuple[int, int, int]]
 VisionOutput = Literal["tensors", "model_output"]
@@ -111,12 +113,36 @@ class AttentionCall:
 
 
 @dataclass(frozen=True)
+class MixerCall:
+    """A token mixer other than softmax attention (state space, convolution, recurrence, linear attention) that a
+    patch runs once per sequence of a packed row (`tfcompat.hf.mixers`), read from its forward's signature and
+    source by `tfcompat.registry.mixers`.
+
+    cls: the mixer class name. params: ``(parameter, role)`` of its forward after ``self``, in order. Roles:
+    "tokens" = the hidden states ``(B, L, D)``, split at the boundaries; "state" = a cache, None per sequence (fresh
+    state); "per_token" = a tensor ending in the token dims ``(..., B, L)`` (masks, position or input ids) or None,
+    sliced per sequence; "cache_position" = ``arange`` restarting at 0 per sequence; "position_embeddings" = a tuple
+    of ``(B, L, D)`` tensors, sliced; "no_cache" = a use-cache flag, False; "flag" = a non-tensor option, unchanged.
+    takes_kwargs: its forward takes ``**kwargs`` (non-tensor keywords pass unchanged, the per-token ones by role).
+    """
+
+    cls: str
+    params: tuple[tuple[str, MixerRole], ...]
+    takes_kwargs: bool
+
+    def describe(self) -> str:
+        args = [f"{name}: {role}" for name, role in self.params] + (["**kwargs"] if self.takes_kwargs else [])
+        return f"{self.cls}({', '.join(args)})"
+
+
+@dataclass(frozen=True)
 class Derivation:
     """Where a derived entry came from: the classes read, in the entry's module, and what its attention passes.
 
     causal_lm, text_model: class names; text_model_attr: the causal LM's attribute holding the text model (its
     ``base_model_prefix``); decoder_layers: every decoder-layer class the text model builds;
-    attention: the attention class's call (`AttentionCall`); config: the config class name.
+    attention: the attention class's call (`AttentionCall`); config: the config class name; mixers: the token
+    mixers other than softmax attention that run per sequence (`MixerCall`), none for an attention-only model.
     """
 
     causal_lm: str
@@ -125,6 +151,7 @@ class Derivation:
     decoder_layers: tuple[str, ...]
     attention: AttentionCall
     config: str
+    mixers: tuple[MixerCall, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,110 @@
+"""Proving that a token mixer can run once per sequence: what each parameter of its forward is, and that it keeps
+no state across calls.
+
+A mixer other than softmax attention (Mamba's selective scan, a short convolution, a Gated DeltaNet, lightning
+attention) carries state along the row. Run on each sequence alone, with no cache, it computes what the stock model
+computes for that sequence alone, provided nothing else carries state into the call: `mixer_call` reads the
+forward's signature (each parameter by name gets a role, `tfcompat.registry.records.MixerRole`; any other parameter
+is refused) and its source, with the methods of ``self`` it calls, for writes to ``self`` (state kept on the
+module between calls is refused). Registry side: it reads source and builds records, and runs nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+from .records import MixerCall, MixerRole
+
+__all__ = ["ROLES", "mixer_call"]
+
+# parameter name -> role; the first parameter after ``self`` is the hidden states whatever its name
+ROLES: dict[str, MixerRole] = {
+    **dict.fromkeys(("cache", "cache_params", "past_key_values", "past_key_value", "layer_past"), "state"),
+    **dict.fromkeys(("attention_mask", "conv_mask", "mask", "position_ids", "input_ids"), "per_token"),
+    "cache_position": "cache_position",
+    "position_embeddings": "position_embeddings",
+    "use_cache": "no_cache",
+    **dict.fromkeys(("output_attentions", "return_dict"), "flag"),
+}
+# in-place tensor methods (``self.state.copy_(...)``) besides any name ending in ``_``
+_MUTATORS = {"append", "extend", "update", "setdefault", "pop", "clear", "insert", "add"}
+
+
+def mixer_call(cls: type) -> MixerCall:
+    """The `MixerCall` of ``cls.forward``; `ValueError` naming the parameter or attribute that could carry state
+    (or is not proved per token) across a per-sequence call."""
+    params = list(inspect.signature(cls.forward).parameters.values())[1:]  # type: ignore[attr-defined]
+    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        raise ValueError(f"{cls.__name__}.forward takes no hidden states first")
+    roles: list[tuple[str, MixerRole]] = [(params[0].name, "tokens")]
+    takes_kwargs = False
+    for p in params[1:]:
+        if p.kind is p.VAR_KEYWORD:
+            takes_kwargs = True
+        elif p.kind is p.VAR_POSITIONAL:
+            raise ValueError(f"{cls.__name__}.forward takes *{p.name}, which cannot be proved per sequence")
+        elif p.name in ROLES:
+            roles.append((p.name, ROLES[p.name]))
+        else:
+            raise ValueError(f"{cls.__name__}.forward takes {p.name!r}, which tfcompat cannot prove is per token "
+                             "or stateless (known: " + ", ".join(ROLES) + ")")
+    written = _writes_to_self(cls)
+    if written:
+        raise ValueError(f"{cls.__name__}.forward writes {written} (state kept on the module between calls)")
+    return MixerCall(cls.__name__, tuple(roles), takes_kwargs)
+
+
+def _writes_to_self(cls: type) -> str:
+    """The first write to ``self`` (an attribute assigned, or mutated in place) in ``cls.forward`` or a method of
+    ``self`` it calls, as source; "" for none. `ValueError` when a method's source cannot be read."""
+    seen: set[str] = set()
+    todo = ["forward"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        fn = _method(cls, name)
+        if fn is None:
+            continue
+        for node in ast.walk(fn):
+            targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
+                       if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for t in targets:
+                if _on_self(t):
+                    return ast.unparse(t)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                if (node.func.attr.endswith("_") or node.func.attr in _MUTATORS) and _on_self(owner):
+                    return ast.unparse(node.func)
+                if isinstance(owner, ast.Name) and owner.id == "self" and callable(getattr(cls, node.func.attr, None)):
+                    todo.append(node.func.attr)  # a method of self: read it too (a child module's call is its own)
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+                    and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "self"):
+                return ast.unparse(node)
+    return ""
+
+
+def _on_self(node: ast.AST) -> bool:
+    """``self.x``, ``self.x[...]``, ``self.x.y``: an attribute of the module (not a local)."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+        if isinstance(node, ast.Name) and node.id == "self":
+            return True
+    return False
+
+
+def _method(cls: type, name: str) -> ast.FunctionDef | None:
+    owner = next((c for c in cls.__mro__ if name in vars(c)), None)
+    if owner is None or owner.__module__.startswith("torch."):
+        return None  # nn.Module's own methods (``self.register_buffer`` is not called in a forward we accept)
+    fn = inspect.unwrap(vars(owner)[name])
+    if not inspect.isfunction(fn):
+        return None
+    try:
+        node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    except (OSError, TypeError, SyntaxError):
+        raise ValueError(f"the source of {cls.__name__}.{name} cannot be read") from None
+    return node if isinstance(node, ast.FunctionDef) else None
