@@ -27,6 +27,10 @@ from ..registry.derive import (
 
 __all__ = ["AttentionFeatures", "ModuleFeatures", "module_features", "unsupported"]
 
+# layer types whose softmax attention runs beside another token mixer (Falcon-H1's attention and Mamba in parallel):
+# the attention is patched here, the mixer runs per sequence (`tfcompat.hf.mixers`) or the derivation refused it
+_BESIDE_MIXERS = ("hybrid",)
+
 
 class ModuleFeatures(NamedTuple):
     """One attention module's features, its q/k and v head dims, and a note for the patch records; refusal: why
@@ -67,7 +71,7 @@ def module_features(attn: torch.nn.Module, config: Any) -> ModuleFeatures:
             problems.append(f"{name} reads positions from the row index (cache_position or torch.arange) "
                             + (f"when {guard}, which holds here" if held else "") + "; on a packed row they count "
                             "across sequences")
-    if kind is not None and kind not in SOFTMAX_LAYER_TYPES:
+    if kind is not None and kind not in (*SOFTMAX_LAYER_TYPES, *_BESIDE_MIXERS):
         problems.append(f"config.layer_types[{index}] = {kind!r} is not softmax attention")
     window = values.get("sliding_window")
     if window is None and kind == "sliding_attention":  # the text model's mask may window it; flash would not

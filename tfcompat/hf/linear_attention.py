@@ -60,9 +60,11 @@ def plan(model: torch.nn.Module, r: Resolved, group: Any, backend: str,
     """Check ``model``'s decoder layers and build the packed forwards of its linear-attention modules.
 
     Every decoder layer must hold exactly one mixer tfcompat packs: the entry's softmax attention class, or its
-    linear-attention class (`tfcompat.records.Entry.linear_attention`), or else only mixers of ``per_sequence``
-    (`tfcompat.hf.mixers`). backend: `LinearBackend`; "fla" needs flash-linear-attention installed. Raises
-    `PatchError` (unknown mixer, unknown or missing backend, heads not divisible by the Ulysses group).
+    linear-attention class (`tfcompat.records.Entry.linear_attention`); in a derived hybrid with mixers run per
+    sequence (``per_sequence``, `tfcompat.hf.mixers`) a layer may hold none (its derivation proved every mixer it
+    holds softmax attention or one of those). backend: `LinearBackend`; "fla" needs flash-linear-attention
+    installed. Raises `PatchError` (unknown mixer, unknown or missing backend, heads not divisible by the Ulysses
+    group).
     """
     if backend not in _BACKENDS:
         raise r.error(PatchError, f"unknown linear-attention backend {backend!r}",
@@ -76,7 +78,7 @@ def plan(model: torch.nn.Module, r: Resolved, group: Any, backend: str,
     bridges: list[tuple[torch.nn.Module, torch.nn.Module]] = []
     for index, layer in enumerate(m for m in model.modules() if isinstance(m, r.decoder_layer_cls)):
         mixers = [(name, child) for name, child in layer.named_children() if isinstance(child, known)]
-        if not mixers and per_sequence and any(isinstance(m, per_sequence) for m in layer.modules()):
+        if not mixers and per_sequence:  # a derived hybrid's layer of per-sequence mixers, or of an MLP alone
             continue
         if len(mixers) != 1:
             children = ", ".join(f"{n}: {type(c).__name__}" for n, c in layer.named_children())

@@ -53,8 +53,8 @@ def plan(model: torch.nn.Module, r: Resolved, group: Any) -> MixerPlan:
     derived = r.entry.derived
     if derived is None or not derived.mixers:
         return MixerPlan([], [])
-    calls = {getattr(r.module, m.cls): m for m in derived.mixers}
-    names = ", ".join(calls_cls.__name__ for calls_cls in calls)
+    calls: dict[type, MixerCall] = {getattr(r.module, m.cls): m for m in derived.mixers}
+    names = ", ".join(cls.__name__ for cls in calls)
     if group is not None:
         raise r.error(PatchError, f"{names} cannot run sequence parallel",
                       why="tfcompat runs these token mixers per sequence, and under Ulysses each rank holds a slice "
@@ -67,13 +67,15 @@ def plan(model: torch.nn.Module, r: Resolved, group: Any) -> MixerPlan:
         inner = {id(m) for sub in layer.modules() if sub is not layer and isinstance(sub, layer_classes)
                  for m in sub.modules()}  # a mixer of a nested decoder layer is bridged from that layer
         for module in (m for m in layer.modules() if isinstance(m, tuple(calls)) and id(m) not in inner):
+            module = cast(torch.nn.Module, module)
             bridges.append((layer, module))
             forwards.append((module, per_sequence_forward(module, calls[type(module)])))
     found = {id(m) for m, _ in forwards}
     stray = [type(m).__name__ for m in model.modules() if isinstance(m, tuple(calls)) and id(m) not in found]
     if stray:
-        raise r.error(PatchError, f"{stray[0]} sits outside the decoder layers", why="the packed boundaries reach a "
-                      "mixer through its decoder layer", supported=f"{names} inside {', '.join(derived.decoder_layers)}",
+        raise r.error(PatchError, f"{stray[0]} sits outside the decoder layers",
+                      why="the packed boundaries reach a mixer through its decoder layer",
+                      supported=f"{names} inside {', '.join(derived.decoder_layers)}",
                       fix="pass the model built by transformers for this family")
     return MixerPlan(forwards, bridges)
 
@@ -105,7 +107,7 @@ def _bridge(module: torch.nn.Module) -> Callable[..., None]:
 def per_sequence_forward(module: torch.nn.Module, call: MixerCall) -> Callable[..., Any]:
     """An instance ``forward`` for ``module`` (a mixer of class ``call.cls``): on a packed row, the stock forward
     once per sequence, ``hidden_states (B, L, D) -> (B, L, D')`` concatenated (a tuple output: its first element
-    concatenated, the rest None); otherwise the stock forward."""
+    concatenated, the rest None, `_concat`); otherwise the stock forward."""
     stock = type(module).forward
     names = [name for name, _ in call.params]
 
@@ -130,7 +132,7 @@ def per_sequence_forward(module: torch.nn.Module, call: MixerCall) -> Callable[.
                        for name, value in bound.items()}
             outputs.append(stock(module, flat[start:start + n][None], **per_seq))
             start += n
-        return _concat(outputs, batch, length, type(module).__name__)
+        return _concat(outputs, batch, length)
 
     return forward
 
@@ -165,7 +167,8 @@ def _slice(name: str, role: MixerRole, value: Any, batch: int, length: int, star
 
 
 def _tokens_at(t: torch.Tensor, dim: int, batch: int, length: int, start: int, end: int, name: str) -> torch.Tensor:
-    """``t[..., start:end, ...]`` of the flattened token dims ``(B, L)`` at ``dim, dim + 1``, as ``(1, end - start)``."""
+    """``t`` at tokens ``start:end`` of its flattened token dims ``(B, L)`` (at ``dim, dim + 1``), as
+    ``(1, end - start)`` there."""
     lead = t.ndim + dim
     if lead < 0 or tuple(t.shape[lead:lead + 2]) != (batch, length):
         raise InvalidInputError(f"{name} of shape {tuple(t.shape)} is not per token of a ({batch}, {length}) row",
@@ -176,15 +179,11 @@ def _tokens_at(t: torch.Tensor, dim: int, batch: int, length: int, start: int, e
     return flat.narrow(lead, start, end - start).unsqueeze(lead)  # (..., 1, n, ...)
 
 
-def _concat(outputs: list[Any], batch: int, length: int, name: str) -> Any:
-    """The per-sequence outputs ``(1, n_i, D)`` joined into ``(B, L, D)``; a tuple's other elements must be None."""
+def _concat(outputs: list[Any], batch: int, length: int) -> Any:
+    """The per-sequence outputs ``(1, n_i, D)`` joined into ``(B, L, D)``. Of a tuple output, the other elements
+    (attention weights, MiniMax's final state) are None: a per-sequence state has no packed-row value (the decoder
+    layers discard them; one that read it would fail on None rather than compute with a wrong value)."""
     first = [o[0] if isinstance(o, tuple) else o for o in outputs]
     joined = torch.cat([cast(torch.Tensor, f)[0] for f in first])  # (1, n_i, D) -> (B L, D)
     joined = joined.reshape(batch, length, *joined.shape[1:])  # (B L, D) -> (B, L, D)
-    if not isinstance(outputs[0], tuple):
-        return joined
-    if any(x is not None for o in outputs for x in o[1:]):
-        raise PatchedModelError(f"{name} returned more than its hidden states on a packed row",
-                                why="attention weights or states of a per-sequence run cannot be joined per row",
-                                fix="do not ask for attention weights (output_attentions) with packed rows")
-    return (joined, *outputs[0][1:])
+    return (joined, *[None] * (len(outputs[0]) - 1)) if isinstance(outputs[0], tuple) else joined

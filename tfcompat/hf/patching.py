@@ -373,7 +373,8 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
     attentions = [m for m in model.modules() if isinstance(m, r.attention_cls)]
     linear_cls = r.classes.get("linear_attention")  # a hybrid family: its linear layers alone still need the patch
     linears = [m for m in model.modules() if linear_cls is not None and isinstance(m, linear_cls)]
-    if not text_models or not (attentions or linears):
+    per_sequence = hf_mixers.mixer_classes(r)  # a derived hybrid: its per-sequence mixers alone still need the patch
+    if not text_models or not (attentions or linears or any(isinstance(m, per_sequence) for m in model.modules())):
         mixers = " or ".join(c.__name__ for c in (r.attention_cls, linear_cls) if c is not None)
         raise r.error(PatchError, f"cannot patch {type(model).__name__}", supported=entry,
                       why=f"found {len(text_models)} {r.text_model_cls.__name__} and {len(attentions) + len(linears)} "
@@ -419,6 +420,8 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
     if not r.entry.layer_forwards_kwargs:
         for layer in (m for m in model.modules() if isinstance(m, r.decoder_layer_cls)):
             children = [c for c in layer.children() if isinstance(c, r.attention_cls)]
+            if not children and per_sequence and not any(isinstance(m, r.attention_cls) for m in layer.modules()):
+                continue  # a hybrid's layer without attention (mixers, which `tfcompat.hf.mixers` bridges, or an MLP)
             if len(children) != 1:
                 raise r.error(PatchError, f"{type(layer).__name__} has {len(children)} attention children",
                               why="cannot bridge kwargs", supported=entry)

@@ -135,7 +135,11 @@ class Resolved:
             *([] if e.derived is None else [
                 f"  derived from: {e.derived.causal_lm}.{e.derived.text_model_attr} -> {e.derived.text_model}, decoder "
                 f"layers {', '.join(e.derived.decoder_layers)}, config {e.derived.config}",
-                f"  attention call seen: {e.derived.attention.describe()}"]),
+                f"  attention call seen: {e.derived.attention.describe()}",
+                *([] if not e.derived.mixers else [
+                    "  token mixers run per sequence on packed rows (no packed kernel: the stock mixer once per "
+                    "sequence, fresh state, outputs concatenated): "
+                    + "; ".join(m.describe() for m in e.derived.mixers)])]),
             (f"  rotary: {e.rotary.apply} ({e.rotary.layout}); rope config key: {e.rope_config_key}" if e.rotary
              else f"  rotary: the stock attention forward's own; rope config key: {e.rope_config_key}"),
             f"  text model position ids: {_LAYOUTS[e.text_model_positions]}",

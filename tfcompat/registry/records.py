@@ -15,7 +15,8 @@ from . import versions
 
 __all__ = [
     "TEXT_ROLES", "AttentionCall", "CacheKwarg", "Derivation", "Entry", "Family", "LinearAttention",
-    "LinearProjections", "MixerCall", "MixerRole", "RopeConfigKey", "Rotary", "RotaryLayout", "TextModelLayout", "VisionItem", "VisionOutput",
+    "LinearProjections", "MixerCall", "MixerRole", "RopeConfigKey", "Rotary", "RotaryLayout", "TextModelLayout",
+    "VisionItem", "VisionOutput",
     "VisionTower",
 ]
 
