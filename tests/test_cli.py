@@ -15,12 +15,12 @@ from tfcompat.selfcheck import TypeCheck
 
 
 def test_doctor_json_resolves_and_self_checks_every_family(capsys):
-    assert main(["doctor", "--json", "--types", "qwen3_moe,jamba,llama"]) == 0
+    assert main(["doctor", "--json", "--types", "qwen3_moe,mamba,llama"]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = {r["model_type"]: r for r in report["types"]}
-    assert set(rows) == {"qwen3_moe", "jamba"}  # llama is a written family: checked above, not twice
+    assert set(rows) == {"qwen3_moe", "mamba"}  # llama is a written family: checked above, not twice
     assert rows["qwen3_moe"]["status"] == "pass" and rows["qwen3_moe"]["max_rel_diff"] <= 1e-5, rows
-    assert rows["jamba"]["status"] == "refused" and "token mixer other than softmax attention" in rows["jamba"][
+    assert rows["mamba"]["status"] == "refused" and "no softmax attention" in rows["mamba"][
         "reason"], rows
     assert report["transformers"] == installed_transformers()
     text_only = {f.text_only.key: parent for parent, f in families().items() if f.text_only is not None}

@@ -58,12 +58,8 @@ REFUSED_ON_4 = {"qwen2_moe": "holds no attention that dispatches through Attenti
 # model_type -> what the refusal at resolve() names, on every release where the type exists: token mixers other than
 # softmax attention, attention that does not dispatch through transformers' AttentionInterface
 NOT_DERIVABLE = {
-    "jamba": r"token mixer other than softmax attention: JambaMambaMixer",
-    "falcon_h1": r"token mixer other than softmax attention: FalconH1Mixer",
-    "bamba": r"token mixer other than softmax attention: BambaMixer",
-    "recurrent_gemma": r"token mixer other than softmax attention: RecurrentGemmaRecurrentBlock",
-    "lfm2": r"token mixer other than softmax attention: Lfm2ShortConv",
-    "mamba": r"token mixer other than softmax attention: MambaMixer",
+    "recurrent_gemma": r"RecurrentGemmaRecurrentBlock cannot run per sequence",  # state on the module
+    "mamba": r"no softmax attention",
     "bloom": r"BloomBlock holds no attention that dispatches through AttentionInterface",
 }
 MAJOR = int(str(tfcompat.registry.versions.installed_transformers()).split(".")[0])
