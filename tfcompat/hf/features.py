@@ -27,9 +27,10 @@ from ..registry.derive import (
 
 __all__ = ["AttentionFeatures", "ModuleFeatures", "module_features", "unsupported"]
 
-# layer types whose softmax attention runs beside another token mixer (Falcon-H1's attention and Mamba in parallel):
-# the attention is patched here, the mixer runs per sequence (`tfcompat.hf.mixers`) or the derivation refused it
-_BESIDE_MIXERS = ("hybrid",)
+# hybrids' names for layers whose attention module is softmax attention: Falcon-H1's "hybrid" (attention and Mamba in
+# parallel), Granite-MoE-Hybrid's "attention" on 4.x (beside "mamba"); the attention is patched here, the other
+# mixers run per sequence (`tfcompat.hf.mixers`) or the derivation refused them
+_BESIDE_MIXERS = ("hybrid", "attention")
 
 
 class ModuleFeatures(NamedTuple):

@@ -149,6 +149,14 @@ def _slice(name: str, role: MixerRole, value: Any, batch: int, length: int, star
             raise PatchedModelError(f"a packed forward passed a cache ({name}) to a per-sequence mixer",
                                     why="a packed row builds no cache", fix="pass use_cache=False")
         return None
+    if role == "none":
+        if value is not None:
+            raise InvalidInputError(f"a per-sequence mixer got {name} with a packed row",
+                                    why="tfcompat splits the row at the boundaries itself (the mixer runs per "
+                                    "sequence); transformers' own packing index would be applied twice",
+                                    fix="drop transformers' padding-free kwargs (cu_seq_lens_*, seq_idx) when the "
+                                    "model is patched")
+        return None
     if role == "no_cache":
         return False
     if role == "cache_position":

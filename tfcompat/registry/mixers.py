@@ -27,6 +27,7 @@ ROLES: dict[str, MixerRole] = {
     "position_embeddings": "position_embeddings",
     "use_cache": "no_cache",
     **dict.fromkeys(("output_attentions", "return_dict"), "flag"),
+    "seq_idx": "none",  # transformers' padding-free index of the sequence of each token (from its flash kwargs)
 }
 # in-place tensor methods (``self.state.copy_(...)``) besides any name ending in ``_``
 _MUTATORS = {"append", "extend", "update", "setdefault", "pop", "clear", "insert", "add"}

@@ -26,7 +26,8 @@ TextModelLayout = Literal["mrope", "text+mrope", "text"]
 CacheKwarg = Literal["past_key_value", "past_key_values", "cache", "layer_past"]
 LinearProjections = Literal["qkv_z_b_a", "qkvz_ba"]
 # what a per-sequence token mixer's forward parameter is (`MixerCall`)
-MixerRole = Literal["tokens", "state", "per_token", "cache_position", "position_embeddings", "no_cache", "flag"]
+MixerRole = Literal["tokens", "state", "per_token", "cache_position", "position_embeddings", "no_cache", "flag",
+                    "none"]
 # a vision item of a test/self-check sequence: ("image" | "video", (t, h, w) patch grid before the merge)
 VisionItem = tuple[Literal["image", "video"], tuple[int, int, int]]
 VisionOutput = Literal["tensors", "model_output"]
@@ -123,7 +124,8 @@ class MixerCall:
     "tokens" = the hidden states ``(B, L, D)``, split at the boundaries; "state" = a cache, None per sequence (fresh
     state); "per_token" = a tensor ending in the token dims ``(..., B, L)`` (masks, position or input ids) or None,
     sliced per sequence; "cache_position" = ``arange`` restarting at 0 per sequence; "position_embeddings" = a tuple
-    of ``(B, L, D)`` tensors, sliced; "no_cache" = a use-cache flag, False; "flag" = a non-tensor option, unchanged.
+    of ``(B, L, D)`` tensors, sliced; "no_cache" = a use-cache flag, False; "flag" = a non-tensor option, unchanged;
+    "none" = transformers' own packing index (``seq_idx``), which a packed forward through tfcompat leaves None.
     takes_kwargs: its forward takes ``**kwargs`` (non-tensor keywords pass unchanged, the per-token ones by role).
     """
 
