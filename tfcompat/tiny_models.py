@@ -87,6 +87,11 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "GPTNeoConfig": {"attention_types": [[["global", "local"], 1]]},
     # `num_heads` here are SSM heads: num_heads * head_dim must be expand (2) * hidden (64)
     "Mamba2Config": {"num_heads": 8, "head_dim": 16, "n_groups": 1},
+    # hybrids whose default pattern leaves the tiny model without one of its mixers: a short-convolution layer beside
+    # attention (LFM2's default is attention only), an attention layer beside Mamba (Jamba's period 8, Bamba's none)
+    "Lfm2Config": {"layer_types": ["conv", "full_attention"], "num_hidden_layers": 2},
+    "JambaConfig": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    "BambaConfig": {"attn_layer_indices": [1]},
     # routes to one expert only
     "ZayaConfig": {"num_experts_per_tok": 1},
     # one codebook: the decoder then reads input_ids (B, L) like any causal LM
