@@ -5,7 +5,8 @@ causal-LM class of a ``model_type`` and its module; the causal LM's ``__init__``
 model's ``__init__`` its decoder layers; a decoder layer's ``__init__`` its attention; and the attention's
 ``forward`` names what it passes to the attention function it takes from ``ALL_ATTENTION_FUNCTIONS``. Each of these
 is read from the source with `ast`, never guessed from names. What tfcompat cannot prove it handles is refused with
-a `PatchError` naming it: a token mixer other than softmax attention, an attention that does not dispatch through
+a `PatchError` naming it: a token mixer other than softmax attention that cannot run per sequence (the others do:
+`tfcompat.registry.mixers`, `tfcompat.hf.mixers`), an attention that does not dispatch through
 transformers' ``AttentionInterface``, a keyword the packed core does not know, positions read from the row index
 rather than from ``position_ids``.
 

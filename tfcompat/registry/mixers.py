@@ -5,14 +5,16 @@ A mixer other than softmax attention (Mamba's selective scan, a short convolutio
 attention) carries state along the row. Run on each sequence alone, with no cache, it computes what the stock model
 computes for that sequence alone, provided nothing else carries state into the call: `mixer_call` reads the
 forward's signature (each parameter by name gets a role, `tfcompat.registry.records.MixerRole`; any other parameter
-is refused) and its source, with the methods of ``self`` it calls, for writes to ``self`` (state kept on the
-module between calls is refused). Registry side: it reads source and builds records, and runs nothing.
+is refused) and its source, with the methods of ``self`` it calls and the forwards of the child modules it builds,
+for writes to ``self`` (state kept on a module between calls is refused). Registry side: it reads source and builds
+records, and runs nothing.
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
+import sys
 import textwrap
 
 from .records import MixerCall, MixerRole
@@ -51,10 +53,27 @@ def mixer_call(cls: type) -> MixerCall:
         else:
             raise ValueError(f"{cls.__name__}.forward takes {p.name!r}, which tfcompat cannot prove is per token "
                              "or stateless (known: " + ", ".join(ROLES) + ")")
-    written = _writes_to_self(cls)
-    if written:
-        raise ValueError(f"{cls.__name__}.forward writes {written} (state kept on the module between calls)")
+    for owner in _module_classes(cls):
+        written = _writes_to_self(owner)
+        if written:
+            raise ValueError(f"{owner.__name__}.forward writes {written} (state kept on the module between calls)")
     return MixerCall(cls.__name__, tuple(roles), takes_kwargs)
+
+
+def _module_classes(cls: type) -> list[type]:
+    """``cls`` and the classes of its modeling module it builds in ``__init__``, recursively (its child modules,
+    whose forwards it calls: RecurrentGemma's RG-LRU)."""
+    module = sys.modules[cls.__module__]
+    found = [cls]
+    for owner in found:
+        init = _method(owner, "__init__")
+        names = [] if init is None else [n.func.id for n in ast.walk(init) if isinstance(n, ast.Call)
+                                         and isinstance(n.func, ast.Name)]
+        for name in names:
+            child = getattr(module, name, None)
+            if isinstance(child, type) and child.__module__ == module.__name__ and child not in found:
+                found.append(child)
+    return found
 
 
 def _writes_to_self(cls: type) -> str:
