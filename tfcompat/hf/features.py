@@ -59,6 +59,9 @@ def module_features(attn: torch.nn.Module, config: Any) -> ModuleFeatures:
                             "module")
     if values.get("is_causal", True) not in (True, UNKNOWN):
         problems.append(f"{name} passes is_causal={values['is_causal']!r}: the packed core is causal")
+    if getattr(attn, "is_causal", True) is False:  # sdpa reads it; its model builds a bidirectional mask (BERT)
+        problems.append(f"{name} is not causal (is_causal=False; a BERT-style model needs config.is_decoder=True "
+                        "to be a causal LM): the packed core is causal")
     if training.get("dropout") not in (None, UNKNOWN) and training["dropout"]:
         problems.append(f"{name} applies attention dropout {training['dropout']} in training")
     for guard in call.row_positions:

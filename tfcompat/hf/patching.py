@@ -363,6 +363,12 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
         raise r.error(PatchError, f"cannot patch {type(model).__name__}", supported=entry,
                       why=f"found {len(text_models)} {r.text_model_cls.__name__} and {len(attentions) + len(linears)} "
                       f"{mixers}", fix="pass the model built by transformers for this family")
+    cross_cls = r.classes.get("cross_attention")
+    cross = [m for m in model.modules() if cross_cls is not None and isinstance(m, cross_cls)]
+    if cross:
+        raise r.error(PatchError, f"{type(model).__name__} holds cross-attention ({type(cross[0]).__name__})",
+                      why="its keys and values come from encoder states, not from the packed row", supported=entry,
+                      fix="build the model without cross-attention (add_cross_attention=False), or run it unpatched")
     for tm in text_models:
         params = inspect.signature(tm.forward).parameters.values()
         if not any(p.kind is p.VAR_KEYWORD for p in params):
@@ -401,13 +407,13 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
         if all(tm.config is not c for c in configs):
             configs.append(tm.config)
     bridges = []
-    if not r.entry.layer_forwards_kwargs:
+    if not r.entry.layer_forwards_kwargs:  # the decoder layer (or a module below it) drops **kwargs
         for layer in (m for m in model.modules() if isinstance(m, r.decoder_layer_cls)):
-            children = [c for c in layer.children() if isinstance(c, r.attention_cls)]
-            if len(children) != 1:
-                raise r.error(PatchError, f"{type(layer).__name__} has {len(children)} attention children",
+            below = [c for c in layer.modules() if isinstance(c, r.attention_cls)]
+            if not below:
+                raise r.error(PatchError, f"{type(layer).__name__} holds no {r.attention_cls.__name__}",
                               why="cannot bridge kwargs", supported=entry)
-            bridges.append((layer, children[0]))
+            bridges += [(layer, attn) for attn in below]
     linear = hf_linear_attention.plan(model, r, group, linear_backend)
     return _Plan(configs, text_models, bridges + linear.bridges, linear.forwards,
                  [(attn, found.features, found.note) for attn, found in features])

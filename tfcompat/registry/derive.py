@@ -52,6 +52,10 @@ MIXER_PATTERN = re.compile(r"mamba|ssm|conv|recurren|rglru|mixer|linearattention
                            r"retention|lightning|xlstm|mlstm|slstm|hyena", re.IGNORECASE)
 # the names transformers gives the attention forward's cache parameter, across releases
 _CACHE_PARAMS = ("past_key_value", "past_key_values", "cache", "layer_past")
+# the names of an attention forward's parameter for encoder states (cross-attention)
+_CROSS_PARAMS = ("encoder_hidden_states", "key_value_states", "cross_attention_states")
+# how many classes down from a decoder layer the attention is looked for (BERT: BertLayer.attention.self)
+_DEPTH = 3
 # the ``config.layer_types`` values of softmax attention layers
 SOFTMAX_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 
@@ -104,8 +108,11 @@ def derive(model_type: str, version: str) -> Family:
         raise refuse(f"no text model found in {lm.__name__}.{prefix}",
                      f"{lm.__name__}.__init__ does not build a class of {where} at self.{prefix}")
     layers = _built_classes(module, text, "__init__", lists_only=True)
-    for holder in [] if layers else _built_classes(module, text, "__init__"):  # OPT: OPTModel.decoder.layers
-        layers = layers or _built_classes(module, holder, "__init__", lists_only=True)
+    holders: list[type] = []  # the class between the text model and its layers: OPTModel.decoder, BertModel.encoder
+    for holder in [] if layers else _built_classes(module, text, "__init__"):
+        if not layers:
+            layers = _built_classes(module, holder, "__init__", lists_only=True)
+            holders += [holder] if layers else []
     if not layers:
         raise refuse(f"no decoder layers found in {text.__name__}",
                      f"{text.__name__}.__init__ builds no nn.ModuleList of {where}'s classes")
@@ -115,17 +122,19 @@ def derive(model_type: str, version: str) -> Family:
             raise refuse(f"{layer.__name__} holds a token mixer other than softmax attention: {', '.join(mixers)}",
                          "packing restarts softmax attention per sequence; state, convolution and recurrence across "
                          "the packed row are not proved per sequence")
-    attentions: list[type] = []
+    chains: dict[type, list[tuple[type, ...]]] = {}  # decoder layer -> its chains (layer, ..., attention)
     for layer in layers:
-        found = [c for c in _built_classes(module, layer, "__init__") if _dispatch_call(c) is not None]
-        if not found:
+        chains[layer] = _attention_chains(module, layer)
+        if not chains[layer]:
             raise refuse(f"{layer.__name__} holds no attention that dispatches through AttentionInterface",
-                         f"none of the classes {layer.__name__}.__init__ builds calls a function taken from "
-                         "ALL_ATTENTION_FUNCTIONS")
-        attentions += [c for c in found if c not in attentions]
-    if len(attentions) > 1:
-        raise refuse(f"several attention classes: {', '.join(c.__name__ for c in attentions)}",
-                     "one attention class per model is supported")
+                         f"none of the classes {layer.__name__}.__init__ builds (nor theirs, {_DEPTH} levels down) "
+                         "calls a function taken from ALL_ATTENTION_FUNCTIONS")
+    found = list(dict.fromkeys(chain[-1] for layer in layers for chain in chains[layer]))
+    attentions = [c for c in found if not _is_cross_attention(c)] if len(found) > 1 else found
+    cross = [c for c in found if c not in attentions]  # built only with encoder states: refused at patch() if built
+    if len(attentions) != 1 or len(cross) > 1:
+        raise refuse(f"several attention classes: {', '.join(c.__name__ for c in found)}",
+                     "one attention class per model is supported (besides cross-attention, refused where built)")
     attention = attentions[0]
     call = attention_call(attention)
     unknown = sorted(set(dict(call.keywords)) - ATTENTION_KEYWORDS.keys())
@@ -146,11 +155,25 @@ def derive(model_type: str, version: str) -> Family:
         raise refuse(f"{attention.__name__} reads positions from the row index",
                      "it computes with cache_position or torch.arange over the row, which on a packed row counts "
                      "across sequences (position_ids restart per sequence)")
-    dropped = _layer_calls_without_kwargs(text)
-    if dropped:
-        raise refuse(f"{text.__name__}.forward calls its decoder layers without **kwargs ({dropped})",
-                     "the packed boundaries travel in the forward's kwargs and could not reach the attention")
-    passes = [_passes_kwargs(layer, attention) for layer in layers]
+    for owner in (text, *holders):
+        dropped = _layer_calls_without_kwargs(owner)
+        if dropped:
+            raise refuse(f"{owner.__name__}.forward calls its decoder layers without **kwargs ({dropped})",
+                         "the packed boundaries travel in the forward's kwargs and could not reach the attention")
+    for holder in holders:
+        if not _passes_kwargs(text, holder):
+            raise refuse(f"{text.__name__}.forward calls its {holder.__name__} without **kwargs",
+                         "the packed boundaries travel in the forward's kwargs and could not reach the decoder layers")
+    for owner in (text, *holders):
+        unpositioned = _position_modules_without_ids(module, owner)
+        if unpositioned:
+            raise refuse(f"{owner.__name__}.forward {unpositioned}",
+                         "on a packed row, positions must restart per sequence; tfcompat passes them as position_ids",
+                         "run the model unpatched")
+    # every chain from a decoder layer down to the attention passes **kwargs at each level: else a pre-hook on the
+    # decoder layer hands the boundaries to each attention module below it
+    passes = [all(_passes_kwargs(a, b) for chain in chains[layer] if chain[-1] is attention
+                  for a, b in zip(chain, chain[1:])) for layer in layers]
     if len(layers) > 1 and not all(passes):
         raise refuse(f"several decoder layer classes ({', '.join(c.__name__ for c in layers)}), some dropping **kwargs",
                      "the packed boundaries are bridged to the attention of one decoder layer class")
@@ -167,7 +190,7 @@ def derive(model_type: str, version: str) -> Family:
         versions=versions.VersionRange(line, f"{release[0]}.{release[1] + 1}"),
         module=where,
         classes={"attention": attention.__name__, "text_model": text.__name__, "decoder_layer": layers[0].__name__,
-                 "for_causal_lm": lm.__name__},
+                 "for_causal_lm": lm.__name__, **({"cross_attention": cross[0].__name__} if cross else {})},
         rotary=None,
         rope_config_key=rope_key,
         text_model_positions="text",
@@ -259,31 +282,46 @@ def _built_classes(module: Any, cls: type, method: str, *, attr: str | None = No
     an attribute of ``self`` (or into a local list it is built from: ``layers.append(...)``, where the class may come
     from a dict of the module, ``ALL_DECODER_LAYER_TYPES[kind]``).
     """
+    built = _assigned_classes(module, cls, method, lists_only=lists_only)
+    return list(dict.fromkeys(c for name, classes in built if attr is None or name == attr for c in classes))
+
+
+def _assigned_classes(module: Any, cls: type, method: str, *, lists_only: bool = False
+                      ) -> list[tuple[str, list[type]]]:
+    """``(attribute, classes)`` for each assignment to an attribute of ``self`` in ``cls.method``: the module
+    classes the assigned value instantiates (a class may be named directly, through a local variable assigned from
+    class names, ``cls = A if cross else B; self.x = cls(...)``, or read from a dict of the module). lists_only: only
+    values that are an ``nn.ModuleList(...)`` (see `_built_classes`)."""
     fn = _method(cls, method)
     if fn is None:
         return []
-    names: list[str] = []
+    local = {t.id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets
+             if isinstance(t, ast.Name)}
+    out: list[tuple[str, list[type]]] = []
     for node in ast.walk(fn):
         if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
             continue
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         on_self = [t for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
                    and t.value.id == "self"]
-        if not on_self or (attr is not None and all(t.attr != attr for t in on_self)):
-            continue
         value = node.value
-        if lists_only and not (isinstance(value, ast.Call) and ast.unparse(value.func).endswith("ModuleList")):
+        if not on_self or (lists_only and not (isinstance(value, ast.Call)
+                                               and ast.unparse(value.func).endswith("ModuleList"))):
             continue
+        names: list[str] = []
         for sub in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
             if isinstance(sub.func, ast.Name):
                 names.append(sub.func.id)
+                if sub.func.id in local and not lists_only:  # a local naming the class: cls = A if cross else B
+                    names += [n.id for n in ast.walk(local[sub.func.id]) if isinstance(n, ast.Name)]
             elif isinstance(sub.func, ast.Subscript) and isinstance(sub.func.value, ast.Name):  # TYPES[kind](config)
                 table = getattr(module, sub.func.value.id, None)
                 names += [v.__name__ for v in table.values() if isinstance(v, type)] if isinstance(table, dict) else []
         if lists_only and isinstance(value, ast.Call):  # nn.ModuleList(layers): what was appended to the local list
             for arg in (a for a in value.args if isinstance(a, ast.Name)):
                 names += _appended(fn, module, arg.id)
-    out = [c for c in dict.fromkeys(_local_class(module, n) for n in names) if c is not None and _is_module(c)]
+        classes = [c for c in dict.fromkeys(_local_class(module, n) for n in names) if c is not None and _is_module(c)]
+        out += [(t.attr, classes) for t in on_self]
     return out
 
 
@@ -363,17 +401,77 @@ def _layer_calls_without_kwargs(text: type) -> str:
     return ast.unparse(bad[0].func) + "(...)" if bad else ""
 
 
-def _passes_kwargs(layer: type, attention: type) -> bool:
-    """Whether ``layer.forward`` passes ``**kwargs`` on to the attribute holding its ``attention``."""
-    init, fn = _method(layer, "__init__"), _method(layer, "forward")
-    if init is None or fn is None:
+def _passes_kwargs(holder: type, child: type) -> bool:
+    """Whether ``holder.forward`` passes ``**kwargs`` on to every attribute of ``self`` holding a ``child`` (called
+    as ``self.attr(...)`` or ``self.attr[i](...)``, an ``nn.ModuleList`` of them), and calls at least one."""
+    fn = _method(holder, "forward")
+    module = importlib.import_module(holder.__module__)
+    attrs = {name for name, classes in _assigned_classes(module, holder, "__init__") if child in classes}
+    if fn is None or not attrs:
         return False
-    attrs = {t.attr for n in ast.walk(init) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
-             and isinstance(n.value.func, ast.Name) and n.value.func.id == attention.__name__
-             for t in n.targets if isinstance(t, ast.Attribute)}
-    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and n.func.attr in attrs and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"]
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and _self_attr(n.func) in attrs]
     return bool(calls) and all(any(k.arg is None for k in c.keywords) for c in calls)
+
+
+def _self_attr(func: ast.expr) -> str | None:
+    """``attr`` of a call's function ``self.attr`` or ``self.attr[i]``; None for anything else."""
+    func = func.value if isinstance(func, ast.Subscript) else func
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+        return func.attr
+    return None
+
+
+def _attention_chains(module: Any, layer: type) -> list[tuple[type, ...]]:
+    """Each path ``(layer, ..., attention)`` of classes built in ``__init__``, from a decoder layer down to a class
+    dispatching through ``ALL_ATTENTION_FUNCTIONS``, at most `_DEPTH` levels down (dbrx: ``DbrxBlock.norm_attn_norm
+    .attn``; BERT: ``BertLayer.attention.self``)."""
+    chains: list[tuple[type, ...]] = []
+
+    def walk(chain: tuple[type, ...]) -> None:
+        for child in _built_classes(module, chain[-1], "__init__"):
+            if child in chain:
+                continue
+            if _dispatch_call(child) is not None:
+                chains.append((*chain, child))
+            elif len(chain) < _DEPTH:
+                walk((*chain, child))
+
+    walk((layer,))
+    return chains
+
+
+def _is_cross_attention(cls: type) -> bool:
+    """Whether ``cls.forward`` takes encoder states (its keys and values come from another sequence)."""
+    fn = _method(cls, "forward")
+    return fn is not None and any(a.arg in _CROSS_PARAMS for a in fn.args.args + fn.args.kwonlyargs)
+
+
+def _position_modules_without_ids(module: Any, owner: type) -> str:
+    """What ``owner.forward`` does with positions that a packed row cannot take ("" = nothing): a call of a module
+    attribute whose forward takes ``position_ids`` without passing the forward's ``position_ids``, or one whose
+    default positions (``if position_ids is None``) are offset by a padding index (fairseq-style learned positions
+    counting from ``padding_idx + 1``: position ids restarting at 0 would shift them)."""
+    fn = _method(owner, "forward")
+    if fn is None:
+        return ""
+    holders = {name: classes for name, classes in _assigned_classes(module, owner, "__init__")}
+    for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+        attr = _self_attr(call.func)
+        for cls in holders.get(attr or "", []):
+            forward = _method(cls, "forward")
+            params = [a.arg for a in forward.args.args[1:]] if forward is not None else []
+            if "position_ids" not in params:
+                continue
+            given = [a for i, a in enumerate(call.args) if i < len(params) and params[i] == "position_ids"]
+            given += [k.value for k in call.keywords if k.arg == "position_ids"]
+            if not any(isinstance(n, ast.Name) and n.id == "position_ids" for g in given for n in ast.walk(g)):
+                return f"calls self.{attr} ({cls.__name__}) without position_ids"
+            defaults = [n for n in ast.walk(cast(ast.AST, forward)) if isinstance(n, ast.If)
+                        and ast.unparse(n.test) == "position_ids is None"]
+            if any("padding_idx" in ast.unparse(b) for n in defaults for b in n.body):
+                return (f"calls self.{attr} ({cls.__name__}), whose positions default to counting from its "
+                        "padding_idx + 1, not from 0")
+    return ""
 
 
 def _row_position_guards(fn: ast.FunctionDef) -> tuple[str, ...]:
