@@ -38,8 +38,9 @@ TINY: dict[str, dict[str, Any]] = {
     "gemma2": dict(sliding_window=WINDOW, query_pre_attn_scalar=16),
     "gemma3_text": dict(sliding_window=WINDOW, num_hidden_layers=3, query_pre_attn_scalar=16,
                         layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+    # layer 3 has no rope and tunes its queries' temperature: with floor_scale 4 the tuning changes within the lengths
     "llama4_text": dict(num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=128, num_hidden_layers=4,
-                        attention_chunk_size=6, attn_temperature_tuning=False),
+                        attention_chunk_size=6, attn_temperature_tuning=True, floor_scale=4, attn_scale=0.5),
     "olmo2": {},
     "phi3": dict(sliding_window=WINDOW),
     "ernie4_5": {},
@@ -48,10 +49,6 @@ TINY: dict[str, dict[str, Any]] = {
     "minimax_m2": dict(num_local_experts=4, **MOE),
 }
 INSTALLED = [t for t in TINY if t in causal_lm_types()]
-# model_type -> (extra tiny keys, what the refusal names), on every release where the type exists
-REFUSED = {
-    "llama4_text": (dict(attn_temperature_tuning=True), "reads positions from the row index"),
-}
 # model_type -> what the refusal at resolve() names, on 4.x releases: qwen2_moe picks one of its own attention classes
 # per implementation there (QWEN2MOE_ATTENTION_CLASSES), none dispatching through AttentionInterface
 REFUSED_ON_4 = {"qwen2_moe": "holds no attention that dispatches through AttentionInterface"}
@@ -181,15 +178,23 @@ class TestPackedEqualsStock:
             assert diff <= 1e-5 * scale, f"{name}: max abs diff {diff:.3e} (grad scale {scale:.2e})"
 
 
-@pytest.mark.parametrize("model_type", [t for t in REFUSED if t in causal_lm_types()])
-def test_refused_at_patch(model_type):
-    extra, what = REFUSED[model_type]
-    model = tiny(model_type, **extra)
-    with pytest.raises(PatchError, match=what):
-        tfcompat.patch(model)
-    assert not tfcompat.is_patched(model)
+@pytest.mark.skipif("llama4_text" not in INSTALLED, reason="transformers has no llama4_text before 4.51")
+def test_temperature_tuning_matters_and_is_refused_under_ulysses():
+    """Control for llama4_text above: its NoPE layer's temperature tuning changes the logits within the lengths (the
+    packed rescale from row index to sequence position is not vacuous); under Ulysses it is refused at patch()."""
+    import torch.distributed as dist
 
-
+    seq = sequences()[1]
+    tuned, untuned = tiny("llama4_text"), tiny("llama4_text", attn_temperature_tuning=False)
+    with torch.no_grad():
+        assert rel_diff(tuned(input_ids=seq).logits[0], [untuned(input_ids=seq).logits[0]]) > 1e-4
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(PatchError, match="NoPE temperature tuning"):
+            tfcompat.patch(tuned, ulysses_group=dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
+    assert not tfcompat.is_patched(tuned)
 
 
 def twins(head: str) -> list[str]:

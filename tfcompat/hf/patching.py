@@ -194,8 +194,11 @@ def patch(
 
         handle._add(Record("hook", layer, "forward_pre_hook", None, hook, True,
                            "hands packed boundaries to self-attention (layer drops **kwargs)"), remove)
-    for attn, features, note in plan.features:
+    for attn, features, note, temperature in plan.features:
         handle._set("instance", attn, hf_attention.FEATURES_ATTR, features, note)
+        if temperature is not None:
+            handle._set("instance", attn, hf_attention.TEMPERATURE_ATTR, temperature,
+                        "NoPE temperature tuning rescaled from the row index to the position in each sequence")
     for module, forward in plan.linear:
         handle._set("instance", module, "forward", forward,
                     "packed Gated DeltaNet (conv and state restart per sequence)")
@@ -343,7 +346,7 @@ class _Plan:
     text_models: list[torch.nn.Module]
     bridges: list[tuple[torch.nn.Module, torch.nn.Module]]
     linear: list[tuple[torch.nn.Module, Callable[..., torch.Tensor]]]
-    features: list[tuple[torch.nn.Module, Any, str]]
+    features: list[tuple[torch.nn.Module, Any, str, tuple[float, float] | None]]
 
 
 def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, backend: str) -> _Plan:
@@ -388,6 +391,12 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
                           "packed core cannot", why=found.refusal, supported=entry,
                           fix="run the model unpatched, or build it without the feature")
         features.append((attn, found))
+        if group is not None and found.temperature is not None:
+            raise r.error(PatchError, f"{type(attn).__name__} (layer {getattr(attn, 'layer_idx', '?')}) scales its "
+                          "queries by their row index (NoPE temperature tuning) under sequence parallelism",
+                          why="each rank's stock forward counts the row index of its own slice; tfcompat rescales it "
+                          "per sequence on a single process only", supported=entry,
+                          fix="set config.attn_temperature_tuning=False, or patch without ulysses_group")
         if group is not None:
             import torch.distributed as dist
 
@@ -416,7 +425,7 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
             bridges += [(layer, attn) for attn in below]
     linear = hf_linear_attention.plan(model, r, group, linear_backend)
     return _Plan(configs, text_models, bridges + linear.bridges, linear.forwards,
-                 [(attn, found.features, found.note) for attn, found in features])
+                 [(attn, found.features, found.note, found.temperature) for attn, found in features])
 
 
 def _bridge(attn: torch.nn.Module) -> Callable[..., None]:

@@ -30,7 +30,7 @@ from . import versions
 from .records import AttentionCall, Derivation, Entry, Family, RopeConfigKey
 
 __all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "attention_call", "causal_lm_types",
-           "derive", "guard_holds", "layer_kind", "module_name", "passed_values"]
+           "derive", "guard_holds", "layer_kind", "module_name", "passed_values", "temperature_guard"]
 
 # what an attention forward may pass to the attention function, and what the packed path makes of it
 ATTENTION_KEYWORDS = {
@@ -219,6 +219,34 @@ def attention_call(cls: type) -> AttentionCall:
                                                         None)
     return AttentionCall(cls.__name__, keywords, passes, _row_position_guards(fn), len(call.args),
                          "" if mask is None else ast.unparse(mask))
+
+
+# llama4's NoPE temperature tuning (https://huggingface.co/papers/2501.19399): the query scale at row position X
+_TEMPERATURE = re.compile(r"torch\.log1p\(torch\.floor\(\((\w+)\.float\(\) \+ 1\.0\) / self\.floor_scale\)\) \* "
+                          r"self\.attn_scale \+ 1\.0")
+_TEMPERATURE_LOCALS = {"past_seen_tokens", "positions", "attn_scales", "query_states"}
+
+
+@functools.cache
+def temperature_guard(cls: type) -> str:
+    """The guard (as in `AttentionCall.row_positions`) of ``cls.forward``'s NoPE temperature tuning, "" when it has
+    none: an ``if`` block that only scales ``query_states`` by ``log1p(floor((X + 1) / self.floor_scale)) *
+    self.attn_scale + 1`` with X the row index (``cache_position``, or ``torch.arange(hidden_states.shape[1])`` plus
+    the cached length, 0 in a packed forward). On a packed row X counts across sequences; the packed attention
+    rescales each query from its row index to its position in its sequence (`tfcompat.hf.attention`)."""
+    fn = _method(cls, "forward")
+    for node in ast.walk(fn) if fn is not None else ():
+        if not isinstance(node, ast.If):
+            continue
+        body = "\n".join(ast.unparse(b) for b in node.body)
+        found = _TEMPERATURE.search(body)
+        targets = {t.id for b in node.body if isinstance(b, ast.Assign) for t in b.targets if isinstance(t, ast.Name)}
+        row = found is not None and (found.group(1) == "cache_position" or (
+            found.group(1) == "positions" and "positions = torch.arange(hidden_states.shape[1]" in body))
+        if (row and "query_states = (query_states * attn_scales)" in body and targets <= _TEMPERATURE_LOCALS
+                and all(isinstance(b, ast.Assign) for b in node.body)):
+            return f"({ast.unparse(node.test)})"
+    return ""
 
 
 def passed_values(call: AttentionCall, module: Any, *, training: bool = False) -> dict[str, Any]:
