@@ -85,9 +85,9 @@ def packed_attention(
     seqs = ctx.seqs if features.chunk is None else chunked(ctx.seqs, features.chunk)  # cached per forward
     b, hq, length, d = query.shape
     dv = value.shape[-1]
-    temperature = module.__dict__.get(TEMPERATURE_ATTR)
+    temperature: tuple[float, float] | None = module.__dict__.get(TEMPERATURE_ATTR)
     if temperature is not None:
-        query = query * _temperature_rescale(ctx.seqs, *temperature, query)  # (1, 1, L, 1) per token
+        query = query * _temperature_rescale(ctx.seqs, temperature[0], temperature[1], query)  # (1, 1, L, 1)
     # (B, H, L, D) -> (B * L, H, D)
     q = query.transpose(1, 2).reshape(b * length, hq, d)
     k = key.transpose(1, 2).reshape(b * length, key.shape[1], d)
