@@ -43,6 +43,7 @@ ATTENTION_KEYWORDS = {
     "attention_mask": "the mask (the packed core takes the boundaries instead)",
     "position_ids": "position ids for flash-attention's packing check (the packed core takes the boundaries instead)",
     "head_mask": "a per-head mask (4.x; the packed attention refuses any but None, per forward)",
+    "output_attentions": "whether the weights are returned (the packed core returns none, as stock sdpa)",
 }
 # class names (and torch.nn layers) of token mixers other than softmax attention: state space, convolution,
 # recurrence, linear attention
@@ -400,7 +401,8 @@ def _token_mixers(module: Any, layer: type, prefix: str, seen: frozenset[type] =
 
 def _dispatch_call(cls: type) -> tuple[ast.FunctionDef, ast.Call] | None:
     """``cls.forward`` and its call of the attention function: a name assigned from an expression reading
-    ``ALL_ATTENTION_FUNCTIONS`` (with or without ``eager_attention_forward``); None when it has none."""
+    ``ALL_ATTENTION_FUNCTIONS`` (with or without ``eager_attention_forward``); None when it has none, or several
+    that differ in more than the value passed."""
     fn = _method(cls, "forward")
     if fn is None:
         return None
@@ -411,7 +413,10 @@ def _dispatch_call(cls: type) -> tuple[ast.FunctionDef, ast.Call] | None:
             if isinstance(target, ast.Name) and "ALL_ATTENTION_FUNCTIONS" in ast.unparse(node.value):
                 names.add(target.id)
     calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names]
-    return (fn, calls[0]) if len(calls) == 1 else None
+    # several calls (DiffLlama: one per half of the values) read as one when they differ in the value alone
+    same = {(ast.unparse(c.func), *(ast.unparse(a) for i, a in enumerate(c.args) if i != 3),
+             *(ast.unparse(k) for k in c.keywords)) for c in calls}
+    return (fn, calls[0]) if calls and len(same) == 1 else None
 
 
 def _layer_calls_without_kwargs(text: type) -> str:
