@@ -319,3 +319,40 @@ def test_unknown_attention_keyword_is_refused_naming_it():
 
     found = module_features(_AlibiAttention(), tiny("olmo2").config)
     assert "passes alibi=self.alibi" in found.refusal and found.features.window == 3
+
+
+@pytest.mark.skipif(MAJOR < 5, reason="BERT-style and dbrx attention dispatch through AttentionInterface from 5.0")
+def test_attention_found_below_the_decoder_layer():
+    """dbrx's attention sits two classes below its decoder layer, BERT's two (Layer.attention.self); BERT's
+    cross-attention class is recorded apart (refused where built, see below)."""
+    from tfcompat.registry.derive import derive
+
+    version = str(tfcompat.registry.versions.installed_transformers())
+    dbrx, bert = derive("dbrx", version).entries[0], derive("bert", version).entries[0]
+    assert (dbrx.classes["decoder_layer"], dbrx.classes["attention"]) == ("DbrxBlock", "DbrxAttention")
+    assert dbrx.layer_forwards_kwargs  # DbrxBlock -> DbrxNormAttentionNorm -> DbrxAttention pass **kwargs
+    assert (bert.classes["attention"], bert.classes["cross_attention"]) == ("BertSelfAttention", "BertCrossAttention")
+
+
+@pytest.mark.skipif(MAJOR < 5, reason="BERT-style attention dispatches through AttentionInterface from 5.0")
+@pytest.mark.parametrize(("change", "what"), [
+    (dict(is_decoder=False), "is not causal"),  # an encoder: its LM head attends both ways
+    (dict(add_cross_attention=True), r"holds cross-attention \(BertCrossAttention\)"),
+])
+def test_bert_style_decoder_refused_where_not_causal_or_cross(change, what):
+    from tfcompat.tiny_models import tiny_config
+
+    config = tiny_config("bert")
+    for key, value in change.items():
+        setattr(config, key, value)
+    model = importlib.import_module("transformers").BertLMHeadModel(config)
+    with pytest.raises(PatchError, match=what):
+        tfcompat.patch(model)
+    assert not tfcompat.is_patched(model)
+
+
+@pytest.mark.skipif(MAJOR < 5, reason="RoBERTa-style attention dispatches through AttentionInterface from 5.0")
+def test_positions_counted_from_padding_idx_are_refused():
+    """RoBERTa's learned positions default to padding_idx + 1 + index: position ids restarting at 0 would shift them."""
+    with pytest.raises(PatchError, match=r"positions default to counting from its padding_idx \+ 1"):
+        tfcompat.resolve("roberta")
