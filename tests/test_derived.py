@@ -352,7 +352,28 @@ def test_bert_style_decoder_refused_where_not_causal_or_cross(change, what):
 
 
 @pytest.mark.skipif(MAJOR < 5, reason="RoBERTa-style attention dispatches through AttentionInterface from 5.0")
-def test_positions_counted_from_padding_idx_are_refused():
-    """RoBERTa's learned positions default to padding_idx + 1 + index: position ids restarting at 0 would shift them."""
-    with pytest.raises(PatchError, match=r"positions default to counting from its padding_idx \+ 1"):
-        tfcompat.resolve("roberta")
+def test_own_positions_per_sequence():
+    """RoBERTa's learned positions default to padding_idx + 1 + the count of non-padding tokens: the packed row gets
+    them per sequence (a padding token inside a sequence included), not the contract's 0, 1, ...; control: those
+    differ. Under Ulysses it is refused."""
+    import torch.distributed as dist
+
+    from tests.every_type import build
+
+    model = build("roberta", "eager")
+    pad = model.config.pad_token_id
+    seqs = [s[0] for s in sequences()]
+    seqs[1][4] = pad  # positions skip it: the rest of the sequence counts one less
+    with torch.no_grad():
+        expected = [model(input_ids=s[None]).logits[0] for s in seqs]
+        contract = [model(input_ids=s[None], position_ids=torch.arange(len(s))[None]).logits[0] for s in seqs]
+        assert rel_diff(torch.cat(contract), expected) > 1e-3
+        with tfcompat.patch(model):
+            got = model(**packed([s[None] for s in seqs])).logits[0]
+    assert rel_diff(got, expected) <= 1e-5
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(PatchError, match="computes its own positions, under sequence parallelism"):
+            tfcompat.patch(model, ulysses_group=dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()

@@ -87,7 +87,7 @@ def packed_attention(
     dv = value.shape[-1]
     temperature: tuple[float, float] | None = module.__dict__.get(TEMPERATURE_ATTR)
     if temperature is not None:
-        query = query * _temperature_rescale(ctx.seqs, temperature[0], temperature[1], query)  # (1, 1, L, 1)
+        query = query * _temperature_rescale(ctx.seqs, temperature[0], temperature[1], query)  # (B, 1, L, 1)
     # (B, H, L, D) -> (B * L, H, D)
     q = query.transpose(1, 2).reshape(b * length, hq, d)
     k = key.transpose(1, 2).reshape(b * length, key.shape[1], d)
@@ -108,22 +108,23 @@ def packed_attention(
 
 def _temperature_rescale(seqs: PackedSeqs, floor_scale: float, attn_scale: float, query: torch.Tensor
                          ) -> torch.Tensor:
-    """``(1, 1, T, 1)``: per token, llama4's NoPE query scale ``log1p(floor((x + 1) / floor_scale)) * attn_scale + 1``
-    at its position in its sequence over the one at its row index (what the stock forward applied). query:
-    ``(1, H, T, D)``, a single process's whole packed row (`patch()` refuses it under Ulysses)."""
-    if query.shape[0] != 1 or query.shape[2] != seqs.total:
+    """``(B, 1, L, 1)``: per token, llama4's NoPE query scale ``log1p(floor((x + 1) / floor_scale)) * attn_scale + 1``
+    at its position in its sequence over the one at its index in its row (what the stock forward applied). query:
+    ``(B, H, L, D)``, a single process's packed rows (`patch()` refuses the tuning under Ulysses)."""
+    b, _, length, _ = query.shape
+    if b * length != seqs.total:
         raise PatchedModelError(
             f"NoPE temperature tuning on a query of shape {tuple(query.shape)} for {seqs.total} packed tokens",
-            why="the rescale from row index to sequence position needs the whole packed row, batch 1",
-            fix="pass one packed row (tfcompat.pack), or set config.attn_temperature_tuning=False")
-    row = torch.arange(seqs.total, device=query.device)  # (T,)
+            why="the rescale from row index to sequence position needs the whole packed rows",
+            fix="pass whole packed rows (tfcompat.pack), or set config.attn_temperature_tuning=False")
+    flat = torch.arange(seqs.total, device=query.device)  # (B * L,)
     lengths = torch.tensor(seqs.lengths, device=query.device)
-    position = row - torch.repeat_interleave(seqs.cu_seqlens[:-1].to(query.device, torch.long), lengths)
+    position = flat - torch.repeat_interleave(seqs.cu_seqlens[:-1].to(query.device, torch.long), lengths)
 
     def scale(x: torch.Tensor) -> torch.Tensor:
         return torch.log1p(torch.floor((x.float() + 1.0) / floor_scale)) * attn_scale + 1.0
 
-    return (scale(position) / scale(row)).to(query.dtype).view(1, 1, -1, 1)  # (T,) -> (1, 1, T, 1)
+    return (scale(position) / scale(flat % length)).to(query.dtype).view(b, 1, length, 1)  # (B * L,) -> (B, 1, L, 1)
 
 
 def rank_heads(per_head: torch.Tensor, heads: int, group: dist.ProcessGroup) -> torch.Tensor:

@@ -30,9 +30,11 @@ from ..core.attention import Backend
 from ..core.context import BRIDGE_ATTR, CONTEXT_KWARG, ForwardContext, StockContext
 from ..core.extras import VISUAL_KWARG, VisualExtras
 from ..core.labels import mask_ends, mask_starts
+from ..core.packing import PackedSeqs
 from ..core.position_ids import split_positions
 from ..errors import InvalidInputError, PatchedModelError, PatchError
 from ..registry import Resolved, resolve_model
+from ..registry.derive import OwnPositions, own_positions
 from . import attention as hf_attention
 from . import fused as hf_fused
 from . import linear_attention as hf_linear_attention
@@ -170,8 +172,10 @@ def patch(
     for config in plan.configs:
         handle._set("config", config, "_attn_implementation", hf_attention.ATTENTION_KEY,
                     f"{config._attn_implementation!r} -> {hf_attention.ATTENTION_KEY!r}")
+    own = own_positions(resolved.text_model_cls)
     for text_model in plan.text_models:
-        forward = _packed_text_forward(text_model.forward, resolved, backend, ulysses_group, router)
+        computes = None if own is None else functools.partial(_own_positions, getattr(text_model, own.attr), own)
+        forward = _packed_text_forward(text_model.forward, resolved, backend, ulysses_group, router, computes)
         handle._set("instance", text_model, "forward", forward, "packed position ids -> boundaries once per forward; "
                     "ordinary calls -> the stock attention")
     if all(model is not m for m in plan.text_models) and _takes_kwargs(model.forward):
@@ -366,6 +370,10 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
         raise r.error(PatchError, f"cannot patch {type(model).__name__}", supported=entry,
                       why=f"found {len(text_models)} {r.text_model_cls.__name__} and {len(attentions) + len(linears)} "
                       f"{mixers}", fix="pass the model built by transformers for this family")
+    if group is not None and own_positions(r.text_model_cls) is not None:
+        raise r.error(PatchError, f"{r.text_model_cls.__name__} computes its own positions, under sequence parallelism",
+                      why="its default positions count a sequence's tokens (skipping padding tokens); a rank holds "
+                      "only a slice of each sequence", supported=entry, fix="patch without ulysses_group")
     cross_cls = r.classes.get("cross_attention")
     cross = [m for m in model.modules() if cross_cls is not None and isinstance(m, cross_cls)]
     if cross:
@@ -435,15 +443,26 @@ def _bridge(attn: torch.nn.Module) -> Callable[..., None]:
     return hook
 
 
-def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Backend,
-                         group: Any, router: Router) -> Callable[..., Any]:
+def _own_positions(module: torch.nn.Module, own: OwnPositions, tokens: torch.Tensor, seqs: PackedSeqs
+                   ) -> torch.Tensor:
+    """``(B, L)`` positions of packed ``tokens`` (ids ``(B, L)`` or embeddings ``(B, L, D)``) as ``module`` computes
+    them by default for each sequence alone, with its own methods (`tfcompat.registry.derive.OwnPositions`)."""
+    method = getattr(module, own.from_ids if not tokens.is_floating_point() else own.from_embeds)
+    flat = tokens.reshape(-1, *tokens.shape[2:])  # (B, L[, D]) -> (B * L[, D])
+    pieces = [method(piece[None], cast(Any, module).padding_idx) for piece in flat.split(list(seqs.lengths))]
+    return torch.cat(pieces, dim=-1).view(tokens.shape[:2])  # N x (1, L_i) -> (B, L)
+
+
+def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Backend, group: Any, router: Router,
+                         own: Callable[[torch.Tensor, PackedSeqs], torch.Tensor] | None = None) -> Callable[..., Any]:
     """Wrap the text model's bound forward: contract ids in, boundaries computed once, stock forward out.
 
     The path (packed or stock, `tfcompat.routing`) comes from the caller's context or is decided here. A packed
     row without a caller's context takes its boundaries from the text row (single process); under Ulysses the
     context comes from `tfcompat.ulysses.shard_inputs` (global boundaries) and must name the patch's group. A
     packed forward builds no KV cache (``use_cache=False``). An ordinary call runs the stock forward with the
-    configs naming the pre-patch attention.
+    configs naming the pre-patch attention. own: the text model's own default positions per sequence (RoBERTa's,
+    from its padding index), replacing the contract's 0, 1, ... (None: the contract's are the model's).
     """
     sig = inspect.signature(original)
     var_kw = next(p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD)
@@ -476,6 +495,8 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         if visual is not None:
             _take_visual(a, visual, tokens.shape[:2])
         a["position_ids"] = to_text_model_layout(positions, r.entry.text_model_positions)
+        if own is not None:  # the model's own default positions (RoBERTa's), per sequence
+            a["position_ids"] = own(tokens, ctx.seqs)
         mask = a.get("attention_mask")
         if mask is not None and not (isinstance(mask, torch.Tensor) and mask.shape == tokens.shape[:2]):
             raise r.error(InvalidInputError, "a custom attention mask with packed inputs",

@@ -23,14 +23,15 @@ import operator
 import re
 import textwrap
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from ..errors import PatchError, UnknownFamilyError
 from . import versions
 from .records import AttentionCall, Derivation, Entry, Family, RopeConfigKey
 
 __all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "attention_call", "causal_lm_types",
-           "derive", "guard_holds", "layer_kind", "module_name", "passed_values", "temperature_guard"]
+           "derive", "guard_holds", "layer_kind", "module_name", "own_positions", "passed_values", "temperature_guard",
+           "OwnPositions"]
 
 # what an attention forward may pass to the attention function, and what the packed path makes of it
 ATTENTION_KEYWORDS = {
@@ -501,10 +502,64 @@ def _position_modules_without_ids(module: Any, owner: type) -> str:
                 return f"calls self.{attr} ({cls.__name__}) without position_ids"
             defaults = [n for n in ast.walk(cast(ast.AST, forward)) if isinstance(n, ast.If)
                         and ast.unparse(n.test) == "position_ids is None"]
-            if any("padding_idx" in ast.unparse(b) for n in defaults for b in n.body):
+            if any("padding_idx" in ast.unparse(b) for n in defaults for b in n.body) and _own_methods(cls) is None:
                 return (f"calls self.{attr} ({cls.__name__}), whose positions default to counting from its "
-                        "padding_idx + 1, not from 0")
+                        "padding_idx + 1 in a way tfcompat does not recognize")
     return ""
+
+
+class OwnPositions(NamedTuple):
+    """A text model's module whose default positions are its own, not 0, 1, ... (RoBERTa's fairseq-style learned
+    positions, from ``padding_idx + 1``, skipping padding tokens): the packed forward computes them per sequence
+    with the module's own methods and passes them as ``position_ids``.
+
+    attr: the text model's attribute holding it; from_ids / from_embeds: its methods taking ``(input_ids,
+    padding_idx)`` / ``(inputs_embeds, padding_idx)`` of one sequence ``(1, L)`` and returning its ``(1, L)``
+    positions (with no cache).
+    """
+
+    attr: str
+    from_ids: str
+    from_embeds: str
+
+
+def own_positions(text: type) -> OwnPositions | None:
+    """The module of ``text`` (a text model class) whose positions default to its own methods when it is given no
+    ``position_ids`` (`OwnPositions`), or None."""
+    module = importlib.import_module(text.__module__)
+    for name, classes in _assigned_classes(module, text, "__init__"):
+        methods = next((m for m in map(_own_methods, classes) if m is not None), None)
+        if methods is not None:
+            return OwnPositions(name, *methods)
+    return None
+
+
+def _own_methods(cls: type) -> tuple[str, str] | None:
+    """``(from_ids, from_embeds)`` where ``cls.forward`` reads, exactly, ``if position_ids is None: if input_ids is
+    not None: position_ids = self.<from_ids>(input_ids, self.padding_idx[, <cache length>]) else: position_ids =
+    self.<from_embeds>(inputs_embeds, self.padding_idx)``, both methods taking the cache length as an optional third
+    parameter or none; else None."""
+    fn = _method(cls, "forward")
+    for node in ast.walk(fn) if fn is not None else ():
+        if not (isinstance(node, ast.If) and ast.unparse(node.test) == "position_ids is None" and len(node.body) == 1
+                and isinstance(inner := node.body[0], ast.If) and ast.unparse(inner.test) == "input_ids is not None"
+                and len(inner.body) == 1 and len(inner.orelse) == 1):
+            continue
+        calls = []
+        for statement, source in ((inner.body[0], "input_ids"), (inner.orelse[0], "inputs_embeds")):
+            value = statement.value if isinstance(statement, ast.Assign) else None
+            if not (isinstance(value, ast.Call) and isinstance(statement, ast.Assign)
+                    and [ast.unparse(t) for t in statement.targets] == ["position_ids"] and not value.keywords
+                    and _self_attr(value.func) is not None and not isinstance(value.func, ast.Subscript)
+                    and [ast.unparse(a) for a in value.args[:2]] == [source, "self.padding_idx"]):
+                return None
+            method = getattr(cls, cast(str, _self_attr(value.func)), None)
+            params = list(inspect.signature(method).parameters.values()) if callable(method) else []
+            if len(params) < 2 or any(p.default is p.empty for p in params[2:]):
+                return None
+            calls.append(cast(str, _self_attr(value.func)))
+        return calls[0], calls[1]
+    return None
 
 
 def _row_position_guards(fn: ast.FunctionDef) -> tuple[str, ...]:
