@@ -34,7 +34,7 @@ from ..core.packing import PackedSeqs
 from ..core.position_ids import split_positions
 from ..errors import InvalidInputError, PatchedModelError, PatchError
 from ..registry import Resolved, resolve_model
-from ..registry.derive import OwnPositions, own_positions
+from ..registry.derive import OwnPositions, cross_attrs, own_positions, positions_from_row
 from . import attention as hf_attention
 from . import fused as hf_fused
 from . import linear_attention as hf_linear_attention
@@ -47,6 +47,7 @@ __all__ = ["PatchHandle", "Record", "is_patched", "patch"]
 
 _MISSING = object()
 _HANDLE_ATTR = "_tfcompat_handle"
+_ROW_POSITIONS_ATTR = "_tfcompat_row_positions"  # on a text model's positions module during a packed forward
 
 
 
@@ -173,9 +174,17 @@ def patch(
         handle._set("config", config, "_attn_implementation", hf_attention.ATTENTION_KEY,
                     f"{config._attn_implementation!r} -> {hf_attention.ATTENTION_KEY!r}")
     own = own_positions(resolved.text_model_cls)
+    from_row = positions_from_row(resolved.text_model_cls) if resolved.entry.derived is not None else None
     for text_model in plan.text_models:
         computes = None if own is None else functools.partial(_own_positions, getattr(text_model, own.attr), own)
-        forward = _packed_text_forward(text_model.forward, resolved, backend, ulysses_group, router, computes)
+        row_module = None if from_row is None else getattr(text_model, from_row)
+        if row_module is not None:
+            hook = row_module.register_forward_pre_hook(_row_positions_hook, with_kwargs=True)
+            handle._add(Record("hook", row_module, "forward_pre_hook", None, hook, True,
+                               "packed rows: the row's position ids instead of the ones counted over the row"),
+                        hook.remove)
+        forward = _packed_text_forward(text_model.forward, resolved, backend, ulysses_group, router, computes,
+                                       row_module)
         handle._set("instance", text_model, "forward", forward, "packed position ids -> boundaries once per forward; "
                     "ordinary calls -> the stock attention")
     if all(model is not m for m in plan.text_models) and _takes_kwargs(model.forward):
@@ -362,7 +371,11 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
                       why="it pools one score per sequence from tokens that sit on other ranks", supported=entry,
                       fix="score packed rows without ulysses_group (tfcompat pools one score per sequence there)")
     text_models = [m for m in model.modules() if isinstance(m, r.text_model_cls)]
-    attentions = [m for m in model.modules() if isinstance(m, r.attention_cls)]
+    # cross-attention of the self-attention's class (Bart's encoder_attn): called only with encoder states, which a
+    # packed forward refuses; left to its stock function
+    cross_ids = {id(getattr(layer, a, None)) for layer in model.modules() if isinstance(layer, r.decoder_layer_cls)
+                 for a in (cross_attrs(r.decoder_layer_cls, r.attention_cls) if r.entry.derived is not None else ())}
+    attentions = [m for m in model.modules() if isinstance(m, r.attention_cls) and id(m) not in cross_ids]
     linear_cls = r.classes.get("linear_attention")  # a hybrid family: its linear layers alone still need the patch
     linears = [m for m in model.modules() if linear_cls is not None and isinstance(m, linear_cls)]
     if not text_models or not (attentions or linears):
@@ -453,8 +466,16 @@ def _own_positions(module: torch.nn.Module, own: OwnPositions, tokens: torch.Ten
     return torch.cat(pieces, dim=-1).view(tokens.shape[:2])  # N x (1, L_i) -> (B, L)
 
 
+def _row_positions_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Forward pre-hook of the module a text model hands the positions it counted over the row: on a packed
+    forward, the packed row's own position ids (`_ROW_POSITIONS_ATTR`) instead."""
+    positions = module.__dict__.get(_ROW_POSITIONS_ATTR)
+    return None if positions is None else (args, {**kwargs, "position_ids": positions})
+
+
 def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Backend, group: Any, router: Router,
-                         own: Callable[[torch.Tensor, PackedSeqs], torch.Tensor] | None = None) -> Callable[..., Any]:
+                         own: Callable[[torch.Tensor, PackedSeqs], torch.Tensor] | None = None,
+                         row_module: torch.nn.Module | None = None) -> Callable[..., Any]:
     """Wrap the text model's bound forward: contract ids in, boundaries computed once, stock forward out.
 
     The path (packed or stock, `tfcompat.routing`) comes from the caller's context or is decided here. A packed
@@ -463,8 +484,11 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
     packed forward builds no KV cache (``use_cache=False``). An ordinary call runs the stock forward with the
     configs naming the pre-patch attention. own: the text model's own default positions per sequence (RoBERTa's,
     from its padding index), replacing the contract's 0, 1, ... (None: the contract's are the model's).
+    row_module: where the text forward takes no position ids and counts them over the row (Bart's decoder), the
+    module it hands them to: on a packed row it gets the row's position ids (`_row_positions_hook`), one row only.
     """
     sig = inspect.signature(original)
+    takes_positions = "position_ids" in sig.parameters
     var_kw = next(p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD)
 
     @functools.wraps(original)
@@ -480,6 +504,8 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         router.last = ctx
         if isinstance(ctx, StockContext):
             return _stock(a, extra, ctx)
+        if not takes_positions:  # given to the forward's **kwargs (Bart's decoder): handed to row_module below
+            a["position_ids"] = extra.pop("position_ids", None)
         if a.get("position_ids") is None or tokens is None:
             raise r.error(InvalidInputError, "a packed forward needs position_ids and input_ids (or inputs_embeds)",
                           why="position_ids is None" if tokens is not None else "no input tokens",
@@ -504,12 +530,28 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
                           "the context's sequences and would ignore it",
                           fix="drop attention_mask (the boundaries come from the packed inputs), or call the model "
                           "without the tfcompat context (stock attention honours the mask)")
+        if a.get("encoder_hidden_states") is not None or extra.get("encoder_hidden_states") is not None:
+            raise r.error(InvalidInputError, "encoder_hidden_states with packed inputs",
+                          why="cross-attention to encoder states runs on padded batches only; the packed forward "
+                          "attends within the packed sequences",
+                          fix="call the model without packed position ids (the stock forward takes encoder states)")
         if "attention_mask" in a:
             a["attention_mask"] = None
         if "use_cache" in sig.parameters:  # a KV cache of a packed row is of no use to any later call
             a["use_cache"] = False
-        # keywords only: transformers' forward decorators re-inject defaults by name
-        return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
+        if row_module is None:
+            # keywords only: transformers' forward decorators re-inject defaults by name
+            return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
+        positions = a.pop("position_ids")
+        if positions.ndim != 2 or positions.shape[0] != 1:
+            raise r.error(InvalidInputError, f"{r.family} takes one packed row at a time",
+                          why=f"its text model counts positions over the row, for every row alike; got position ids "
+                          f"{tuple(positions.shape)}", fix="pass one packed row (batch 1) per forward")
+        row_module.__dict__[_ROW_POSITIONS_ATTR] = positions[0]  # (1, L) -> (L,), as the stock forward counts them
+        try:
+            return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
+        finally:
+            row_module.__dict__.pop(_ROW_POSITIONS_ATTR, None)
 
     def _stock(a: dict[str, Any], extra: dict[str, Any], ctx: StockContext) -> Any:
         """An ordinary call: the stock forward, masks and attention of the pre-patch implementation."""

@@ -29,9 +29,9 @@ from ..errors import PatchError, UnknownFamilyError
 from . import versions
 from .records import AttentionCall, Derivation, Entry, Family, RopeConfigKey
 
-__all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "attention_call", "causal_lm_types",
-           "derive", "guard_holds", "layer_kind", "module_name", "own_positions", "passed_values", "temperature_guard",
-           "OwnPositions"]
+__all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "OwnPositions", "attention_call",
+           "causal_lm_types", "cross_attrs", "derive", "guard_holds", "layer_kind", "module_name", "own_positions",
+           "passed_values", "positions_from_row", "temperature_guard"]
 
 # what an attention forward may pass to the attention function, and what the packed path makes of it
 ATTENTION_KEYWORDS = {
@@ -115,6 +115,8 @@ def derive(model_type: str, version: str) -> Family:
         if not layers:
             layers = _built_classes(module, holder, "__init__", lists_only=True)
             holders += [holder] if layers else []
+    if len(holders) == 1 and _delegates(text, holders[0]):  # BartDecoderWrapper.forward: self.decoder(*a, **kw)
+        text, holders = holders[0], []
     if not layers:
         raise refuse(f"no decoder layers found in {text.__name__}",
                      f"{text.__name__}.__init__ builds no nn.ModuleList of {where}'s classes")
@@ -453,6 +455,74 @@ def _self_attr(func: ast.expr) -> str | None:
     if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
         return func.attr
     return None
+
+
+def _delegates(wrapper: type, inner: type) -> bool:
+    """Whether ``wrapper.forward`` only returns ``self.<attr>(*args, **kwargs)`` of an attribute holding ``inner``."""
+    fn = _method(wrapper, "forward")
+    module = importlib.import_module(wrapper.__module__)
+    attrs = {name for name, classes in _assigned_classes(module, wrapper, "__init__") if inner in classes}
+    body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))] if fn else []
+    call = body[0].value if len(body) == 1 and isinstance(body[0], ast.Return) else None
+    return (fn is not None and isinstance(call, ast.Call) and _self_attr(call.func) in attrs
+            and not isinstance(call.func, ast.Subscript) and fn.args.vararg is not None and fn.args.kwarg is not None
+            and [ast.unparse(a) for a in call.args] == [f"*{fn.args.vararg.arg}"]
+            and [(k.arg, ast.unparse(k.value)) for k in call.keywords] == [(None, fn.args.kwarg.arg)])
+
+
+_ROW_POSITIONS = re.compile(r"torch\.arange\(seq_length, device=\w+\.device\) \+ (cache_length|past_key_values_length)")
+
+
+@functools.cache
+def positions_from_row(text: type) -> str | None:
+    """The attribute of the module to which ``text.forward`` (a text model's forward without a ``position_ids``
+    parameter) passes ``position_ids=position_ids`` where it counted them over the row itself (Bart's decoder:
+    ``position_ids = torch.arange(seq_length, ...) + cache_length``, unconditionally, used for nothing else); None
+    otherwise. A packed forward hands that module the positions of each token in its sequence instead
+    (`tfcompat.hf.patching`)."""
+    fn = _method(text, "forward")
+    if fn is None or "position_ids" in {a.arg for a in fn.args.args + fn.args.kwonlyargs}:
+        return None
+    counted = [b for b in fn.body if isinstance(b, ast.Assign) and [ast.unparse(t) for t in b.targets]
+               == ["position_ids"] and _ROW_POSITIONS.fullmatch(ast.unparse(b.value))]
+    stores = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == "position_ids"
+                     and isinstance(n.ctx, ast.Store)), key=lambda n: n.lineno)
+    if len(counted) != 1 or len(stores) > 2 or stores[0].lineno != counted[0].lineno:
+        return None
+    # a second store may hold the embedding itself (Blenderbot: position_ids = self.embed_positions(...)): the
+    # positions are read up to it, the name means the embedding after it
+    restore = next((b for b in ast.walk(fn) if isinstance(b, ast.Assign) and len(stores) == 2
+                    and stores[1] in b.targets), None)
+    if len(stores) == 2 and (restore is None or not isinstance(restore.value, ast.Call)):
+        return None
+    end = restore.value.end_lineno or restore.lineno if restore is not None else None
+    loads = {id(n) for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == "position_ids"
+             and isinstance(n.ctx, ast.Load) and (end is None or n.lineno <= end)}
+    uses = [(c, k) for c in ast.walk(fn) if isinstance(c, ast.Call) for k in c.keywords if id(k.value) in loads]
+    attrs = {_self_attr(c.func) for c, k in uses if k.arg == "position_ids" and not isinstance(c.func, ast.Subscript)}
+    if len(uses) != len(loads) or len(attrs) != 1 or None in attrs:
+        return None
+    if restore is not None and _self_attr(cast(ast.Call, restore.value).func) not in attrs:
+        return None
+    return attrs.pop()
+
+
+def cross_attrs(layer: type, attention: type) -> tuple[str, ...]:
+    """The attributes of ``layer`` (a decoder layer class) holding ``attention`` that its forward calls only inside
+    ``if encoder_hidden_states is not None`` (cross-attention: Bart's ``encoder_attn``, the self-attention's class
+    with keys and values from the encoder; never called on a packed row, which takes no encoder states)."""
+    fn = _method(layer, "forward")
+    module = importlib.import_module(layer.__module__)
+    attrs = {name for name, classes in _assigned_classes(module, layer, "__init__") if attention in classes}
+    if fn is None:
+        return ()
+    guarded: set[int] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "encoder_hidden_states is not None":
+            guarded |= {id(n) for b in node.body for n in ast.walk(b)}
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and _self_attr(n.func) in attrs]
+    return tuple(sorted(a for a in attrs if any(_self_attr(c.func) == a for c in calls)
+                        and all(id(c) in guarded for c in calls if _self_attr(c.func) == a)))
 
 
 def _attention_chains(module: Any, layer: type) -> list[tuple[type, ...]]:
