@@ -377,3 +377,31 @@ def test_own_positions_per_sequence():
             tfcompat.patch(model, ulysses_group=dist.group.WORLD)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.skipif(MAJOR < 5, reason="Bart's and Whisper's decoders dispatch through AttentionInterface from 5.0")
+def test_decoders_with_cross_attention_and_row_positions():
+    """Bart's decoder counts positions over the row (its positions module gets the packed row's instead, one row at
+    a time); its encoder_attn, the self-attention's class, is left stock: packed rows refuse encoder states."""
+    from tests.every_type import build
+    from tfcompat.errors import InvalidInputError
+    from tfcompat.registry.derive import cross_attrs, positions_from_row
+
+    bart = importlib.import_module("transformers.models.bart.modeling_bart")
+    assert positions_from_row(bart.BartDecoder) == "embed_positions"
+    assert cross_attrs(bart.BartDecoderLayer, bart.BartAttention) == ("encoder_attn",)
+    model = build("bart", "eager")
+    seqs = [s[0] for s in sequences()]
+    inputs = packed([s[None] for s in seqs])
+    with torch.no_grad():
+        expected = [model(input_ids=s[None]).logits[0] for s in seqs]
+        with tfcompat.patch(model) as handle:
+            got = model(**inputs).logits[0]
+            hook = next(r for r in handle.records if r.scope == "hook" and r.attr == "forward_pre_hook").new
+            hook.remove()  # control: packed boundaries, but the positions the decoder counts over the row
+            control = model(**inputs).logits[0]
+            with pytest.raises(InvalidInputError, match="takes one packed row at a time"):
+                model(input_ids=inputs["input_ids"].expand(2, -1), position_ids=inputs["position_ids"].expand(2, -1))
+            with pytest.raises(InvalidInputError, match="encoder_hidden_states with packed inputs"):
+                model(**inputs, encoder_hidden_states=torch.randn(1, 5, model.config.d_model))
+    assert rel_diff(got, expected) <= 1e-5 < rel_diff(control, expected)
