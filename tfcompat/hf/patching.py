@@ -173,7 +173,7 @@ def patch(
     for config in plan.configs:
         handle._set("config", config, "_attn_implementation", hf_attention.ATTENTION_KEY,
                     f"{config._attn_implementation!r} -> {hf_attention.ATTENTION_KEY!r}")
-    own = own_positions(resolved.text_model_cls)
+    own = own_positions(resolved.text_model_cls) if resolved.entry.derived is not None else None
     from_row = positions_from_row(resolved.text_model_cls) if resolved.entry.derived is not None else None
     for text_model in plan.text_models:
         computes = None if own is None else functools.partial(_own_positions, getattr(text_model, own.attr), own)
@@ -383,7 +383,7 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
         raise r.error(PatchError, f"cannot patch {type(model).__name__}", supported=entry,
                       why=f"found {len(text_models)} {r.text_model_cls.__name__} and {len(attentions) + len(linears)} "
                       f"{mixers}", fix="pass the model built by transformers for this family")
-    if group is not None and own_positions(r.text_model_cls) is not None:
+    if group is not None and r.entry.derived is not None and own_positions(r.text_model_cls) is not None:
         raise r.error(PatchError, f"{r.text_model_cls.__name__} computes its own positions, under sequence parallelism",
                       why="its default positions count a sequence's tokens (skipping padding tokens); a rank holds "
                       "only a slice of each sequence", supported=entry, fix="patch without ulysses_group")
