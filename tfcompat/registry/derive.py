@@ -226,7 +226,9 @@ def attention_call(cls: type) -> AttentionCall:
 
 
 # llama4's NoPE temperature tuning (https://huggingface.co/papers/2501.19399): the query scale at row position X
-_TEMPERATURE = re.compile(r"torch\.log1p\(torch\.floor\(\((\w+)\.float\(\) \+ 1\.0\) / self\.floor_scale\)\) \* "
+# (4.53: torch.log(... + 1.0), the same function)
+_TEMPERATURE = re.compile(r"torch\.log(?:1p\(torch\.floor\(\((\w+)\.float\(\) \+ 1\.0\) / self\.floor_scale\)\)|"
+                          r"\(torch\.floor\(\((\w+)\.float\(\) \+ 1\.0\) / self\.floor_scale\) \+ 1\.0\)) \* "
                           r"self\.attn_scale \+ 1\.0")
 _TEMPERATURE_LOCALS = {"past_seen_tokens", "positions", "attn_scales", "query_states"}
 
@@ -245,8 +247,9 @@ def temperature_guard(cls: type) -> str:
         body = "\n".join(ast.unparse(b) for b in node.body)
         found = _TEMPERATURE.search(body)
         targets = {t.id for b in node.body if isinstance(b, ast.Assign) for t in b.targets if isinstance(t, ast.Name)}
-        row = found is not None and (found.group(1) == "cache_position" or (
-            found.group(1) == "positions" and "positions = torch.arange(hidden_states.shape[1]" in body))
+        read = None if found is None else found.group(1) or found.group(2)
+        row = read == "cache_position" or (read == "positions" and "positions = torch.arange(hidden_states.shape[1]"
+                                           in body)
         if (row and "query_states = (query_states * attn_scales)" in body and targets <= _TEMPERATURE_LOCALS
                 and all(isinstance(b, ast.Assign) for b in node.body)):
             return f"({ast.unparse(node.test)})"
