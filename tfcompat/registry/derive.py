@@ -1,13 +1,19 @@
 """Deriving a family entry for a causal LM from the installed transformers' own modeling module.
 
 A text model needs no hand-written table when its structure can be read: transformers' auto mappings name the
-causal-LM class of a ``model_type`` and its module; the causal LM's ``__init__`` names the text model; the text
-model's ``__init__`` its decoder layers; a decoder layer's ``__init__`` its attention; and the attention's
+causal-LM class of a ``model_type`` and its module; the causal LM's ``__init__`` names the text model (through a
+wrapper that only delegates to it: Bart's ``*DecoderWrapper``); the text model's ``__init__`` its decoder layers; a
+decoder layer's ``__init__`` its attention, up to `_DEPTH` classes down (dbrx's ``norm_attn_norm.attn``, BERT's
+``attention.self``), with ``**kwargs`` proved passed at each level (else bridged by a pre-hook); and the attention's
 ``forward`` names what it passes to the attention function it takes from ``ALL_ATTENTION_FUNCTIONS``. Each of these
 is read from the source with `ast`, never guessed from names. What tfcompat cannot prove it handles is refused with
 a `PatchError` naming it: a token mixer other than softmax attention, an attention that does not dispatch through
 transformers' ``AttentionInterface``, a keyword the packed core does not know, positions read from the row index
-rather than from ``position_ids``.
+rather than from ``position_ids``, cross-attention where a model builds it.
+
+Three readings of the row index are recognized and mended instead, each from its exact source: llama4's NoPE
+temperature tuning (`temperature_guard`), a decoder counting ``position_ids`` over the row for its positions module
+(`positions_from_row`), and learned positions counted from a padding index (`own_positions`, RoBERTa).
 
 `derive` gives the `Family` (one `Entry`, for the installed release line); `attention_call` reads one attention
 class (also for written families, at `patch()`), and `passed_values` evaluates what one attention module passes.
