@@ -78,10 +78,9 @@ def logits_of(model: torch.nn.Module, **inputs) -> torch.Tensor:
 
 
 def stock_per_sequence(model: torch.nn.Module, seqs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Stock logits of each sequence alone, `(L_i, V)` each (position ids 0.. where the forward takes them)."""
-    takes_positions = "position_ids" in inspect.signature(model.forward).parameters
-    return [logits_of(model, input_ids=s[None], **({"position_ids": torch.arange(len(s))[None]} if takes_positions
-                                                   else {})) for s in seqs]
+    """Stock logits of each sequence alone, `(L_i, V)` each, at the positions the model gives it by default (0, 1, ...
+    for most; RoBERTa's count from its padding index): what the packed row's restarting position ids must give."""
+    return [logits_of(model, input_ids=s[None]) for s in seqs]
 
 
 def packed_inputs(seqs: list[torch.Tensor]) -> dict[str, torch.Tensor]:

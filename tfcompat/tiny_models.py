@@ -105,6 +105,11 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "Dots3NoteTextConfig": {"head_dim": 24},
     # ReformerModelWithLMHead asserts it (the causal LM head of an encoder-style config)
     "ReformerConfig": {"is_decoder": True, "axial_pos_embds_dim": [32, 32]},
+    # BERT-style encoders: their LM head model is a causal LM only as a decoder (bidirectional otherwise)
+    **{name: {"is_decoder": True} for name in (
+        "BertConfig", "BertGenerationConfig", "CamembertConfig", "Data2VecTextConfig", "ElectraConfig", "ErnieConfig",
+        "MegatronBertConfig", "RemBertConfig", "RobertaConfig", "RobertaPreLayerNormConfig", "RoCBertConfig",
+        "RoFormerConfig", "XLMRobertaConfig", "XLMRobertaXLConfig", "XmodConfig", "BigBirdConfig")},
     # the projector concatenates these vision layers: two of the tiny tower's two
     "VipLlavaConfig": {"vision_feature_layers": [-2, -1]},
     # the pixel-shuffle adapter's input (hidden 64 / 0.5**2) is the vision `intermediate_size`

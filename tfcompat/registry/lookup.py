@@ -285,12 +285,17 @@ def _resolve(key: str, version: str) -> Resolved:
 
 
 def resolve_model(model: torch.nn.Module) -> Resolved:
-    """`resolve` for a model instance: its ``config.model_type``; where the family's text model follows the text
+    """`resolve` for a model instance: its ``config.model_type`` (or the causal-LM type transformers maps its class
+    to, where the config is a text sub-config of another type); where the family's text model follows the text
     config (`tfcompat.records.Family.text_variants`) and that config names a listed ``model_type``, the text half
     of the entry (`tfcompat.records.TEXT_ROLES`, rotary, cache kwarg, position layout, kwargs flow) comes from the
     listed family's entry on the installed release."""
     config = getattr(model, "config", None)
     key = cast(str, getattr(config, "model_type", None))  # None: resolve's UnknownFamilyError says so
+    if key not in families() and key not in _text_only_families() and key not in derivable_types():
+        # a causal LM built from its text sub-config (Emu3ForCausalLM: "emu3_text_model"): the type it is mapped to
+        key = next((k for k, name in derive.causal_lm_types().items() if name == type(model).__name__
+                    and k in derivable_types()), key)
     resolved = resolve(key)
     text_type = getattr(getattr(config, "text_config", None), "model_type", None)
     text_family = dict(resolved.spec.text_variants).get(cast(str, text_type))
