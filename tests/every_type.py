@@ -222,3 +222,65 @@ def image_check(model_type: str, attn_implementation: str = "eager", seed: int =
         return Outcome(model_type, "unbuildable", "the image does not reach the logits (degenerate tiny vision tower)")
     n = int(inputs["input_ids"].shape[-1]) - 9  # 5 + 4 text tokens around the image
     return Outcome(model_type, "pass", f"{n} image tokens, pixel_values {tuple(inputs['pixel_values'].shape)}", moved)
+
+
+def vlm_examples(model: torch.nn.Module, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Three sequences for a packed row of a vision-language model: text around an image, text alone, text around
+    another image (each an `image_sequence`: its own image kwargs, as a processor returns them for one sample)."""
+    text = sample_sequences(model.config, lengths=(6,), seed=seed + 1)[0][None]
+    return [image_sequence(model, seed=seed), {"input_ids": text}, image_sequence(model, seed=seed + 2)]
+
+
+def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> Outcome:
+    """A vision-language type: `tfcompat.pack` of `vlm_examples` through `tfcompat.patch` vs stock per sequence (each
+    with its own image), forward and backward; and the same row through `tfcompat.embed_inputs` (the vision tower run
+    before the forward, as for Ulysses). Statuses as `check`; a pass records the largest diff, and fails when the
+    control (the unpatched packed row, positions running on) does not differ."""
+    if attn_implementation not in attention_implementations(model_type, "image_text_to_text"):
+        return Outcome(model_type, "skipped", f"the model class offers no {attn_implementation} attention")
+    try:
+        model = build(model_type, attn_implementation, kind="image_text_to_text", seed=seed)
+        examples = vlm_examples(model, seed=seed)
+        with torch.no_grad():
+            expected = [logits_of(model, **ex) for ex in examples]
+        w = projection(expected[0].shape[-1])
+        expected_grads = gradients(model, lambda: sum((logits_of(model, **ex) @ w).sum() for ex in examples))
+    except Exception as exc:  # noqa: BLE001 -- the zoo reports every reason a type cannot be built or run
+        return Outcome(model_type, "unbuildable", _reason(exc))
+    try:
+        handle = tfcompat.patch(model)
+    except REFUSALS as exc:
+        return Outcome(model_type, "refused", _reason(exc))
+    except Exception as exc:  # noqa: BLE001 -- an untyped error at patch() is a defect
+        return Outcome(model_type, "fail", f"untyped error at patch(): {_reason(exc)}")
+    with handle:
+        try:
+            inputs = tfcompat.pack(model, examples).model_inputs
+            with torch.no_grad():
+                diff = compare(logits_of(model, **inputs), expected)
+                vision = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids")
+                          and not k.startswith("tfcompat")}
+                embedded = tfcompat.embed_inputs(model, inputs["input_ids"], **vision)
+                context = {k: v for k, v in inputs.items() if k.startswith("tfcompat")}
+                diff_embedded = compare(logits_of(model, **embedded.model_inputs(), position_ids=inputs["position_ids"],
+                                                  **context), expected)
+            got_grads = gradients(model, lambda: (logits_of(model, **inputs) @ w).sum())
+        except Exception as exc:  # noqa: BLE001
+            return Outcome(model_type, "fail", f"patched forward raised {_reason(exc)}")
+    with torch.no_grad():  # the control: the same row unpatched, positions running on (stock 5.x finds restarting
+        # position ids itself), attends across sequences
+        control = compare(logits_of(model, **{k: v for k, v in inputs.items() if not k.startswith("tfcompat")
+                                              and k != "position_ids"}), expected)
+    if got_grads.keys() != expected_grads.keys():
+        missing = sorted(got_grads.keys() ^ expected_grads.keys())
+        return Outcome(model_type, "fail", f"patched gradients reach other parameters: {', '.join(missing[:4])}",
+                       float("inf"))
+    grad_diff = compare_gradients(got_grads, expected_grads)
+    worst = max(diff, diff_embedded, grad_diff)
+    if diff <= TOLERANCE and diff_embedded <= TOLERANCE and grad_diff <= GRAD_TOLERANCE:
+        if control <= 1e-3:
+            return Outcome(model_type, "fail", f"control: the unpatched packed row equals per sequence ({control:.1e})",
+                           worst)
+        return Outcome(model_type, "pass", f"control {control:.1e}", worst)
+    return Outcome(model_type, "fail", f"patched packed differs from stock per sequence: logits {diff:.2e}, "
+                   f"embedded {diff_embedded:.2e}, gradients {grad_diff:.2e}", worst)

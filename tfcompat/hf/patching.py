@@ -40,6 +40,7 @@ from .changes import Record
 from .features import ModuleFeatures, module_features, unsupported
 from .forward import Router, to_text_model_layout
 from .pooling import is_sequence_classifier, pooled_forward, scores_holder
+from .vision import vision_hooks
 
 __all__ = ["PatchHandle", "Record", "is_patched", "patch"]
 
@@ -155,6 +156,7 @@ def patch(
                          fix="pass a transformers PreTrainedModel")
     resolved = resolve_model(model)
     plan = _plan(model, resolved, ulysses_group, linear_backend, backend)
+    hooks = vision_hooks(model, resolved, plan.text_models, [attn for attn, _, _ in plan.features])
     fused_modules = hf_fused.prepare(model, fused, resolved.family, resolved.transformers_version)
 
     handle = PatchHandle(model, resolved, options)
@@ -194,6 +196,9 @@ def patch(
 
         handle._add(Record("hook", layer, "forward_pre_hook", None, hook, True,
                            "hands packed boundaries to self-attention (layer drops **kwargs)"), remove)
+    for module, fn, note in hooks:
+        vision_hook = module.register_forward_pre_hook(fn, with_kwargs=True)
+        handle._add(Record("hook", module, "forward_pre_hook", None, vision_hook, True, note), vision_hook.remove)
     for attn, features, note in plan.features:
         handle._set("instance", attn, hf_attention.FEATURES_ATTR, features, note)
     for module, forward in plan.linear:
