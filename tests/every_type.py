@@ -258,10 +258,11 @@ def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0)
             inputs = tfcompat.pack(model, examples).model_inputs
             with torch.no_grad():
                 diff = compare(logits_of(model, **inputs), expected)
-                vision = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids")
-                          and not k.startswith("tfcompat")}
+                rest = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids")}
+                per_token = ("tfcompat", "token_type_ids", "mm_token_type_ids")  # the context, token types
+                vision = {k: v for k, v in rest.items() if not k.startswith(per_token)}
                 embedded = tfcompat.embed_inputs(model, inputs["input_ids"], **vision)
-                context = {k: v for k, v in inputs.items() if k.startswith("tfcompat")}
+                context = {k: v for k, v in rest.items() if k.startswith(per_token)}
                 diff_embedded = compare(logits_of(model, **embedded.model_inputs(), position_ids=inputs["position_ids"],
                                                   **context), expected)
             got_grads = gradients(model, lambda: (logits_of(model, **inputs) @ w).sum())

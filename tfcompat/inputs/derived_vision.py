@@ -129,17 +129,20 @@ def dummy_features(r: Resolved, owner: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def dummy_layouts(vision: Any, params: Mapping[str, Any]) -> list[dict[str, torch.Tensor]]:
-    """Zero images in the layouts transformers' vision-language models take, in order: one ``(1, C, S, S)`` image
-    (with ``image_sizes``), ``(1, 1, C, S, S)`` (a batch of image lists), NaFlex patches ``(1, N, C * p * p)`` with
-    ``spatial_shapes`` and a patch mask. S is the config's image size."""
+    """Zero images in the layouts transformers' vision-language models take, in order: one ``(1, C, S, S)`` image,
+    ``(1, 1, C, S, S)`` (a batch of image lists), with ``image_sizes`` (any resolution: the image and one tile),
+    NaFlex patches ``(1, N, C * p * p)`` with ``spatial_shapes`` and a patch mask. S is the config's image size."""
     channels = getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None) or 3
     size = getattr(vision, "image_size", 224)
     size = size[0] if isinstance(size, (list, tuple)) else size
     patch = getattr(vision, "patch_size", 14)
     patch = patch[0] if isinstance(patch, (list, tuple)) else patch
     image = torch.zeros(1, channels, size, size)
-    sized = {"image_sizes": torch.tensor([[size, size]])} if "image_sizes" in params else {}
-    layouts = [{"pixel_values": image, **sized}, {"pixel_values": image[:, None], **sized}]
+    layouts: list[dict[str, torch.Tensor]] = [{"pixel_values": image}, {"pixel_values": image[:, None]}]
+    if "image_sizes" in params:  # any-resolution towers: the image and its size (a tile of its own)
+        sizes = torch.tensor([[size, size]])
+        layouts += [{"pixel_values": image, "image_sizes": sizes},
+                    {"pixel_values": torch.cat([image, image])[None], "image_sizes": sizes}]
     if "spatial_shapes" in params:
         side = max(1, size // patch)
         layouts.append({"pixel_values": torch.zeros(1, side * side, channels * patch * patch),

@@ -1,0 +1,111 @@
+"""Every image-text-to-text type the installed transformers ships (`MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`), as
+a tiny model with one fake image per sequence.
+
+Rule: `tfcompat.patch(model)` either refuses with a typed error (the type passes as "refused", the reason recorded)
+or `tfcompat.pack` of three sequences (text around an image, text alone, text around another image) equals stock
+per sequence per token, forward and backward (fp32, relative 1e-5), also through `tfcompat.embed_inputs`; the
+unpatched packed row must differ (control). Patched and wrong fails. A type whose tiny model cannot be built or run
+with an image is an xfail that names why.
+
+`python -m tests.every_type_report --kind image_text_to_text` prints the counts per release.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tfcompat
+from tests.every_type import build, image_sequence, vlm_check
+from tfcompat.errors import InvalidInputError, PatchError
+from tfcompat.tiny_models import model_types
+
+pytestmark = pytest.mark.broad
+TYPES = model_types("image_text_to_text")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matmuls: one thread is 10-40x faster than several on a shared machine (OpenMP spin-waits)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_packed_with_images_equals_stock_or_is_refused(request, model_type):
+    outcome = vlm_check(model_type, "sdpa")
+    if outcome.status == "skipped":
+        outcome = vlm_check(model_type, "eager")
+    request.node.user_properties.append(("outcome", f"{outcome.status}: {outcome.reason}"))
+    if outcome.status == "skipped":
+        pytest.skip(f"{model_type}: {outcome.reason}")
+    if outcome.status == "unbuildable":
+        pytest.xfail(f"{model_type}: tiny model cannot be built or run with an image: {outcome.reason}")
+    assert outcome.status in ("pass", "refused"), outcome.reason
+
+
+def _model(model_type: str) -> torch.nn.Module:
+    if model_type not in TYPES:
+        pytest.skip(f"transformers ships no {model_type}")
+    return build(model_type, "sdpa", kind="image_text_to_text")
+
+
+def test_resolve_says_derived_and_from_what():
+    if "llava" not in TYPES:
+        pytest.skip("transformers ships no llava")
+    text = tfcompat.resolve("llava").explain()
+    assert "DERIVED" in text
+    assert "LlavaModel.language_model patched as llama" in text
+    assert "vision tower vision_tower" in text
+    assert "placeholder token id config.image_token_id" in text
+
+
+def test_a_language_model_tfcompat_cannot_patch_is_refused_at_patch():
+    model = _model("lfm2_vl")
+    with pytest.raises(PatchError, match="its language model lfm2 is not a text family tfcompat patches"):
+        tfcompat.patch(model)
+
+
+def test_rope_index_is_the_text_row():
+    model = _model("llava")
+    ids = image_sequence(model)["input_ids"]
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    positions = tfcompat.rope_index(model, ids, attention_mask=mask)
+    assert positions.shape == ids.shape
+    assert positions[0, 2:].tolist() == list(range(ids.shape[1] - 2))
+    with pytest.raises(InvalidInputError, match="takes no vision grids"):
+        tfcompat.rope_index(model, ids, image_grid_thw=torch.tensor([[1, 2, 2]]))
+
+
+def test_gemma3_token_types_marking_images_are_refused_on_packed_rows():
+    """Gemma 3 attends bidirectionally within an image where token_type_ids mark it: not packed, said so."""
+    model = _model("gemma3")
+    examples = [image_sequence(model, seed=0), image_sequence(model, seed=1)]
+    for ex in examples:
+        ex["token_type_ids"] = (ex["input_ids"] == model.config.image_token_id).long()
+    with tfcompat.patch(model):
+        inputs = tfcompat.pack(model, examples).model_inputs
+        with pytest.raises(InvalidInputError, match="token_type_ids marks image tokens on a packed row"):
+            model(**inputs)
+        ordinary = {k: v for k, v in examples[0].items()}
+        model(**ordinary)  # one sequence, no packed row: the stock forward, bidirectional images and all
+
+
+def test_text_only_batch_runs_the_tower_on_a_dummy_image():
+    """embed_inputs without images: every tower parameter an image reaches gets a (zero) gradient rather than none."""
+    model = _model("llava")
+    tower = dict(model.model.vision_tower.named_parameters())
+    with_image = image_sequence(model)
+    model(**with_image).logits.sum().backward()
+    reached = {n for n, p in tower.items() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    ids = with_image["input_ids"]
+    ids = ids[ids != model.config.image_token_id][None]
+    embedded = tfcompat.embed_inputs(model, ids)
+    assert torch.equal(embedded.inputs_embeds, model.get_input_embeddings()(ids))
+    embedded.inputs_embeds.sum().backward()
+    assert reached and {n for n, p in tower.items() if p.grad is not None} == reached
+    assert all(not tower[n].grad.any() for n in reached)
