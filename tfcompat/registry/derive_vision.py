@@ -98,11 +98,17 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
 
     hops: list[tuple[type, str]] = []
     owner = top
-    prefix = getattr(top, "base_model_prefix", "")
-    inner = _built_classes(module, top, "__init__", attr=prefix) if prefix else []
-    if len(inner) == 1 and _text_config_attr(inner[0]) is not None:
-        hops.append((top, prefix))
-        owner = inner[0]
+    if _text_config_attr(top) is None:  # the language model sits one level down: at base_model_prefix (5.x), or
+        # at whichever attribute builds a class of the module that builds it (4.x: an empty prefix)
+        prefix = getattr(top, "base_model_prefix", "")
+        attrs = [prefix, *(a for a, _ in _self_assignments(top) if a != prefix)] if prefix else [
+            a for a, _ in _self_assignments(top)]
+        for attr in dict.fromkeys(attrs):
+            inner = _built_classes(module, top, "__init__", attr=attr)
+            if len(inner) == 1 and _text_config_attr(inner[0]) is not None:
+                hops.append((top, attr))
+                owner = inner[0]
+                break
     lm_attr = _text_config_attr(owner)
     if lm_attr is None:
         raise refuse(f"no language model found in {owner.__name__}",
@@ -154,12 +160,16 @@ def _default_config(model_type: str) -> Any:
 
 
 def _self_assignments(cls: type) -> list[tuple[str, ast.expr]]:
-    """``(attribute, value)`` of each ``self.attribute = value`` in ``cls.__init__``."""
+    """``(attribute, value)`` of each ``self.attribute = value`` in ``cls.__init__``; a local name as the value reads
+    as what the local was assigned (``language_model = AutoModel.from_config(...)``, then ``self.x = language_model``).
+    """
     fn = _method(cls, "__init__")
     if fn is None:
         return []
-    return [(t.attr, n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets
-            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"]
+    assigns = [n for n in ast.walk(fn) if isinstance(n, ast.Assign)]
+    local = {t.id: n.value for n in assigns for t in n.targets if isinstance(t, ast.Name)}
+    return [(t.attr, local.get(n.value.id, n.value) if isinstance(n.value, ast.Name) else n.value) for n in assigns
+            for t in n.targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"]
 
 
 def _text_config_attr(cls: type) -> str | None:
