@@ -125,7 +125,10 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
     for cls, attr in hops:
         gap = _forwards_to(cls, attr, to_language_model=cls is owner)
         if gap:
-            raise refuse(gap, "a packed row's position ids and forward context must reach the text model unchanged")
+            raise refuse(gap, "without position_ids it numbers a sequence otherwise than 0, 1, ... (an offset), so the "
+                         "per-sequence positions of a packed row would differ from the stock model's"
+                         if "own position_ids" in gap else "a packed row's position ids and forward context must "
+                         "reach the text model unchanged")
     owner_mask = _passed(owner, lm_attr, "attention_mask")
     forward = _method(owner, "forward")
     params = [a.arg for a in forward.args.args + forward.args.kwonlyargs] if forward is not None else []
@@ -213,12 +216,34 @@ def _forwards_to(cls: type, attr: str, *, to_language_model: bool) -> str:
         extra = sorted(k for k, v in keywords.items() if k not in LANGUAGE_MODEL_KEYWORDS and v != "None")
         if to_language_model and extra:
             return f"{cls.__name__}.forward passes {', '.join(extra)} to its language model"
+    defaults = {id(n) for g in ast.walk(fn) if isinstance(g, ast.If) and ast.unparse(g.test) == "position_ids is None"
+                for n in g.body if _counts_the_row(n)}
     for node in ast.walk(fn):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
             node, (ast.AugAssign, ast.AnnAssign)) else []
-        if any(isinstance(t, ast.Name) and t.id == "position_ids" for t in targets):
+        if any(isinstance(t, ast.Name) and t.id == "position_ids" for t in targets) and id(node) not in defaults:
             return f"{cls.__name__}.forward computes its own position_ids ({ast.unparse(node)[:80]})"
     return ""
+
+
+def _counts_the_row(node: ast.stmt) -> bool:
+    """Whether ``node`` (inside ``if position_ids is None:``) sets the default positions every text model takes
+    without them: the row counted from 0 after the cache (``torch.arange(...) + past_seen_tokens``,
+    ``cache_position``), reshaped (``.unsqueeze``, ``.expand``, ``.view``). An offset (PaliGemma's ``+ 1``) is not."""
+    if not (isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["position_ids"]):
+        return False
+
+    def plain(e: ast.expr) -> bool:
+        if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Add):
+            return plain(e.left) and isinstance(e.right, ast.Name) and "past" in e.right.id
+        if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute):
+            if e.func.attr in ("unsqueeze", "expand", "view", "to"):
+                return plain(e.func.value)
+            return ast.unparse(e.func) == "torch.arange" and bool(e.args) and not isinstance(e.args[0], ast.Constant) \
+                and len(e.args) == 1
+        return isinstance(e, ast.Name) and e.id in ("cache_position", "position_ids")
+
+    return plain(node.value)
 
 
 def _passed(cls: type, attr: str, keyword: str) -> str:
