@@ -24,7 +24,7 @@ from . import versions
 from .derive import _built_classes, _method
 from .records import TEXT_ROLES, Entry, Family, VisionDerivation
 
-__all__ = ["LANGUAGE_MODEL_KEYWORDS", "default_text_type", "derive", "vision_types"]
+__all__ = ["LANGUAGE_MODEL_KEYWORDS", "default_text_type", "derive", "vision_key", "vision_types"]
 
 # what an owner may pass its language model besides **kwargs: the embeddings, the mask, the positions and flags
 LANGUAGE_MODEL_KEYWORDS = frozenset({
@@ -43,11 +43,22 @@ def vision_types() -> dict[str, str]:
 
 
 @functools.cache
+def vision_key(model_type: str) -> str | None:
+    """The image-text-to-text mapping key of ``model_type``: itself, or the key whose config class names it
+    (4.57's LFM2-VL: key ``lfm2_vl``, ``config.model_type`` ``"lfm2-vl"``); None for another type."""
+    names = vision_types()
+    if model_type in names:
+        return model_type
+    configs = importlib.import_module("transformers.models.auto.configuration_auto").CONFIG_MAPPING
+    return next((k for k in names if k in configs and getattr(configs[k], "model_type", None) == model_type), None)
+
+
+@functools.cache
 def default_text_type(model_type: str) -> str | None:
     """The ``text_config.model_type`` of ``model_type``'s default config (None where it builds none)."""
     names = importlib.import_module("transformers.models.auto.configuration_auto").CONFIG_MAPPING
     try:
-        config = names[model_type]()
+        config = names[vision_key(model_type) or model_type]()
         return getattr(config.get_text_config(), "model_type", None)
     except Exception:  # noqa: BLE001 -- a config class that needs arguments names no default text model
         return None
@@ -61,7 +72,8 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
     Raises `UnknownFamilyError` for a type that is not image-text-to-text, `PatchError` naming what is missing.
     """
     names = vision_types()
-    if model_type not in names:
+    key = vision_key(model_type)
+    if key is None:
         raise UnknownFamilyError(
             f"unknown model family {model_type!r}", family=model_type, transformers_version=version,
             why="not an image-text-to-text model of this transformers (MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)",
@@ -73,14 +85,14 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
                           "tfcompat patches, reached with position_ids and **kwargs from the top forward",
                           fix=fix or "run it unpatched")
 
-    top = getattr(importlib.import_module("transformers"), names[model_type], None)
+    top = getattr(importlib.import_module("transformers"), names[key], None)
     if not isinstance(top, type):
-        raise refuse(f"transformers has no class {names[model_type]}", "the auto mapping names a missing class")
+        raise refuse(f"transformers has no class {names[key]}", "the auto mapping names a missing class")
     module = importlib.import_module(top.__module__)
     if text_type is None:
         raise refuse("its config names no text model", "the default config has no text_config.model_type",
                      fix="patch a model built from a config with a text_config")
-    if text_type == model_type or text_type in names:
+    if text_type in (model_type, key) or text_type in names:
         raise refuse(f"its language model is {text_type}, a vision-language type itself",
                      "the text model is not built from a separate text family's config")
     try:
@@ -134,7 +146,7 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
     params = [a.arg for a in forward.args.args + forward.args.kwonlyargs] if forward is not None else []
     mask_inputs = tuple(p for p in params if p.endswith("token_type_ids")) if owner_mask != "attention_mask" else ()
     towers, projectors = _submodules(module, owner, lm_attr)
-    config = _default_config(model_type)
+    config = _default_config(key)
     placeholder = next((a for a in PLACEHOLDER_ATTRS if isinstance(getattr(config, a, None), int)), "")
     derivation = VisionDerivation(
         model=top.__name__, hops=tuple((c.__name__, a) for c, a in hops), owner=owner.__name__,
@@ -172,7 +184,8 @@ def _self_assignments(cls: type) -> list[tuple[str, ast.expr]]:
     assigns = [n for n in ast.walk(fn) if isinstance(n, ast.Assign)]
     local = {t.id: n.value for n in assigns for t in n.targets if isinstance(t, ast.Name)}
     return [(t.attr, local.get(n.value.id, n.value) if isinstance(n.value, ast.Name) else n.value) for n in assigns
-            for t in n.targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"]
+            for t in n.targets
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"]
 
 
 def _text_config_attr(cls: type) -> str | None:

@@ -222,7 +222,7 @@ def family(key: str) -> Family:
     if key in known:
         return known[key]
     installed = versions.installed_transformers()
-    if installed is not None and key in derive_vision.vision_types():
+    if installed is not None and isinstance(key, str) and derive_vision.vision_key(key) is not None:
         try:
             return _derived_vision(key, derive_vision.default_text_type(key), installed)
         except PatchError as exc:  # a causal LM of the same type (Emu3's) may still derive as text
