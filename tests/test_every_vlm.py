@@ -109,3 +109,69 @@ def test_text_only_batch_runs_the_tower_on_a_dummy_image():
     embedded.inputs_embeds.sum().backward()
     assert reached and {n for n, p in tower.items() if p.grad is not None} == reached
     assert all(not tower[n].grad.any() for n in reached)
+
+
+def test_the_text_model_follows_the_instance_config():
+    """A LLaVA built around another text model is patched as that text family (here Qwen2), and packs exactly."""
+    if "llava" not in TYPES:
+        pytest.skip("transformers ships no llava")
+    from tests.every_type import vlm_examples
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    tiny = build("llava", "sdpa", kind="image_text_to_text")
+    text = {k: v for k, v in tiny.config.text_config.to_dict().items() if k in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "pad_token_id")}
+    config = LlavaConfig(vision_config=tiny.config.vision_config.to_dict(),
+                         text_config={"model_type": "qwen2", **text}, image_token_id=tiny.config.image_token_id,
+                         attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(config).float().eval()
+    examples = vlm_examples(model)
+    with torch.no_grad():
+        expected = torch.cat([model(**ex).logits[0] for ex in examples])
+    with tfcompat.patch(model) as handle:
+        assert "patched as qwen2" in handle.resolved.explain()
+        with torch.no_grad():
+            got = model(**tfcompat.pack(model, examples).model_inputs).logits[0]
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_pack_places_images_as_the_owner_reads_them():
+    """(images, ...) layouts concatenate on dim 0, (B, images, ...) ones (Idefics3) on dim 1; zero-padded to the
+    largest trailing shape as a processor pads a batch."""
+    from tfcompat.inputs.derived_vision import _concat
+
+    a, b = torch.ones(1, 2, 3), torch.ones(2, 1, 4)
+    joined = _concat([a, b], dim=0)
+    assert joined.shape == (3, 2, 4) and joined[0, :, 3].eq(0).all() and joined[1, 1].eq(0).all()
+    rows = _concat([torch.ones(1, 1, 2, dtype=torch.bool), torch.ones(1, 2, 3, dtype=torch.bool)], dim=1)
+    assert rows.shape == (1, 3, 3) and rows.dtype == torch.bool and not rows[0, 0, 2]
+    for model_type, batched in (("idefics3", True), ("llava", False)):
+        if model_type in TYPES:
+            assert tfcompat.resolve(model_type).entry.derived_vision.batched_images is batched
+
+
+@pytest.mark.parametrize("model_type,reason", [
+    ("paligemma", "PaliGemmaModel.forward computes its own position_ids"),
+    ("cohere_compass", "passes deepstack_visual_embeds, visual_pos_masks to its language model"),
+])
+def test_refusals_name_what_is_missing(model_type, reason):
+    if model_type not in TYPES:
+        pytest.skip(f"transformers ships no {model_type}")
+    with pytest.raises(PatchError, match=reason):
+        tfcompat.resolve(model_type)
+
+
+def test_embed_inputs_refuses_what_the_forward_does_not_take():
+    model = _model("llava")
+    ids = image_sequence(model)["input_ids"]
+    with pytest.raises(InvalidInputError, match=r"embed_inputs got \['image_grid_thw'\]"):
+        tfcompat.embed_inputs(model, ids, image_grid_thw=torch.tensor([[1, 2, 2]]))
+
+
+def test_llama4_is_reached_through_its_causal_lm():
+    if "llama4" not in TYPES:
+        pytest.skip("transformers ships no llama4")
+    text = tfcompat.resolve("llama4").explain()
+    assert "Llama4ForConditionalGeneration.language_model -> Llama4ForCausalLM.model" in text
