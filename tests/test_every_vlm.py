@@ -115,8 +115,9 @@ def test_the_text_model_follows_the_instance_config():
     """A LLaVA built around another text model is patched as that text family (here Qwen2), and packs exactly."""
     if "llava" not in TYPES:
         pytest.skip("transformers ships no llava")
-    from tests.every_type import vlm_examples
     from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    from tests.every_type import vlm_examples
 
     tiny = build("llava", "sdpa", kind="image_text_to_text")
     text = {k: v for k, v in tiny.config.text_config.to_dict().items() if k in (
