@@ -80,18 +80,55 @@ def test_rope_index_is_the_text_row():
         tfcompat.rope_index(model, ids, image_grid_thw=torch.tensor([[1, 2, 2]]))
 
 
-def test_gemma3_token_types_marking_images_are_refused_on_packed_rows():
-    """Gemma 3 attends bidirectionally within an image where token_type_ids mark it: not packed, said so."""
-    model = _model("gemma3")
-    examples = [image_sequence(model, seed=0), image_sequence(model, seed=1)]
+def _token_typed() -> list[str]:
+    """The types whose owner builds its language model's mask from token types (Gemma 3: images bidirectional)."""
+    found = []
+    for model_type in TYPES:
+        try:
+            v = tfcompat.resolve(model_type).entry.derived_vision
+        except tfcompat.TfcompatError:
+            continue
+        if v is not None and v.mask_inputs:
+            found.append(model_type)
+    return found
+
+
+@pytest.mark.parametrize("model_type", _token_typed())
+def test_images_attend_within_themselves_on_packed_rows(model_type):
+    """Token types marking images (bidirectional attention within each image): the packed row equals stock per
+    sequence with the same token types, forward and backward; the control (no token types) differs."""
+    from tests.every_type import compare, compare_gradients, gradients, projection, vlm_examples
+
+    try:
+        model = build(model_type, "sdpa", kind="image_text_to_text")
+        examples = vlm_examples(model)
+    except Exception as exc:  # noqa: BLE001 -- the zoo's limit, named
+        pytest.xfail(f"{model_type}: tiny model cannot be built or run with an image: {exc}")
+    image_id = next(v for k, v in model.config.to_dict().items() if k in ("image_token_id", "image_token_index"))
+    name = tfcompat.resolve(model_type).entry.derived_vision.mask_inputs[0]
     for ex in examples:
-        ex["token_type_ids"] = (ex["input_ids"] == model.config.image_token_id).long()
+        ex[name] = (ex["input_ids"] == image_id).long()
+    with torch.no_grad():
+        expected = [model(**ex).logits[0] for ex in examples]
+        causal = [model(**{k: v for k, v in ex.items() if k != name}).logits[0] for ex in examples]
+    assert compare(torch.cat(causal), expected) > 1e-3, "the token types must change the stock result"
+    w = projection(expected[0].shape[-1])
+    expected_grads = gradients(model, lambda: sum((model(**ex).logits[0] @ w).sum() for ex in examples))
     with tfcompat.patch(model):
         inputs = tfcompat.pack(model, examples).model_inputs
-        with pytest.raises(InvalidInputError, match="token_type_ids marks image tokens on a packed row"):
-            model(**inputs)
-        ordinary = {k: v for k, v in examples[0].items()}
-        model(**ordinary)  # one sequence, no packed row: the stock forward, bidirectional images and all
+        with torch.no_grad():
+            assert compare(model(**inputs).logits[0], expected) <= 1e-5
+        got_grads = gradients(model, lambda: (model(**inputs).logits[0] @ w).sum())
+        assert compare_gradients(got_grads, expected_grads) <= 2e-5
+        plain = {k: v for k, v in inputs.items() if k != name}  # no token types: the packed core, images causal
+        with torch.no_grad():
+            assert compare(model(**plain).logits[0], causal) <= 1e-5
+        padded = {**{k: v for k, v in inputs.items() if not k.startswith("tfcompat")},
+                  "attention_mask": torch.ones_like(inputs["input_ids"])}
+        padded["attention_mask"][0, -1] = 0
+        with pytest.raises(InvalidInputError, match="marks image tokens on a packed row that cannot attend"):
+            model(**padded)
+        model(**examples[0])  # one sequence, no packed row: the stock forward
 
 
 def test_text_only_batch_runs_the_tower_on_a_dummy_image():

@@ -2,20 +2,24 @@
 
 Its text model is patched as its text family; the model's own forward runs the vision tower and scatters the
 features, then hands the packed position ids and the forward context down (proved when the entry was derived).
-Two things are checked on the instance at `patch()` time, and one per forward:
+`plan_vision` checks the instance at `patch()` time: every module of the text family's classes sits inside the
+language model (a vision tower built from the same classes would otherwise run packed attention over patches).
 
-- every module of the text family's classes sits inside the language model (a vision tower built from the same
-  classes would otherwise run packed attention over image patches);
-- where the owner builds the language model's mask itself (Gemma 3: from ``token_type_ids``), a packed row takes its
-  boundaries instead: the owner's mask is dropped at the text model, and a packed call whose token types mark
-  images (bidirectional attention within each image, which the packed core does not run) raises
-  `InvalidInputError` before the owner runs.
+Where the owner builds the language model's mask itself (Gemma 3, from ``token_type_ids``), `vision_hooks` adds:
+
+- a packed row without image token types takes its boundaries from the forward context; the owner's mask (over the
+  whole row) is dropped at the text model;
+- a packed row whose token types mark images (bidirectional attention within each image) runs the stock attention
+  of the pre-patch implementation for that forward, with the mask transformers builds from the packed position ids
+  (sequences apart, images bidirectional: exact, as stock per sequence). Only ``eager`` and ``sdpa`` build that
+  mask, and it needs one process: other implementations, Ulysses and padded rows raise `InvalidInputError`.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -23,21 +27,36 @@ from ..core.context import CONTEXT_KWARG, ForwardContext
 from ..errors import InvalidInputError, PatchError
 from ..inputs.derived_vision import owner_of
 from ..registry import Resolved
+from .forward import Router
 
-__all__ = ["VisionHook", "vision_hooks"]
+__all__ = ["EXACT_BLOCK_IMPLEMENTATIONS", "VisionHook", "VisionPlan", "plan_vision", "vision_hooks"]
 
-# (module, pre-hook taking (module, args, kwargs), note)
-VisionHook = tuple[torch.nn.Module, Callable[..., Any], str]
+# stock implementations whose masks transformers builds from packed position ids (sequences apart), image blocks in
+EXACT_BLOCK_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
-def vision_hooks(model: torch.nn.Module, r: Resolved, text_models: list[torch.nn.Module],
-                 attentions: list[torch.nn.Module]) -> list[VisionHook]:
-    """The forward pre-hooks a patch of ``model`` registers (with kwargs), after checking that ``text_models`` and
-    ``attentions`` (the text family's modules found in ``model``) all sit inside its language model; `PatchError`
-    otherwise. ``[]`` for an entry that is not a derived vision-language one."""
+class VisionHook(NamedTuple):
+    """A hook to register: on ``module``, a forward ``"pre"`` hook (with kwargs) or a ``"post"`` hook (always
+    called, also when the forward raises)."""
+
+    module: torch.nn.Module
+    kind: Literal["pre", "post"]
+    fn: Callable[..., Any]
+    note: str
+
+
+class VisionPlan(NamedTuple):
+    owner: torch.nn.Module
+    text_models: list[torch.nn.Module]
+
+
+def plan_vision(model: torch.nn.Module, r: Resolved, text_models: list[torch.nn.Module],
+                attentions: list[torch.nn.Module]) -> VisionPlan | None:
+    """Check that ``text_models`` and ``attentions`` (the text family's modules found in ``model``) all sit inside
+    its language model; `PatchError` otherwise. None for an entry that is not a derived vision-language one."""
     v = r.entry.derived_vision
     if v is None:
-        return []
+        return None
     owner, language_model = owner_of(r, model)
     inside = {id(m) for m in language_model.modules()}
     outside = [type(m).__name__ for m in (*text_models, *attentions) if id(m) not in inside]
@@ -46,14 +65,22 @@ def vision_hooks(model: torch.nn.Module, r: Resolved, text_models: list[torch.nn
                       why=f"the vision tower or projector is built from the text family's classes ({v.text_family}); "
                       "a patch would run packed attention there", supported=r.spec.supported,
                       fix="run the model unpatched")
-    if v.owner_mask == "attention_mask":
+    return VisionPlan(owner, text_models)
+
+
+def vision_hooks(plan: VisionPlan | None, r: Resolved, router: Router) -> list[VisionHook]:
+    """The hooks a patch registers for ``plan`` (see the module docstring); ``[]`` where the owner hands its language
+    model the caller's mask."""
+    v = r.entry.derived_vision
+    if plan is None or v is None or v.owner_mask == "attention_mask":
         return []
-    hooks: list[VisionHook] = [(tm, _drop_owner_mask, f"packed rows: the boundaries replace {v.owner}'s own mask "
-                                f"({v.owner_mask})") for tm in text_models]
+    hooks = [VisionHook(tm, "pre", _drop_owner_mask, f"packed rows: the boundaries replace {v.owner}'s own mask "
+                        f"({v.owner_mask})") for tm in plan.text_models]
     if v.mask_inputs:
-        hooks.insert(0, (owner, _refuse_image_blocks(r, v.mask_inputs),
-                         f"packed rows with {', '.join(v.mask_inputs)} marking images raise InvalidInputError "
-                         "(bidirectional attention within images is not packed)"))
+        switch = _ImageBlocks(r, router, v.mask_inputs)
+        hooks += [VisionHook(plan.owner, "pre", switch.enter, f"packed rows with {', '.join(v.mask_inputs)} marking "
+                             "images: stock attention, transformers' mask of the packed row (bidirectional images)"),
+                  VisionHook(plan.owner, "post", switch.exit, "restores the patched attention after such a forward")]
     return hooks
 
 
@@ -66,18 +93,49 @@ def _drop_owner_mask(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any
     return args, kwargs
 
 
-def _refuse_image_blocks(r: Resolved, names: tuple[str, ...]) -> Callable[..., None]:
-    def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        if not isinstance(kwargs.get(CONTEXT_KWARG), ForwardContext):
-            return
-        marked = [n for n in names if isinstance(kwargs.get(n), torch.Tensor) and bool(kwargs[n].any())]
-        if marked:
-            raise r.error(
-                InvalidInputError, f"{marked[0]} marks image tokens on a packed row",
-                why=f"{r.family} attends bidirectionally within each image where {marked[0]} marks it; tfcompat's "
-                "packed attention is causal within each sequence and would silently drop that",
-                supported="packed rows without token types (causal over images); per-sequence (unpacked) calls with "
-                "them run stock", fix=f"leave {marked[0]} out of packed rows (then images attend causally, "
-                "as stock does without them), or run the batch unpacked")
+class _ImageBlocks:
+    """The switch of a packed forward whose token types mark images to the stock attention (module docstring)."""
 
-    return hook
+    def __init__(self, r: Resolved, router: Router, names: tuple[str, ...]) -> None:
+        self.r, self.router, self.names = r, router, names
+        self.active = 0
+
+    def enter(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        ctx = kwargs.get(CONTEXT_KWARG)
+        if not isinstance(ctx, ForwardContext):
+            return args, kwargs
+        marked = [n for n in self.names if isinstance(kwargs.get(n), torch.Tensor) and bool(kwargs[n].any())]
+        if not marked:
+            return args, kwargs
+        impls = sorted({impl for _, impl in self.router.stock})
+        why = ""
+        if ctx.group is not None:
+            why = "a sequence-parallel forward: the stock attention cannot run on a slice of the row"
+        elif any(impl not in EXACT_BLOCK_IMPLEMENTATIONS for impl in impls):
+            why = (f"the model's own attention implementation is {', '.join(impls)}; transformers builds the mask of a "
+                   f"packed row with image blocks for {' and '.join(EXACT_BLOCK_IMPLEMENTATIONS)} only")
+        elif not hasattr(importlib.import_module("transformers.masking_utils"), "find_packed_sequence_indices"):
+            why = "this transformers does not build masks of packed rows from their position ids"
+        mask = kwargs.get("attention_mask")
+        if not why and isinstance(mask, torch.Tensor) and not bool(mask.bool().all()):
+            why = "the row has padding; transformers finds packed sequences only in rows without an attention mask"
+        if why:
+            raise self.r.error(
+                InvalidInputError, f"{marked[0]} marks image tokens on a packed row that cannot attend within images",
+                why=f"{self.r.family} attends bidirectionally within each image where {marked[0]} marks it; {why}",
+                supported=f"one process, {' or '.join(EXACT_BLOCK_IMPLEMENTATIONS)} as the model's attention "
+                "implementation, rows without padding",
+                fix=f"build the model with attn_implementation='sdpa', or leave {marked[0]} out of packed rows (images "
+                "then attend causally, as stock does without them)")
+        kwargs[CONTEXT_KWARG] = self.router.context  # an ordinary forward from here down: stock attention and masks
+        kwargs["attention_mask"] = None  # all ones (checked): transformers then finds the sequences from positions
+        for config, impl in self.router.stock:
+            config._attn_implementation = impl
+        self.active += 1
+        return args, kwargs
+
+    def exit(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        if self.active:
+            self.active -= 1
+            for config, _ in self.router.stock:
+                config._attn_implementation = self.router.key
