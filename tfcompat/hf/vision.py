@@ -129,6 +129,8 @@ class _ImageBlocks:
                 "then attend causally, as stock does without them)")
         kwargs[CONTEXT_KWARG] = self.router.context  # an ordinary forward from here down: stock attention and masks
         kwargs["attention_mask"] = None  # all ones (checked): transformers then finds the sequences from positions
+        if "use_cache" in kwargs:  # a cache of a packed row serves no later call
+            kwargs["use_cache"] = False
         for config, impl in self.router.stock:
             config._attn_implementation = impl
         self.active += 1
