@@ -13,7 +13,8 @@ session can fall back to PyPI's CUDA wheels (gigabytes).
 
 Tests marked ``dist`` (gloo worker processes, slow to spawn) run on the versions with ``dist: true`` in
 matrix.yaml. The CI subset (``nox -s ci``) runs, on those versions, every other test and the dist tests of
-`CI_DIST` (the newest) or `CI_DIST_OLDEST`; on its other versions the per-entry tests (not ``broad``:
+`CI_DIST` (the newest) or `CI_DIST_OLDEST`, and of the ``sweep`` tests (every model type transformers ships) only
+the ``ci_sweep`` ones, on the newest version; on its other versions the per-entry tests (not ``broad``:
 tests/conftest.py) of the families matrix.yaml's ``ci`` names there. ``nox -s matrix`` and a plain ``tests(...)``
 session run everything. Tests run on two pytest-xdist workers, dist tests serially.
 """
@@ -96,7 +97,10 @@ def tests(session: nox.Session, transformers: str) -> None:
         runs = [list(session.posargs)]
     else:
         full = transformers in DIST_VERSIONS or not ci
-        runs = [["tests", "-n", "2", "-m", "not dist" if full else "not dist and not broad"]]
+        marks = "not dist" if full else "not dist and not broad"
+        if ci and full:  # the every-type sweeps: one reference on the newest release
+            marks += " and (not sweep or ci_sweep)" if transformers == VERSIONS[-1] else " and not sweep"
+        runs = [["tests", "-n", "2", "-m", marks]]
         if transformers in DIST_VERSIONS:
             subset = CI_DIST if transformers == VERSIONS[-1] else CI_DIST_OLDEST
             runs.append(["tests", "-m", "dist", *(["-k", subset] if ci else [])])

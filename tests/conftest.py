@@ -2,9 +2,10 @@
 
 Tests in `BROAD` files check what does not change from one registry entry to the next (version-independent
 kernels, property tests, the misuse probes, trainers) or repeat at length what the per-entry tests and the doctor's
-self-check already cover (rotary hypothesis runs, checkpointing every family), and the derived families' tests (every
-causal-LM type transformers ships, the named derived types: not registry entries, so CI runs them on its full versions,
-the matrix on every release); they carry the ``broad`` marker, so
+self-check already cover (rotary hypothesis runs, checkpointing every family), and the derived families' tests (the
+named derived types: not registry entries, so CI runs them on its full versions, the matrix on every release; the
+sweeps over every type transformers ships carry ``sweep`` too, of which CI runs one reference on its newest version);
+they carry the ``broad`` marker, so
 the CI subset runs them on its full versions only (noxfile.py), every other CI version the per-entry tests, and
 ``nox -s matrix`` all of them on every release.
 

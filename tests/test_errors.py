@@ -117,14 +117,15 @@ class TestPickle:
 
 
 class TestImportIsLight:
-    """`import tfcompat` imports no transformers module (resolve() and patch() import it, for the family asked for)."""
+    """`import tfcompat` (and `tfcompat.tiny_models`) imports no transformers module (resolve() and patch() import
+    it, for the family asked for)."""
 
     def test_fresh_interpreter(self) -> None:
         root = Path(tfcompat.__file__).resolve().parent.parent
         code = (
             "import json, sys\n"
             "def tf(): return sorted(m for m in sys.modules if m == 'transformers' or m.startswith('transformers.'))\n"
-            "import tfcompat\n"
+            "import tfcompat, tfcompat.tiny_models\n"
             "after_import = tf()\n"
             "from tfcompat import registry\n"
             "registry.match('glm4v', '5.0.0'); registry.families()\n"

@@ -5,7 +5,8 @@ or the packed row equals stock per sequence per token, forward and backward (fp3
 as stock references); patched and wrong fails. A type whose tiny model cannot be built or run is an xfail that
 names why (never silent). `test_stock_zoo` validates the zoo itself without tfcompat.
 
-`python -m tests.every_type_report` prints the counts per release.
+`python -m tests.every_type_report` prints the counts per release. The sweeps (marker ``sweep``) run whole in
+`nox -s matrix`; CI runs the sdpa reference (``ci_sweep``) on its newest release only.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from tests.every_type import check, stock_check
 from tfcompat.tiny_models import model_types
 
-pytestmark = pytest.mark.broad
+pytestmark = [pytest.mark.broad, pytest.mark.sweep]
 TYPES = model_types("causal_lm")
 
 
@@ -37,7 +38,7 @@ def _record(request: pytest.FixtureRequest, outcome) -> None:
         pytest.xfail(f"{outcome.model_type}: tiny model cannot be built or run: {outcome.reason}")
 
 
-@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("impl", ["eager", pytest.param("sdpa", marks=pytest.mark.ci_sweep)])
 @pytest.mark.parametrize("model_type", TYPES)
 def test_patched_packed_equals_stock_or_is_refused(request, model_type, impl):
     outcome = check(model_type, impl)

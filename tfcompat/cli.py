@@ -1,12 +1,14 @@
-"""The ``tfcompat`` command: ``tfcompat doctor [--json]``."""
+"""The ``tfcompat`` command: ``tfcompat doctor [--json] [--types all|none|TYPE,...]``."""
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import platform
 import sys
 import warnings
+from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
@@ -25,8 +27,10 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def doctor() -> dict[str, Any]:
-    """Resolve every family on the installed transformers and self-check each resolved one."""
+def doctor(types: str | Sequence[str] = "all") -> dict[str, Any]:
+    """Resolve every family on the installed transformers and self-check each resolved one; then self-check the
+    causal-LM types without a written table (derived): ``types`` "all" (every one the installed transformers
+    ships), "none", or the model types to check."""
     from .selfcheck import run_check
 
     report: dict[str, Any] = {
@@ -68,9 +72,34 @@ def doctor() -> dict[str, Any]:
         except Exception as exc:  # a self-check crash is a failure to report, not to hide
             row.update(status="selfcheck crashed", why=f"{type(exc).__name__}: {exc}", ok=False)
         report["families"].append(row)
+    report["types"] = _check_types(types, {row["family"] for row in report["families"]}) \
+        if report["transformers"] else []
     resolved = [row for row in report["families"] if row["status"] == "resolved"]
-    report["ok"] = bool(resolved) and all(row["ok"] for row in report["families"])
+    report["ok"] = bool(resolved) and all(row["ok"] for row in report["families"]) \
+        and not any(row["status"] == "fail" for row in report["types"])
     return report
+
+
+def _check_types(types: str | Sequence[str], written: set[str]) -> list[dict[str, Any]]:
+    """`tfcompat.selfcheck.check_type` of each causal-LM type asked for that is not a written family."""
+    import torch
+
+    from .selfcheck import check_type
+    from .tiny_models import model_types
+
+    if types == "none":
+        return []
+    asked = model_types("causal_lm") if types == "all" else list(types)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: one thread is many times faster than several
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            checks = [check_type(t) for t in asked if t not in written]
+    finally:
+        torch.set_num_threads(threads)
+    return [{"model_type": c.model_type, "status": c.status, "reason": c.reason, "max_rel_diff": c.max_rel_diff,
+             "ok": c.status != "fail"} for c in checks]
 
 
 def _module_present(module: str) -> bool:
@@ -100,6 +129,7 @@ def _print(report: dict[str, Any]) -> None:
                       f"{c['max_abs_diff']:.2e} over {c['tokens']} tokens{seen} ({verdict}, {c['seconds']} s)")
         else:
             print(f"[{mark}] {row['family']:<16} {row['status']}: " + row["why"].replace("\n", "\n       "))
+    _print_types(report)
     if report["ok"]:
         print("all self-checks passed")
     elif not any(row["status"] == "resolved" for row in report["families"]):
@@ -107,7 +137,34 @@ def _print(report: dict[str, Any]) -> None:
               "above); install a supported transformers")
     else:
         failed = [f"{r['family']} ({r['status']})" for r in report["families"] if not r["ok"]]
+        failed += [f"{r['model_type']} (derived)" for r in report["types"] if not r["ok"]]
         print("SELF-CHECK FAILED: " + ", ".join(failed))
+
+
+def _print_types(report: dict[str, Any]) -> None:
+    """One summary line for the derived types, the refusal reasons counted, and every failing type by name."""
+    rows = report["types"]
+    if not rows:
+        return
+    counts = collections.Counter(row["status"] for row in rows)
+    worst = max((row["max_rel_diff"] for row in rows if row["status"] == "pass"), default=None)
+    print(f"[{'FAIL' if counts['fail'] else 'ok  '}] derived types on transformers {report['transformers']}: "
+          f"{counts['pass']} of {len(rows)} pass the self-check (packed vs stock per sequence"
+          + (f", max relative diff {worst:.1e}" if worst is not None else "") + f"), {counts['refused']} refused, "
+          f"{counts['unbuildable']} not buildable as tiny models, {counts['fail']} fail")
+    reasons = collections.Counter(_reason_kind(row["reason"]) for row in rows if row["status"] == "refused")
+    for reason, n in reasons.most_common():
+        print(f"       refused {n:>3}: {reason}")
+    for row in rows:
+        if row["status"] == "fail":
+            print(f"       FAIL {row['model_type']}: {row['reason']}")
+
+
+def _reason_kind(reason: str) -> str:
+    """A refusal without the type's own names: "cannot derive X: Y holds ..." -> "holds ..."."""
+    text = reason.split(": ", 2)[-1]
+    words = text.split(" ")
+    return " ".join(words[1:]) if words and words[0][:1].isupper() and len(words) > 1 else text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,8 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     doc = sub.add_parser("doctor", help="resolve every family on the installed transformers and self-check it")
     doc.add_argument("--json", action="store_true", help="print the report as JSON")
+    doc.add_argument("--types", default="all", metavar="all|none|TYPE,...",
+                     help="causal-LM types without a written table to self-check (default: all the installed "
+                     "transformers ships)")
     args = parser.parse_args(argv)
-    report = doctor()
+    report = doctor(args.types if args.types in ("all", "none") else [t for t in args.types.split(",") if t])
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -8,19 +8,21 @@ compared per token.
 from __future__ import annotations
 
 import importlib
+import inspect
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from .errors import TfcompatError
 from .hf.patching import patch
 from .inputs.pack import pack
 from .registry import Resolved, family, resolve
 from .registry.records import VisionItem
 
-__all__ = ["Sequence", "CheckResult", "tiny_model", "sample_case", "sample_sequences", "vision_placeholder",
-           "stock_inputs", "run_check"]
+__all__ = ["Sequence", "CheckResult", "TypeCheck", "tiny_model", "sample_case", "sample_sequences",
+           "vision_placeholder", "stock_inputs", "run_check", "check_type"]
 
 _LENGTHS = (7, 12, 5, 9, 6, 8)
 
@@ -163,3 +165,64 @@ def run_check(key: str, attn_implementation: str = "sdpa", tolerance: float = 1e
     diff = max(float((g - e).abs().max()) for g, e in zip(got.split([e.shape[0] for e in expected]), expected))
     kinds = tuple(i[0] if isinstance(i[0], str) else "image" for i in items if i is not None)
     return CheckResult(key, attn_implementation, diff, got.shape[0], time.perf_counter() - start, tolerance, kinds)
+
+
+@dataclass(frozen=True)
+class TypeCheck:
+    """The self-check of one causal-LM type without a written table (`check_type`).
+
+    status: "pass" (patched packed equals stock per sequence within the tolerance), "fail" (patched and wrong, or
+    the patched forward raised), "refused" (`resolve`/`patch` raised a typed error: reason), "unbuildable" (no tiny
+    model of the type builds and runs stock on CPU: reason). max_rel_diff: per token, ``max |patched - stock|`` over
+    the token's largest stock logit.
+    """
+
+    model_type: str
+    status: Literal["pass", "fail", "refused", "unbuildable"]
+    reason: str = ""
+    max_rel_diff: float | None = None
+
+
+@torch.no_grad()
+def check_type(model_type: str, tolerance: float = 1e-5) -> TypeCheck:
+    """``model_type``'s tiny model (`tfcompat.tiny_models`, its last CPU attention implementation: sdpa where it has
+    one) run stock on three sequences alone and patched on their packed row; logits compared per token."""
+    from .tiny_models import attention_implementations, special_token_ids
+    from .tiny_models import tiny_model as tiny_of_type
+
+    try:
+        resolve(model_type)
+    except TfcompatError as exc:
+        return TypeCheck(model_type, "refused", _first_line(exc))
+    try:
+        model = tiny_of_type(model_type, attn_implementation=attention_implementations(model_type)[-1])
+        config: Any = model.config  # a transformers PreTrainedConfig
+        allowed = torch.tensor(sorted(set(range(config.get_text_config().vocab_size)) - special_token_ids(config)))
+        gen = torch.Generator().manual_seed(0)
+        seqs = [allowed[torch.randint(len(allowed), (n,), generator=gen)] for n in _LENGTHS[:3]]
+        takes_positions = "position_ids" in inspect.signature(model.forward).parameters
+        expected = [model(input_ids=s[None], use_cache=False,
+                          **({"position_ids": torch.arange(len(s))[None]} if takes_positions else {})).logits[0]
+                    for s in seqs]
+    except Exception as exc:  # noqa: BLE001 -- any reason a foreign model cannot be built or run is reported
+        return TypeCheck(model_type, "unbuildable", _first_line(exc))
+    try:
+        handle = patch(model)
+    except TfcompatError as exc:
+        return TypeCheck(model_type, "refused", _first_line(exc))
+    with handle:
+        try:
+            got = model(input_ids=torch.cat(seqs)[None], use_cache=False,
+                        position_ids=torch.cat([torch.arange(len(s)) for s in seqs])[None]).logits[0]
+        except Exception as exc:  # noqa: BLE001 -- a patched forward that raises is a failure to report
+            return TypeCheck(model_type, "fail", f"the patched forward raised {_first_line(exc)}")
+    want = torch.cat(expected)  # (T, V)
+    diff = float(((got - want).abs().amax(-1) / want.abs().amax(-1).clamp_min(1e-6)).max())
+    if diff <= tolerance:
+        return TypeCheck(model_type, "pass", max_rel_diff=diff)
+    return TypeCheck(model_type, "fail", f"packed differs from stock per sequence by {diff:.1e}", diff)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200]

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Kind", "TinyImage", "TinyModelError", "attention_implementations", "model_class_name", "model_types",
-    "tiny_config", "tiny_image", "tiny_model",
+    "special_token_ids", "tiny_config", "tiny_image", "tiny_model",
 ]
 
 Kind = Literal["causal_lm", "image_text_to_text"]
@@ -360,8 +360,8 @@ def _sub_configs(config: PretrainedConfig) -> dict[str, PretrainedConfig]:
     return {n: getattr(config, n) for n in sorted(names) if isinstance(getattr(config, n, None), PretrainedConfig)}
 
 
-def _token_map(config: PretrainedConfig) -> dict[int, int]:
-    """Special token ids of the whole config tree that the tiny vocab does not hold -> distinct ids inside it."""
+def special_token_ids(config: PretrainedConfig) -> set[int]:
+    """Every token id the config tree names (bos, eos, pad, image, ...): sampled text avoids them."""
     found: set[int] = set()
 
     def collect(cfg: PretrainedConfig) -> None:
@@ -372,6 +372,12 @@ def _token_map(config: PretrainedConfig) -> dict[int, int]:
             collect(sub)
 
     collect(config)
+    return found
+
+
+def _token_map(config: PretrainedConfig) -> dict[int, int]:
+    """Special token ids of the whole config tree that the tiny vocab does not hold -> distinct ids inside it."""
+    found = special_token_ids(config)
     kept = {i for i in found if 0 <= i < VOCAB}
     free = (i for i in range(VOCAB - 1, -1, -1) if i not in kept)
     return {i: next(free) for i in sorted(found - kept)}

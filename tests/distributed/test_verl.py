@@ -2,7 +2,8 @@
 
 verl's actor steps (remove padding, ``ulysses_pad`` / ``ulysses_pad_and_slice_inputs``, the model call, log-probs of
 the rolled ids, ``gather_outputs_and_unpad``) run on the patched model at sp = 1, 2 and 4 for every family of the
-installed transformers; the gathered log-probs and entropies equal the stock model's per sequence, per token.
+installed transformers and four derived types (`verl_workers.DERIVED`); the gathered log-probs and entropies equal
+the stock model's per sequence, per token.
 verl itself is only needed as files: its ``utils/ulysses.py`` is pure torch (`verl_workers.load_verl_ulysses`).
 """
 

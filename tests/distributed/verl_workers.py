@@ -14,6 +14,7 @@ import importlib.util
 import json
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -22,9 +23,11 @@ import torch
 import torch.distributed as dist
 
 import tfcompat
+from tests.distributed import derived_workers
 from tests.helpers import pack
 from tfcompat.integrations.verl import apply_monkey_patch
 from tfcompat.registry import installed_families
+from tfcompat.registry.derive import causal_lm_types
 from tfcompat.selfcheck import sample_sequences, stock_inputs, tiny_model
 
 TEMPERATURE = 0.7
@@ -34,6 +37,9 @@ WATCHED = ("q_proj", "o_proj", "embed_tokens", "lm_head")
 # lengths whose totals are not multiples of 2 or 4, so verl's Ulysses pad is always there
 TEXT_CASE = ([7, 12, 6], [None, None, None])
 VISION_CASE = ([7, 12, 6], [None, (1, 4, 6), (1, 2, 4)])
+# derived families (no written table) through verl's drop-in: MoE routing, sinks + windows, MLA head dims, softcap-free
+# sliding layers
+DERIVED = ("qwen3_moe", "gpt_oss", "deepseek_v3", "gemma3_text")
 
 
 def load_verl_ulysses() -> ModuleType:
@@ -108,12 +114,23 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             if p.grad is not None and any(w in n for w in WATCHED + ("visual",))}
 
 
+def _models() -> Iterator[tuple[str, torch.nn.Module]]:
+    """Every written family of the installed transformers (its selfcheck tiny model, sdpa), then the `DERIVED` types
+    it ships (`tfcompat.tiny_models`' tiny model)."""
+    for family in sorted(installed_families()):
+        yield family, tiny_model(family, "sdpa")
+    for model_type in DERIVED:
+        if model_type in causal_lm_types():
+            yield model_type, derived_workers.tiny_model(model_type)
+
+
 def _case(model: torch.nn.Module) -> tuple[list[int], list]:
     return VISION_CASE if hasattr(model.config, "vision_config") else TEXT_CASE
 
 
 def verl_convention(rank: int, world: int, out_path: str | None) -> None:
-    """Every installed family at sp = world: verl's actor on the patched model equals stock per sequence.
+    """Every installed family and `DERIVED` type at sp = world: verl's actor on the patched model equals stock per
+    sequence.
 
     Checked per token on the gathered row: log-probs and entropies, logits path and fused path (0.8+ with
     shift_labels, 0.6-0.7 without: all tokens but the row's last), and the gradients of ``sum(w * log_probs)``
@@ -125,8 +142,7 @@ def verl_convention(rank: int, world: int, out_path: str | None) -> None:
     vu = load_verl_ulysses()
     vu.set_ulysses_sequence_parallel_group(dist.group.WORLD if world > 1 else None)
     report: dict[str, dict[str, float]] = {}
-    for family in sorted(installed_families()):
-        model = tiny_model(family, "sdpa")
+    for family, model in _models():
         seqs = sample_sequences(model, *_case(model), seed=3)
         inputs = pack(model, seqs)
         labels = torch.roll(inputs["input_ids"][0], shifts=-1)  # (T,)
