@@ -129,6 +129,8 @@ def test_images_attend_within_themselves_on_packed_rows(model_type):
         with pytest.raises(InvalidInputError, match="marks image tokens on a packed row that cannot attend"):
             model(**padded)
         model(**examples[0])  # one sequence, no packed row: the stock forward
+    with pytest.raises(PatchError, match="builds its language model's mask from"):
+        tfcompat.patch(model.model)  # the owner itself: its token types would come before the packed decision
 
 
 def test_text_only_batch_runs_the_tower_on_a_dummy_image():

@@ -65,6 +65,11 @@ def plan_vision(model: torch.nn.Module, r: Resolved, text_models: list[torch.nn.
                       why=f"the vision tower or projector is built from the text family's classes ({v.text_family}); "
                       "a patch would run packed attention there", supported=r.spec.supported,
                       fix="run the model unpatched")
+    if v.mask_inputs and v.owner_mask != "attention_mask" and owner is model:
+        raise r.error(PatchError, f"cannot patch {type(model).__name__} itself: it builds its language model's mask "
+                      f"from {', '.join(v.mask_inputs)}", why="the packed decision is made in the patched model's "
+                      "forward, after a hook on it could route token-typed packed rows to the attention that honours "
+                      "them", supported=f"patching {v.model}", fix=f"patch the {v.model} that holds it")
     return VisionPlan(owner, text_models)
 
 
