@@ -215,3 +215,16 @@ def test_llama4_is_reached_through_its_causal_lm():
         pytest.skip("transformers ships no llama4")
     text = tfcompat.resolve("llama4").explain()
     assert "Llama4ForConditionalGeneration.language_model -> Llama4ForCausalLM.model" in text
+
+
+def test_embeddings_are_refused_where_the_forward_takes_none_alone():
+    """4.53's Idefics2 / SmolVLM forwards raise for inputs_embeds without input_ids: embed_inputs says so, typed."""
+    needy = []
+    for model_type in ("idefics2", "smolvlm"):
+        if model_type in TYPES and tfcompat.resolve(model_type).entry.derived_vision.embeds_need_ids:
+            needy.append(model_type)
+    if not needy:
+        pytest.skip("on this transformers every such forward takes inputs_embeds alone")
+    model = _model(needy[0])
+    with pytest.raises(InvalidInputError, match="cannot take embeddings computed outside its forward"):
+        tfcompat.embed_inputs(model, image_sequence(model)["input_ids"])

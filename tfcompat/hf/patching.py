@@ -156,7 +156,7 @@ def patch(
                          fix="pass a transformers PreTrainedModel")
     resolved = resolve_model(model)
     plan = _plan(model, resolved, ulysses_group, linear_backend, backend)
-    vision = plan_vision(model, resolved, plan.text_models, [attn for attn, _, _ in plan.features])
+    vision = plan_vision(model, resolved, plan.text_models, [attn for attn, _, _ in plan.features], ulysses_group)
     fused_modules = hf_fused.prepare(model, fused, resolved.family, resolved.transformers_version)
 
     handle = PatchHandle(model, resolved, options)

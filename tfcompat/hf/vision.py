@@ -51,9 +51,10 @@ class VisionPlan(NamedTuple):
 
 
 def plan_vision(model: torch.nn.Module, r: Resolved, text_models: list[torch.nn.Module],
-                attentions: list[torch.nn.Module]) -> VisionPlan | None:
+                attentions: list[torch.nn.Module], group: Any) -> VisionPlan | None:
     """Check that ``text_models`` and ``attentions`` (the text family's modules found in ``model``) all sit inside
-    its language model; `PatchError` otherwise. None for an entry that is not a derived vision-language one."""
+    its language model, and that a Ulysses ``group`` can be fed; `PatchError` otherwise. None for an entry that is
+    not a derived vision-language one."""
     v = r.entry.derived_vision
     if v is None:
         return None
@@ -65,6 +66,12 @@ def plan_vision(model: torch.nn.Module, r: Resolved, text_models: list[torch.nn.
                       why=f"the vision tower or projector is built from the text family's classes ({v.text_family}); "
                       "a patch would run packed attention there", supported=r.spec.supported,
                       fix="run the model unpatched")
+    if v.embeds_need_ids and group is not None:
+        raise r.error(PatchError, f"{type(model).__name__} cannot run sequence parallel on this transformers",
+                      why=f"{v.model}'s forward raises for inputs_embeds without input_ids, and a sharded forward "
+                      "takes the embeddings of whole images (tfcompat.embed_inputs) sliced per rank",
+                      supported="Ulysses for vision-language models whose forward takes inputs_embeds",
+                      fix="patch without ulysses_group, or use a transformers release whose forward takes them")
     if v.mask_inputs and v.owner_mask != "attention_mask" and owner is model:
         raise r.error(PatchError, f"cannot patch {type(model).__name__} itself: it builds its language model's mask "
                       f"from {', '.join(v.mask_inputs)}", why="the packed decision is made in the patched model's "

@@ -73,6 +73,12 @@ def embed_derived(r: Resolved, model: torch.nn.Module, input_ids: Any, vision: d
     the tower gets zero gradients rather than none, and every rank runs the same collectives.
     """
     check_token_ids(r, input_ids, "embed_inputs")
+    v = r.entry.derived_vision
+    if v is not None and v.embeds_need_ids:
+        raise r.error(InvalidInputError, f"{r.family} cannot take embeddings computed outside its forward",
+                      why=f"{v.model}'s forward on this release raises for inputs_embeds without input_ids",
+                      fix="pass input_ids and the vision inputs to the model (the tower runs inside its forward); "
+                      "Ulysses with images needs a release whose forward takes inputs_embeds")
     owner, language_model = owner_of(r, model)
     params = inspect.signature(owner.forward).parameters
     unknown = sorted(k for k in vision if k not in params or k in _NOT_VISION)

@@ -151,7 +151,8 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
     derivation = VisionDerivation(
         model=top.__name__, hops=tuple((c.__name__, a) for c, a in hops), owner=owner.__name__,
         language_model_attr=lm_attr, tower_attrs=towers, projector_attrs=projectors, text_family=text_type,
-        placeholder=placeholder, owner_mask=owner_mask, mask_inputs=mask_inputs, batched_images=_batched(owner))
+        placeholder=placeholder, owner_mask=owner_mask, mask_inputs=mask_inputs, batched_images=_batched(owner),
+        embeds_need_ids=any(_refuses_embeds_alone(c) for c, _ in hops))
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
@@ -265,6 +266,16 @@ def _passed(cls: type, attr: str, keyword: str) -> str:
     calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == f"self.{attr}"] if fn else []
     values = [ast.unparse(k.value) for c in calls for k in c.keywords if k.arg == keyword]
     return values[0] if values else ""
+
+
+def _refuses_embeds_alone(cls: type) -> bool:
+    """Whether ``cls.forward`` raises under ``if inputs_embeds is not None and input_ids is None and ...`` (not the
+    usual exactly-one-of check, an ``^``)."""
+    fn = _method(cls, "forward")
+    return fn is not None and any(
+        isinstance(n, ast.If) and isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And)
+        and {"inputs_embeds is not None", "input_ids is None"} <= {ast.unparse(v) for v in n.test.values}
+        and any(isinstance(b, ast.Raise) for b in n.body) for n in ast.walk(fn))
 
 
 def _batched(owner: type) -> bool:

@@ -166,7 +166,9 @@ def _vision_lines(v: VisionDerivation) -> list[str]:
         f"{', '.join(v.projector_attrs) or '(none found)'}, placeholder token id config.{v.placeholder or '(none)'}",
         f"  position_ids and **kwargs proved to reach the text model: {chain}",
         "  images: the model's own forward (tower, projector, placeholders); pixel values "
-        + ("(B, images, ...) per row" if v.batched_images else "(images, ...)"),
+        + ("(B, images, ...) per row" if v.batched_images else "(images, ...)")
+        + ("; its forward refuses inputs_embeds without input_ids (no embed_inputs, no Ulysses)"
+           if v.embeds_need_ids else ""),
         *([] if v.owner_mask == "attention_mask" else [
             f"  mask: {v.owner} builds its own ({v.owner_mask}); on packed rows the boundaries replace it"
             + (f"; {', '.join(v.mask_inputs)} with images (bidirectional image attention) are refused"

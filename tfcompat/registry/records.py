@@ -140,7 +140,9 @@ class VisionDerivation:
     image token id ("" where the config names none); owner_mask: the source expression the owner passes as the
     language model's attention mask ("attention_mask": the caller's); mask_inputs: the owner's forward parameters
     that shape a mask it builds itself (token types: bidirectional attention within images); batched_images: the
-    owner reads pixel values as ``(B, images, ...)`` (one row of the batch per text row), not ``(images, ...)``.
+    owner reads pixel values as ``(B, images, ...)`` (one row of the batch per text row), not ``(images, ...)``;
+    embeds_need_ids: a forward on the way raises for ``inputs_embeds`` without ``input_ids`` (4.53's Idefics2), so
+    embeddings computed outside it (`tfcompat.embed_inputs`, Ulysses) cannot be fed to it.
     """
 
     model: str
@@ -154,6 +156,7 @@ class VisionDerivation:
     owner_mask: str
     mask_inputs: tuple[str, ...]
     batched_images: bool
+    embeds_need_ids: bool = False
 
 
 @dataclass(frozen=True)
