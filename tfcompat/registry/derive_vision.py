@@ -50,6 +50,8 @@ def vision_key(model_type: str) -> str | None:
     if model_type in names:
         return model_type
     configs = importlib.import_module("transformers.models.auto.configuration_auto").CONFIG_MAPPING
+    if model_type in configs:  # a type of its own (the scan below imports every vision config class: only if not)
+        return None
     return next((k for k in names if k in configs and getattr(configs[k], "model_type", None) == model_type), None)
 
 
