@@ -171,8 +171,8 @@ def _vision_lines(v: VisionDerivation) -> list[str]:
            if v.embeds_need_ids else ""),
         *([] if v.owner_mask == "attention_mask" else [
             f"  mask: {v.owner} builds its own ({v.owner_mask}); on packed rows the boundaries replace it"
-            + (f"; {', '.join(v.mask_inputs)} with images (bidirectional image attention) are refused"
-               if v.mask_inputs else "")]),
+            + (f"; rows whose {', '.join(v.mask_inputs)} mark images (bidirectional within each) run the stock "
+               "eager/sdpa attention with transformers' mask of the packed row" if v.mask_inputs else "")]),
     ]
 
 
