@@ -24,7 +24,7 @@ import torch
 
 import tfcompat
 from tfcompat.errors import InvalidInputError, PatchError, UnknownFamilyError, UnsupportedVersionError
-from tfcompat.tiny_models import Kind, attention_implementations, tiny_image, tiny_model
+from tfcompat.tiny_models import Kind, TinyModelError, attention_implementations, tiny_image, tiny_model, tiny_video
 
 TOLERANCE = 1e-5
 # gradients sum a projection over every token and parameter entry: a deep tiny model's eager reference differs from
@@ -224,11 +224,29 @@ def image_check(model_type: str, attn_implementation: str = "eager", seed: int =
     return Outcome(model_type, "pass", f"{n} image tokens, pixel_values {tuple(inputs['pixel_values'].shape)}", moved)
 
 
+def video_sequence(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor] | None:
+    """One row of text around one fake two-frame video (`tiny_video`), or None where the tiny model takes none."""
+    try:
+        video = tiny_video(model, seed=seed)
+    except TinyModelError:
+        return None
+    before, after = sample_sequences(model.config, lengths=(3, 4), seed=seed)
+    return {"input_ids": torch.cat([before, torch.full((video.tokens,), video.token_id), after])[None], **video.inputs}
+
+
 def vlm_examples(model: torch.nn.Module, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """Three sequences for a packed row of a vision-language model: text around an image, text alone, text around
-    another image (each an `image_sequence`: its own image kwargs, as a processor returns them for one sample)."""
+    """Sequences for a packed row of a vision-language model: text around an image, text alone, text around another
+    image (each an `image_sequence`: its own image kwargs, as a processor returns them for one sample), and text
+    around a video where a derived family's model takes videos (`video_sequence`; the written M-RoPE families lay
+    videos out with their own tokens and timing: their tests place them)."""
     text = sample_sequences(model.config, lengths=(6,), seed=seed + 1)[0][None]
-    return [image_sequence(model, seed=seed), {"input_ids": text}, image_sequence(model, seed=seed + 2)]
+    try:
+        derived = tfcompat.resolve(model.config.model_type).entry.derived_vision is not None
+    except REFUSALS:
+        derived = False
+    video = video_sequence(model, seed=seed + 3) if derived else None
+    return [image_sequence(model, seed=seed), {"input_ids": text}, image_sequence(model, seed=seed + 2),
+            *([video] if video is not None else [])]
 
 
 def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> Outcome:
