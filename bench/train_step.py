@@ -26,6 +26,10 @@ same backend for every variant, ``--head``), the loss ``-(logprobs * advantage).
   liger_tfcompat Liger's monkey patch + ``tfcompat.patch(model, backend=B)``
 Liger's monkey patch cannot be undone: the three liger variants run last, on the same model.
 
+A suffix sets a variant's gradient checkpointing: ``@none`` turns it off for the variant; ``@attention``,
+``@mlp``, ``@attention+mlp`` keep those modules' outputs out of the recompute (``patch(checkpoint_keep=...)``; a
+stock variant gets the same through `tfcompat.hf.checkpointing` alone), e.g. ``liger_flex_tfhead@attention+mlp``.
+
 Reported per variant: ms per step (median of ``--reps`` after ``--warmup``, CUDA events), real tokens/s, peak
 memory, loss (a check: the variants agree to bf16 rounding), speed-up over padded, and model FLOPs utilization
 against ``--peak-tflops`` (989, the H200's dense bf16 peak):
@@ -53,6 +57,12 @@ untied head; mrope; a one-block vision tower that the text-only batch never runs
 experts through transformers' ``grouped_mm`` experts implementation where the release has it (``--experts``).
 Model FLOPs count the active parameters: every matmul weight of the text stack and the head, the expert weights
 times ``top_k / n_experts``.
+
+``--family gpt_oss`` / ``--family qwen3_moe``: issue 18's derived families at real width (gpt-oss-20b: sinks,
+sliding window 128 on every other layer, 32 experts top 4; Qwen3-30B-A3B: 128 experts top 8), built through
+``AutoConfig.for_model``, ``--layers`` (default 4); stock padded runs the family's stock attention (eager for
+gpt-oss, which has no sdpa path); ``tfcompat_fused`` is ``fused="auto"`` there (what it fused is printed). Attention
+FLOPs count about ``L * W`` query-key pairs on a layer with a sliding window ``W``.
 """
 
 from __future__ import annotations
@@ -90,6 +100,26 @@ SMOKE_MOE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, h
                  moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, vocab_size=256, num_hidden_layers=2,
                  tie_word_embeddings=False, attention_dropout=0.0, decoder_sparse_step=1, mlp_only_layers=[],
                  mrope_section=[4, 2, 2])
+# issue 18's derived families at real width (few layers): gpt-oss-20b (sinks, sliding windows of 128 on every other
+# layer, 32 experts top 4, yarn rope) and Qwen3-30B-A3B (q/k norms, 128 experts top 8); built through AutoConfig
+DERIVED = {
+    "gpt_oss": dict(hidden_size=2880, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                    intermediate_size=2880, num_local_experts=32, num_experts_per_tok=4, vocab_size=201088,
+                    sliding_window=128, tie_word_embeddings=False, attention_dropout=0.0),
+    "qwen3_moe": dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                      intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                      vocab_size=151936, tie_word_embeddings=False, rms_norm_eps=1e-6, attention_dropout=0.0,
+                      decoder_sparse_step=1, mlp_only_layers=[]),
+}
+SMOKE_DERIVED = {
+    "gpt_oss": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                    num_local_experts=4, num_experts_per_tok=2, vocab_size=256, sliding_window=4,
+                    tie_word_embeddings=False, attention_dropout=0.0),
+    "qwen3_moe": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                      moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, vocab_size=256,
+                      tie_word_embeddings=False, attention_dropout=0.0, decoder_sparse_step=1, mlp_only_layers=[]),
+}
+STOCK_ATTENTION = {"gpt_oss": "eager"}  # gpt-oss has no sdpa path in transformers (its sinks)
 TEMPERATURE = 0.7
 ENTROPY_COEF = 0.01
 
@@ -144,6 +174,32 @@ def build_moe(dims: dict[str, Any], layers: int, max_len: int, dtype: torch.dtyp
     return model
 
 
+def build_derived(family: str, dims: dict[str, Any], layers: int, max_len: int, dtype: torch.dtype,
+                  device: torch.device, experts: str) -> torch.nn.Module:
+    """A causal LM of a family tfcompat derives (issue 18) from its config class, random weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(family, **{**dims, "num_hidden_layers": layers},
+                               max_position_embeddings=max(131072 if family == "gpt_oss" else 32768, max_len))
+    if experts and hasattr(cfg, "_experts_implementation"):
+        cfg._experts_implementation = experts
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg, attn_implementation=STOCK_ATTENTION.get(family, "sdpa"))
+    finally:
+        torch.set_default_dtype(default)
+    with torch.no_grad():  # the constructor may leave 3-d expert weights (and gpt-oss' sinks) uninitialized
+        for name, p in model.named_parameters():
+            if "experts" in name or "sinks" in name:
+                p.normal_(0.0, 0.02)
+    model = model.to(dtype).train()
+    model.config.use_cache = False
+    return model
+
+
 def stack_of(model: torch.nn.Module) -> torch.nn.Module:
     """The decoder stack the step runs: ``model.model`` (Qwen2) or the VLM's text model (MoE)."""
     inner = model.model
@@ -154,15 +210,28 @@ def matmul_params(model: torch.nn.Module, active: float = 1.0) -> int:
     """Matrix weights of the decoder stack (every 2-d parameter but the embedding table: projections, MLPs,
     routers), ``active`` (top_k / n_experts) of the 3-d expert weights, and the lm head: the P of 6 * P * T."""
     stack = stack_of(model)
-    dense = sum(p.numel() for n, p in stack.named_parameters() if p.ndim == 2 and "embed" not in n)
+    dense = sum(p.numel() for n, p in stack.named_parameters() if p.ndim == 2 and "embed" not in n and "bias" not in n)
     routed = sum(p.numel() for n, p in stack.named_parameters() if p.ndim == 3)
     return int(dense + active * routed + model.lm_head.weight.numel())
 
 
-def model_flops(p_matmul: int, lengths: list[int], layers: int, hq: int, head_dim: int) -> dict[str, float]:
+def model_flops(p_matmul: int, lengths: list[int], windows: list[int | None], hq: int, head_dim: int
+                ) -> dict[str, float]:
+    """windows: per layer, None (causal over the sequence: ``L**2 / 2`` query-key pairs) or W (about ``L * W``)."""
     dense = 6.0 * p_matmul * sum(lengths)
-    attention = sum(6.0 * layers * hq * head_dim * n * n for n in lengths)
+
+    def pairs(n: int, w: int | None) -> float:
+        return n * n / 2 if w is None or w >= n else w * (w + 1) / 2 + (n - w) * w
+
+    attention = sum(12.0 * hq * head_dim * pairs(n, w) for n in lengths for w in windows)
     return {"dense": dense, "attention": attention, "total": dense + attention}
+
+
+def layer_windows(model: torch.nn.Module, layers: int) -> list[int | None]:
+    """Each decoder layer's sliding window (None: full causal), from the config's ``layer_types``."""
+    cfg = stack_of(model).config
+    types = getattr(cfg, "layer_types", None) or ["full_attention"] * layers
+    return [cfg.sliding_window if t == "sliding_attention" else None for t in types[:layers]]
 
 
 def set_attn(model: torch.nn.Module, name: str) -> None:
@@ -227,20 +296,69 @@ def make_step(model: torch.nn.Module, batch: Batch, kind: str, head: str) -> Cal
     return step
 
 
+class _Changes:
+    """What `tfcompat.hf.checkpointing.apply` changes on a stock (unpatched) model, undone afterwards: the peer
+    stacks under the same kept outputs as tfcompat."""
+
+    def __init__(self) -> None:
+        self.undo: list[Callable[[], None]] = []
+
+    def _set(self, scope: str, target: Any, attr: str, new: Any, note: str) -> None:
+        had, old = attr in vars(target), vars(target).get(attr)
+        setattr(target, attr, new)
+        self.undo.append(lambda: setattr(target, attr, old) if had else delattr(target, attr))
+
+
 @contextlib.contextmanager
-def variant(model: torch.nn.Module, name: str) -> Iterator[None]:
-    """Put the model in the variant's configuration, and back to stock sdpa afterwards (Liger's monkey patch,
-    applied before the first liger variant, stays)."""
-    if name.startswith(("tfcompat", "liger_tfcompat")):
-        backend = name[name.index("[") + 1:-1]
-        with tfcompat.patch(model, backend=backend, fused=name.startswith("tfcompat_fused")):
-            yield
+def checkpointing(model: torch.nn.Module, mode: str, stock: bool) -> Iterator[tuple[str, ...]]:
+    """A variant's checkpointing (the part of its name after ``@``): "" = full (as built), "none" = off for the
+    variant, else kinds kept out of the recompute joined by ``+`` ("attention+mlp"); yields the kinds for
+    ``patch(checkpoint_keep=...)``, or applies them itself to a stock variant."""
+    if mode == "none":
+        model.gradient_checkpointing_disable()
+        try:
+            yield ()
+        finally:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return
-    set_attn(model, "flex_attention" if name in ("flex_packed", "liger_flex", "liger_flex_tfhead") else "sdpa")
+    kinds = tuple(mode.split("+")) if mode else ()
+    if not stock or not kinds:
+        yield kinds
+        return
+    from tfcompat.errors import PatchError
+    from tfcompat.hf import checkpointing as ckpt
+
+    layer = stack_of(model).layers[0]
+    attention_cls = type(next(c for c in layer.children() if type(c).__name__.endswith("Attention")))
+    kept, holders = ckpt.plan(model, kinds, attention_cls, lambda cls, what, **kw: PatchError(what, **kw))
+    changes = _Changes()
+    ckpt.apply(changes, kept, holders)
     try:
-        yield
+        yield ()
     finally:
-        set_attn(model, "sdpa")
+        for fn in reversed(changes.undo):
+            fn()
+
+
+@contextlib.contextmanager
+def variant(model: torch.nn.Module, name: str, stock_attention: str, fused: Any) -> Iterator[None]:
+    """Put the model in the variant's configuration, and back to stock attention afterwards (Liger's monkey patch,
+    applied before the first liger variant, stays)."""
+    base, _, mode = name.partition("@")
+    tf = base.startswith(("tfcompat", "liger_tfcompat"))
+    with checkpointing(model, mode, stock=not tf) as keep:
+        if tf:
+            backend = base[base.index("[") + 1:-1]
+            with tfcompat.patch(model, backend=backend, fused=fused if base.startswith("tfcompat_fused") else False,
+                                checkpoint_keep=keep):
+                yield
+            return
+        set_attn(model, "flex_attention" if base in ("flex_packed", "liger_flex", "liger_flex_tfhead")
+                 else stock_attention)
+        try:
+            yield
+        finally:
+            set_attn(model, stock_attention)
 
 
 def apply_liger(model: torch.nn.Module, moe: bool) -> str:
@@ -348,7 +466,10 @@ def main() -> None:
     p.add_argument("--long", action="store_true", help="long context: 4 sequences of 8k-32k tokens, 4 layers")
     p.add_argument("--no-checkpointing", action="store_true", help="turn gradient checkpointing off")
     p.add_argument("--moe", action="store_true", help="Qwen3-30B-A3B-shaped MoE text stack (default 4 layers)")
-    p.add_argument("--experts", default="grouped_mm", help="transformers experts implementation (--moe)")
+    p.add_argument("--experts", default="grouped_mm", help="transformers experts implementation (--moe, --family)")
+    p.add_argument("--family", default=None, choices=sorted(DERIVED),
+                   help="a derived family's stack at real width (issue 18): gpt_oss (gpt-oss-20b), qwen3_moe "
+                        "(Qwen3-30B-A3B); default 4 layers; stock padded runs its family's stock attention")
     p.add_argument("--variants", default=None,
                    help="comma list of tfcompat, tfcompat_fused, padded, sdpa_packed, flex_packed, liger_flex, "
                         "liger_flex_tfhead, liger_tfcompat, the first three also as name[backend] (default "
@@ -359,6 +480,8 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H200: 989)")
     p.add_argument("--profile", nargs="?", const="all", default=None,
                    help="one profiled step per variant (or per variant of a comma list): where the time goes")
+    p.add_argument("--lengths", default=None, help="explicit sequence lengths, comma-separated (e.g. round sizes "
+                   "2048,2048,...), instead of seeded random ones")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     smoke = args.smoke
@@ -367,24 +490,33 @@ def main() -> None:
     long = args.long
     warmup = args.warmup if args.warmup is not None else 1
     reps = args.reps if args.reps is not None else (2 if smoke else 3)
-    layers = args.layers or (SMOKE["num_hidden_layers"] if smoke else 4 if long or args.moe else 28)
+    layers = args.layers or (SMOKE["num_hidden_layers"] if smoke else 4 if long or args.moe or args.family else 28)
     n_seq = args.seqs or (3 if smoke else 4 if long else 8)
     lo = args.min_len or (5 if smoke else 8192 if long else 512)
     hi = args.max_len or (40 if smoke else 32768 if long else 4096)
-    dims = (SMOKE_MOE if args.moe else SMOKE) if smoke else QWEN3_30B_A3B if args.moe else QWEN25_7B
-    default_variants = "tfcompat,flex_packed" if long or args.moe else "tfcompat,padded,sdpa_packed,flex_packed"
+    family = args.family
+    if family:
+        dims = (SMOKE_DERIVED if smoke else DERIVED)[family]
+    else:
+        dims = (SMOKE_MOE if args.moe else SMOKE) if smoke else QWEN3_30B_A3B if args.moe else QWEN25_7B
+    default_variants = ("tfcompat,padded,flex_packed" if family else "tfcompat,flex_packed" if long or args.moe
+                        else "tfcompat,padded,sdpa_packed,flex_packed")
     names = (args.variants or default_variants).split(",")
     if smoke and "flex_packed" in names:
         names.remove("flex_packed")
         print("smoke: flex_packed skipped (torch has no flex attention backward on CPU)")
     variants = []
-    for n in names:
+    for full in names:
+        n, at, mode = full.partition("@")  # @none: no checkpointing; @attention+mlp: kept out of the recompute
+        suffix = at + mode
+        if mode and mode != "none" and not set(mode.split("+")) <= {"attention", "mlp"}:
+            raise SystemExit(f"unknown checkpointing {mode!r} in {full!r}: none, attention, mlp, attention+mlp")
         if n.endswith("]") and n[:n.index("[")] in ("tfcompat", "tfcompat_fused", "liger_tfcompat"):
-            variants.append(n)  # one backend named: tfcompat_fused[sdpa]
+            variants.append(n + suffix)  # one backend named: tfcompat_fused[sdpa]
         elif n in ("tfcompat", "tfcompat_fused", "liger_tfcompat"):
-            variants += [f"{n}[{b}]" for b in args.tfcompat_backends.split(",")]
+            variants += [f"{n}[{b}]{suffix}" for b in args.tfcompat_backends.split(",")]
         elif n in ("padded", "sdpa_packed", "flex_packed", "liger_flex", "liger_flex_tfhead"):
-            variants.append(n)
+            variants.append(n + suffix)
         else:
             raise SystemExit(f"unknown variant {n!r}")
     variants.sort(key=lambda v: v.startswith("liger"))  # Liger's monkey patch is for good: its variants last
@@ -393,9 +525,15 @@ def main() -> None:
     print(C.machine_line(info))
     gen = torch.Generator().manual_seed(args.seed)
     lengths = torch.randint(lo, hi + 1, (n_seq,), generator=gen).tolist()
+    if args.lengths:
+        lengths = [int(x) for x in args.lengths.split(",")]
+        n_seq, hi = len(lengths), max(hi, max(lengths))
     # MoE (a VLM's text model): ids below the special tokens, so no vision placeholder is drawn
     batch = Batch(lengths, min(dims["vocab_size"], 151643), device, seed=args.seed + 1)
-    if args.moe:
+    if family:
+        model = build_derived(family, dims, layers, hi, dtype, device, args.experts)
+        active = dims["num_experts_per_tok"] / dims.get("num_experts", dims.get("num_local_experts", 1))
+    elif args.moe:
         model = build_moe(dims, layers, hi, dtype, device, args.experts)
         active = dims["num_experts_per_tok"] / dims["num_experts"]
     else:
@@ -407,14 +545,19 @@ def main() -> None:
     p_mm = matmul_params(model, active)
     hq = dims["num_attention_heads"]
     head_dim = dims.get("head_dim") or dims["hidden_size"] // hq
-    flops = model_flops(p_mm, lengths, layers, hq, head_dim)
+    windows = layer_windows(model, layers)
+    flops = model_flops(p_mm, lengths, windows, hq, head_dim)
+    stock_attention = STOCK_ATTENTION.get(family or "", "sdpa")
+    # fused=True refuses a family whose modules Liger does not compute exactly: "auto" there (what it fused is listed)
+    fused: Any = "auto" if family else True
     padded_tokens = n_seq * batch.max_len
     padding = 1 - batch.total / padded_tokens
     probe = torch.empty(1, hq, head_dim, device=device, dtype=dtype, requires_grad=True)
     auto_attention = select_backend(probe, "auto", k=probe[:, : dims["num_key_value_heads"]],
                                     seqs=from_lengths(lengths, device=device))
-    arch = (f"Qwen3-VL-MoE text, experts {getattr(stack_of(model).config, '_experts_implementation', None)!r}"
-            if args.moe else "Qwen2")
+    experts_impl = getattr(stack_of(model).config, "_experts_implementation", None)
+    arch = (f"{family} (derived), experts {experts_impl!r}, windows {windows}, stock attention {stock_attention!r}"
+            if family else f"Qwen3-VL-MoE text, experts {experts_impl!r}" if args.moe else "Qwen2")
     print(f"model: {arch} {layers} layers, {p_all / 1e9:.3f} B params ({p_mm / 1e9:.3f} B active in matmuls), {dtype}, "
           f"gradient checkpointing {'off' if args.no_checkpointing else 'on'}; head backend {args.head!r}; "
           f"tfcompat attention 'auto' -> {auto_attention!r}")
@@ -428,7 +571,8 @@ def main() -> None:
 
     def save() -> None:  # after every variant: a run cut short keeps what it measured
         C.write_json(args.out, {
-            "benchmark": "train_step", "smoke": smoke, "long": long, "moe": args.moe, "machine": info,
+            "benchmark": "train_step", "smoke": smoke, "long": long, "moe": args.moe, "family": family,
+            "machine": info, "windows": windows, "stock_attention": stock_attention,
             "dtype": str(dtype), "liger_kernel": liger_version,
             "model": {**dims, "num_hidden_layers": layers}, "params": p_all, "matmul_params": p_mm,
             "gradient_checkpointing": not args.no_checkpointing, "head": args.head, "attention_auto": auto_attention,
@@ -439,11 +583,12 @@ def main() -> None:
 
     liger_version = None
     for name in variants:
-        kind = "padded" if name == "padded" else "packed"
-        if name.startswith("liger") and liger_version is None:
+        base = name.partition("@")[0]
+        kind = "padded" if base == "padded" else "packed"
+        if base.startswith("liger") and liger_version is None:
             liger_version = apply_liger(model, args.moe)
-        step = make_step(model, batch, kind, "liger" if name == "liger_flex" else args.head)
-        with variant(model, name):
+        step = make_step(model, batch, kind, "liger" if base == "liger_flex" else args.head)
+        with variant(model, name, stock_attention, fused):
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -460,6 +605,10 @@ def main() -> None:
             peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
             profiled = args.profile is not None and (args.profile == "all" or name in args.profile.split(","))
             prof = profile_step(step, device) if profiled and device.type == "cuda" else None
+            if base.startswith("tfcompat_fused"):
+                handle = vars(model).get("_tfcompat_handle")
+                records = handle.records if handle is not None else []
+                print(f"{name}: fused {sorted({r.note for r in records if 'Liger' in r.note})}", flush=True)
         model.zero_grad(set_to_none=True)
         med = C.median(ms)
         results[name] = {"ms": med, "all_ms": ms, "loss": loss, "real_tokens_per_s": batch.total / (med * 1e-3),
@@ -483,8 +632,8 @@ def main() -> None:
                   rows))
     tf = [n for n in results if n.startswith(("tfcompat", "liger_tfcompat")) and "error" not in results[n]]
     for t in tf:
-        for other in ("padded", "sdpa_packed", "flex_packed", "liger_flex", "liger_flex_tfhead"):
-            if other in results and "error" not in results[other]:
+        for other in results:
+            if not other.startswith(("tfcompat", "liger_tfcompat")) and "error" not in results[other]:
                 ratios[f"{t} / {other}"] = results[other]["ms"] / results[t]["ms"]
     for k, v in ratios.items():
         print(f"speed-up {k}: {v:.2f}x")

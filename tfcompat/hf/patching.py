@@ -11,7 +11,9 @@ function is replaced; removed again when the last patched model is undone). Per 
 - where the installed decoder layer drops ``**kwargs``, a forward pre-hook on each decoder layer that hands
   the boundaries to its attention;
 - on each attention module, its attention features (window, softcap, sinks, chunk: `tfcompat.hf.features`) under
-  `tfcompat.hf.attention.FEATURES_ATTR`.
+  `tfcompat.hf.attention.FEATURES_ATTR`;
+- with ``fused``, the forwards `tfcompat.hf.fused` routes through Liger's kernels; with ``checkpoint_keep``, each
+  checkpointing module's checkpoint function and each kept module's forward (`tfcompat.hf.checkpointing`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ..core.position_ids import split_positions
 from ..errors import InvalidInputError, PatchedModelError, PatchError
 from ..registry import Resolved, resolve_model
 from . import attention as hf_attention
+from . import checkpointing as hf_checkpointing
 from . import fused as hf_fused
 from . import linear_attention as hf_linear_attention
 from .changes import Record
@@ -108,6 +111,7 @@ def patch(
     backend: Backend = "auto",
     linear_backend: hf_linear_attention.LinearBackend = "auto",
     fused: hf_fused.Fused = False,
+    checkpoint_keep: hf_checkpointing.CheckpointKeep = (),
 ) -> PatchHandle:
     """Make a stock transformers model accept packed batches; returns a `PatchHandle`.
 
@@ -123,6 +127,9 @@ def patch(
     fused: Liger-Kernel's RMSNorm / SwiGLU / RoPE kernels where exact for the module (`tfcompat.hf.fused`):
         False (default), True or a subset of ``("rms_norm", "swiglu", "rope")`` (`PatchError` for a module they
         would not compute exactly, or without liger-kernel), ``"auto"`` (where exact, if liger-kernel imports).
+    checkpoint_keep: under gradient checkpointing (on, non-reentrant, before `patch`), the modules of each
+        checkpointed layer whose outputs are kept rather than recomputed in the backward: ``"attention"``
+        (projections, rotary, attention call), ``"mlp"``, or both (`tfcompat.hf.checkpointing`).
 
     Idempotent: patching a patched model with the same options returns its handle. Everything that cannot
     apply raises `PatchError` here, never inside a forward. See the module docstring for what is changed.
@@ -136,8 +143,9 @@ def patch(
         raise PatchError(f"unknown attention backend {backend!r}", supported=", ".join(get_args(Backend)),
                          fix="pass one of the supported backends")
     ulysses_group = _check_group(ulysses_group)
+    keep = tuple(sorted(hf_checkpointing.kinds_of(checkpoint_keep)))
     options = {"remove_padding": remove_padding, "ulysses_group": ulysses_group, "backend": backend,
-               "linear_backend": linear_backend, "fused": fused}
+               "linear_backend": linear_backend, "fused": fused, "checkpoint_keep": keep}
     existing = vars(model).get(_HANDLE_ATTR)
     if existing is not None and existing.active:
         if existing.options != options:
@@ -158,6 +166,7 @@ def patch(
     plan = _plan(model, resolved, ulysses_group, linear_backend, backend)
     vision = plan_vision(model, resolved, plan.text_models, [attn for attn, _, _ in plan.features], ulysses_group)
     fused_modules = hf_fused.prepare(model, fused, resolved.family, resolved.transformers_version)
+    kept, holders = hf_checkpointing.plan(model, keep, resolved.attention_cls, resolved.error)
 
     handle = PatchHandle(model, resolved, options)
     hf_attention.register()
@@ -208,6 +217,7 @@ def patch(
         handle._set("instance", module, "forward", forward,
                     "packed Gated DeltaNet (conv and state restart per sequence)")
     hf_fused.apply(handle, fused_modules)
+    hf_checkpointing.apply(handle, kept, holders)
     handle._set("instance", model, "__deepcopy__", _deepcopy(handle), "copy.deepcopy gives a copy patched alike")
     handle._set("instance", model, "__reduce_ex__", _refuse_pickle(handle), "pickling raises PatchedModelError")
     handle._set("instance", model, _HANDLE_ATTR, handle, "the active handle (idempotence)")

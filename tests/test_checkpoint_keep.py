@@ -1,0 +1,163 @@
+"""`patch(model, checkpoint_keep=...)`: module outputs kept through gradient checkpointing, not recomputed.
+
+The oracle is the unpatched model run per sequence under full gradient checkpointing; the patched packed model
+with kept outputs must give the same loss and every gradient, and must not run the kept modules again in the
+backward (counted).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import tfcompat
+from tests.helpers import pack
+from tfcompat.hf import attention as hf_attention
+from tfcompat.selfcheck import sample_sequences, tiny_model
+
+LENGTHS = [5, 9, 3]
+NON_REENTRANT = {"use_reentrant": False}
+
+
+def _model(family: str, checkpointing: bool = True, attn: str = "sdpa") -> torch.nn.Module:
+    model = tiny_model(family, attn, num_hidden_layers=3).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=NON_REENTRANT)
+    return model
+
+
+def _loss(logits: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """logits: ``(T, V)``; weight ``(T, V)``: a fixed random projection, so every token's gradient differs."""
+    return (logits.float() * weight).sum()
+
+
+class _Counter:
+    """Calls of the packed attention's core and of each layer's q / gate projection, split by forward and
+    backward (a call while autograd's engine runs = a recompute)."""
+
+    def __init__(self, model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = {"attention": [0, 0], "q_proj": [0, 0], "gate_proj": [0, 0]}
+        core = hf_attention.varlen_attention
+
+        def counted(*args, **kwargs):
+            self._count("attention")
+            return core(*args, **kwargs)
+
+        monkeypatch.setattr(hf_attention, "varlen_attention", counted)
+        for name, module in model.named_modules():
+            for proj in ("q_proj", "gate_proj"):
+                if name.endswith(proj):
+                    module.register_forward_hook(lambda *_, p=proj: self._count(p))
+
+    def _count(self, what: str) -> None:
+        self.calls[what][int(torch._C._current_graph_task_id() != -1)] += 1
+
+
+@pytest.mark.parametrize(("family", "keep"), [("qwen2", "attention"), ("qwen2", "mlp"), ("qwen2", ("attention", "mlp")),
+                                            ("llama", ("attention", "mlp")), ("qwen3", "attention")])
+def test_kept_outputs_give_the_stock_gradients_and_skip_the_recompute(family, keep, monkeypatch):
+    """Rule: with checkpoint_keep, the loss and every gradient equal the unpatched model's per sequence (fp32), and
+    the kept modules run once per layer in the forward and never in the backward; the control (no keep) runs them
+    again in the backward, so the count can fail."""
+    layers = 3
+    stock = _model(family)
+    seqs = sample_sequences(stock, LENGTHS, [None] * 3, seed=4)
+    weight = torch.randn(sum(LENGTHS), stock.config.vocab_size, generator=torch.Generator().manual_seed(5))
+    loss = 0.0
+    start = 0
+    for s in seqs:  # the oracle: stock, one sequence at a time
+        n = s.input_ids.shape[1]
+        out = stock(input_ids=s.input_ids, use_cache=False).logits[0]
+        part = _loss(out, weight[start:start + n])
+        part.backward()
+        loss += part.item()
+        start += n
+    expected = {n: p.grad for n, p in stock.named_parameters() if p.grad is not None}
+
+    kinds = {keep} if isinstance(keep, str) else set(keep)
+    full = None
+    for kept in ((), keep):  # the control without kept outputs (full recompute), then the patch under test
+        model = _model(family)
+        counter = _Counter(model, monkeypatch)
+        with tfcompat.patch(model, checkpoint_keep=kept):
+            got = _loss(model(**pack(model, seqs), use_cache=False).logits[0], weight)
+            got.backward()
+        calls = counter.calls
+        torch.testing.assert_close(float(got), loss, rtol=1e-5, atol=1e-5)
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        assert grads.keys() == expected.keys()
+        for name, g in grads.items():  # packed vs per sequence: per element within 1e-5 of the tensor's scale
+            scale = float(expected[name].abs().max())
+            torch.testing.assert_close(g, expected[name], rtol=1e-5, atol=1e-5 * scale,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+            if full is not None:  # the same kernels on the same values as full recompute
+                torch.testing.assert_close(g, full[name], rtol=1e-6, atol=1e-7 * scale,
+                                           msg=lambda m, name=name: f"{name} vs full recompute: {m}")
+        full = grads
+        keeps_attention = bool(kept) and "attention" in kinds
+        keeps_mlp = bool(kept) and "mlp" in kinds
+        assert calls["attention"] == [layers, 0 if keeps_attention else layers], (kept, calls)
+        assert calls["q_proj"] == [layers, 0 if keeps_attention else layers], (kept, calls)
+        assert calls["gate_proj"] == [layers, 0 if keeps_mlp else layers], (kept, calls)
+
+
+@pytest.mark.parametrize(("family", "attn", "packed"), [("qwen2", "sdpa", False), ("qwen3_moe", "sdpa", True),
+                                                    ("gpt_oss", "eager", True)])
+def test_equal_to_full_checkpointing_on_ordinary_calls_moe_and_sinks(family, attn, packed):
+    """Rule: kept outputs give full checkpointing's gradients on the stock path too (an unpacked batch of a patched
+    model), for MoE blocks (qwen3_moe, gpt_oss: tuple outputs, routers) and with sinks and sliding windows (gpt_oss);
+    the control is the same patch without kept outputs."""
+    def grads(keep):
+        model = _model(family, attn=attn)
+        if packed:
+            inputs = pack(model, sample_sequences(model, LENGTHS, [None] * 3, seed=4))
+        else:
+            inputs = {"input_ids": torch.randint(0, model.config.vocab_size, (2, 7),
+                                                 generator=torch.Generator().manual_seed(1))}
+        with tfcompat.patch(model, checkpoint_keep=keep):
+            model(**inputs, use_cache=False).logits.float().pow(2).mean().backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    full, kept = grads(()), grads(("attention", "mlp"))
+    assert kept.keys() == full.keys()
+    for name in full:
+        torch.testing.assert_close(kept[name], full[name], rtol=1e-6, atol=1e-7 * float(full[name].abs().max()),
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_refusals_at_patch_time():
+    """Rule: checkpointing off, reentrant checkpointing and unknown kinds are PatchErrors at patch(); nothing is
+    changed."""
+    model = _model("qwen2", checkpointing=False)
+    with pytest.raises(tfcompat.PatchError, match="gradient checkpointing is off"):
+        tfcompat.patch(model, checkpoint_keep="attention")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    with pytest.raises(tfcompat.PatchError, match="needs non-reentrant checkpointing"):
+        tfcompat.patch(model, checkpoint_keep="attention")
+    with pytest.raises(tfcompat.PatchError, match=r"unknown checkpoint_keep kinds \['mlps'\]"):
+        tfcompat.patch(_model("qwen2"), checkpoint_keep=("attention", "mlps"))
+    assert not tfcompat.is_patched(model)
+    assert "forward" not in vars(model.model.layers[0].self_attn)
+
+
+def test_undo_restores_and_a_later_enable_is_refused_in_the_forward():
+    """Rule: undo() restores each checkpoint function and forward; enabling checkpointing again after the patch
+    replaces the function, and the next checkpointed forward raises PatchedModelError (not a silent recompute)."""
+    model = _model("qwen2")
+    layer = model.model.layers[0]
+    original = layer._gradient_checkpointing_func
+    handle = tfcompat.patch(model, checkpoint_keep="attention")
+    assert layer._gradient_checkpointing_func is not original and "forward" in vars(layer.self_attn)
+    assert "kept through gradient checkpointing (attention)" in handle.explain()
+    clone = copy.deepcopy(model)
+    assert tfcompat.is_patched(clone) and "forward" in vars(clone.model.layers[0].self_attn)
+    handle.undo()
+    assert layer._gradient_checkpointing_func is original and "forward" not in vars(layer.self_attn)
+
+    inputs = pack(model, sample_sequences(model, [4, 6], [None, None], seed=2))
+    with tfcompat.patch(model, checkpoint_keep="attention"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=NON_REENTRANT)
+        with pytest.raises(tfcompat.PatchedModelError, match="checkpoint_keep is lost"):
+            model(**inputs, use_cache=False)
