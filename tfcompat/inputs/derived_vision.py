@@ -218,12 +218,13 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
     inputs: dict[str, Any] = {"input_ids": ids, "position_ids": positions}
     batched = r.entry.derived_vision is not None and r.entry.derived_vision.batched_images
     for name in sorted(vision_keys):
-        parts = [ex[name] for ex in examples if ex.get(name) is not None]
+        try:  # a processor called without return_tensors gives lists of numbers (LLaVA-OneVision's image counts)
+            parts = [torch.as_tensor(ex[name]) for ex in examples if ex.get(name) is not None]
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise r.error(InvalidInputError, f"tfcompat.pack: {name} is not a tensor in every example", why=str(exc),
+                          fix="pass the processor's outputs with return_tensors='pt'") from None
         if not parts:
             continue
-        if not all(isinstance(p, torch.Tensor) for p in parts):
-            raise r.error(InvalidInputError, f"tfcompat.pack: {name} is not a tensor in every example",
-                          fix="pass the processor's outputs with return_tensors='pt'")
         if name.endswith("token_type_ids"):  # per token: (1, L) or (L,)
             inputs[name] = torch.cat([p.reshape(-1) for p in parts])[None]  # (L_i,) each -> (1, T)
             continue
