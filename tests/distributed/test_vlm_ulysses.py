@@ -22,3 +22,10 @@ WORLDS = [(t, world) for t in NAMED for world in (2, 4)]
 def test_sp_equals_single_process(model_type, world):
     """Rule: logits and every parameter's gradient (summed over ranks) match SP=1, images included."""
     run_world(vlm_workers.vlm_sp_equals_single, world, model_type)
+
+
+@pytest.mark.skipif("gemma3" not in NAMED, reason="transformers ships no gemma3")
+def test_image_blocks_are_refused_under_ulysses():
+    """Rule: bidirectional attention within images is not sharded; a sharded row whose token types mark images raises
+    a typed error rather than running causal."""
+    run_world(vlm_workers.image_blocks_refused_under_ulysses, 2, "gemma3")

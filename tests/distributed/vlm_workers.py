@@ -54,3 +54,28 @@ def vlm_sp_equals_single(rank: int, world: int, model_type: str) -> None:
         gscale = max(1.0, float(ref_grads[name].abs().max()))
         gdiff = float((g - ref_grads[name]).abs().max())
         assert gdiff <= 1e-5 * gscale, f"rank {rank}: grad {name} differs by {gdiff:.3e} (scale {gscale:.2e})"
+
+
+def image_blocks_refused_under_ulysses(rank: int, world: int, model_type: str) -> None:
+    """Token types marking images (bidirectional attention within each) on a sharded row: `InvalidInputError`."""
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    model = build(model_type, "sdpa", kind="image_text_to_text")
+    examples = vlm_examples(model)
+    name = tfcompat.resolve(model_type).entry.derived_vision.mask_inputs[0]
+    for ex in examples:
+        ex[name] = (ex["input_ids"] == model.config.image_token_id).long()
+    inputs = {k: v for k, v in tfcompat.pack(model, examples).model_inputs.items() if not k.startswith("tfcompat")}
+    with tfcompat.patch(model, ulysses_group=dist.group.WORLD):
+        vision = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids", name)}
+        embedded = tfcompat.embed_inputs(model, inputs["input_ids"], **vision)
+        shard = ulysses.shard_inputs(position_ids=inputs["position_ids"], inputs_embeds=embedded,
+                                     group=dist.group.WORLD)
+        pad = inputs[name].new_zeros(1, shard.padded - shard.total)
+        types = torch.cat([inputs[name], pad], 1)[:, shard.local_slice]  # (1, T + pad) -> this rank's (1, T/sp)
+        try:
+            model(**shard.model_inputs, **{name: types}, use_cache=False)
+        except tfcompat.InvalidInputError as exc:
+            assert "cannot attend within images" in str(exc) and "sequence-parallel" in str(exc), str(exc)
+        else:
+            raise AssertionError("a sharded row with image token types must be refused")
