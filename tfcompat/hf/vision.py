@@ -116,13 +116,16 @@ class _ImageBlocks:
         ctx = kwargs.get(CONTEXT_KWARG)
         if not isinstance(ctx, ForwardContext):
             return args, kwargs
-        marked = [n for n in self.names if isinstance(kwargs.get(n), torch.Tensor) and bool(kwargs[n].any())]
+        given = [n for n in self.names if isinstance(kwargs.get(n), torch.Tensor)]
+        # under Ulysses a rank's slice may hold no image: refuse on the presence of token types, the same on every rank
+        marked = given if ctx.group is not None else [n for n in given if bool(kwargs[n].any())]
         if not marked:
             return args, kwargs
         impls = sorted({impl for _, impl in self.router.stock})
         why = ""
         if ctx.group is not None:
-            why = "a sequence-parallel forward: the stock attention cannot run on a slice of the row"
+            why = ("a sequence-parallel forward: the stock attention cannot run on a slice of the row (refused "
+                   "whenever token types are given, so that every rank refuses alike)")
         elif any(impl not in EXACT_BLOCK_IMPLEMENTATIONS for impl in impls):
             why = (f"the model's own attention implementation is {', '.join(impls)}; transformers builds the mask of a "
                    f"packed row with image blocks for {' and '.join(EXACT_BLOCK_IMPLEMENTATIONS)} only")
