@@ -228,3 +228,35 @@ def test_embeddings_are_refused_where_the_forward_takes_none_alone():
     model = _model(needy[0])
     with pytest.raises(InvalidInputError, match="cannot take embeddings computed outside its forward"):
         tfcompat.embed_inputs(model, image_sequence(model)["input_ids"])
+
+
+def test_llama4_packs_with_images_without_temperature_tuning():
+    """Llama 4's NoPE layers scale queries by the row index when ``attn_temperature_tuning`` is on (refused at
+    patch); off, the packed row with images equals stock per sequence, forward and backward."""
+    from tests.every_type import compare, compare_gradients, gradients, projection, vlm_examples
+
+    model = _model("llama4")
+    with pytest.raises(PatchError, match="reads positions from the row index"):
+        tfcompat.patch(model)
+    for module in model.modules():
+        if hasattr(module, "attn_temperature_tuning"):
+            module.attn_temperature_tuning = False
+    model.config.text_config.attn_temperature_tuning = False
+    examples = vlm_examples(model)
+    try:
+        with torch.no_grad():
+            expected = [model(**ex, use_cache=False).logits[0] for ex in examples]
+    except AttributeError as exc:  # 5.24's forward reads image_outputs off its language model's output
+        pytest.xfail(f"the stock Llama 4 forward does not run on this transformers: {exc}")
+    w = projection(expected[0].shape[-1])
+    expected_grads = gradients(model, lambda: sum((model(**ex, use_cache=False).logits[0] @ w).sum()
+                                                  for ex in examples))
+    with tfcompat.patch(model):
+        inputs = tfcompat.pack(model, examples).model_inputs
+        with torch.no_grad():
+            assert compare(model(**inputs, use_cache=False).logits[0], expected) <= 1e-5
+        got = gradients(model, lambda: (model(**inputs, use_cache=False).logits[0] @ w).sum())
+    assert compare_gradients(got, expected_grads) <= 2e-5
+    control = {k: v for k, v in inputs.items() if not k.startswith("tfcompat") and k != "position_ids"}
+    with torch.no_grad():
+        assert compare(model(**control, use_cache=False).logits[0], expected) > 1e-3

@@ -250,7 +250,7 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
     for layout in _layouts(vision, params, g):
         try:
             with torch.no_grad():
-                out = features(**layout)
+                out = features(**layout, **_required_from_config(features, config, layout))
         except Exception as exc:  # noqa: BLE001 -- the next layout may fit
             reasons.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:120])
             continue
@@ -301,6 +301,18 @@ def tiny_video(model: torch.nn.Module, seed: int = 0) -> TinyImage:
             return TinyImage(layout, token_id, numel // hidden)
         reasons.append(f"get_video_features gave {numel} values, not rows of {hidden}")
     raise _error(config.model_type, "no video layout fits its get_video_features", supported="; ".join(reasons))
+
+
+def _required_from_config(fn: Any, config: Any, given: dict[str, Any]) -> dict[str, Any]:
+    """The parameters ``fn`` requires besides ``given`` that the config or its vision config holds by the same name
+    (4.x Llama 4's ``vision_feature_select_strategy``); the forward passes them from there too."""
+    import inspect
+
+    holders = [config, getattr(config, "vision_config", None)]
+    required = [n for n, p in inspect.signature(fn).parameters.items()
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n not in given]
+    return {n: next(getattr(h, n) for h in holders if hasattr(h, n)) for n in required
+            if any(hasattr(h, n) for h in holders)}
 
 
 def _image_token_id(config: Any) -> int | None:
