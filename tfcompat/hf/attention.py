@@ -40,11 +40,12 @@ TEMPERATURE_ATTR = "_tfcompat_temperature"
 # objects and flags; a cache that adds past keys fails the core's shape check instead), the output flags
 # (packed attention returns no weights, as stock sdpa), the packed-flash kwargs of DataCollatorWithFlattening
 # (stock eager and sdpa ignore them too; the boundaries here come from the position ids) and the trainer's
-# num_items_in_batch.
+# num_items_in_batch; ``logits_to_keep``, which some vision-language forwards (LLaVA-OneVision) hand their owner, whose
+# **kwargs carry it down to the attention.
 _HARMLESS = frozenset({
     CONTEXT_KWARG, "position_ids", "cache_position", "position_embeddings", "use_cache", "past_key_value",
     "past_key_values", "cache", "output_attentions", "output_hidden_states", "output_router_logits",
-    "num_items_in_batch", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx",
+    "num_items_in_batch", "logits_to_keep", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx",
 })
 _CHECKED = frozenset({"sliding_window", "softcap", "s_aux", "is_causal"})  # compared with the layer's features
 

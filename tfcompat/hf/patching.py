@@ -45,6 +45,7 @@ from .changes import Record
 from .features import ModuleFeatures, module_features, unsupported
 from .forward import Router, to_text_model_layout
 from .pooling import is_sequence_classifier, pooled_forward, scores_holder
+from .vision import plan_vision, vision_hooks
 
 __all__ = ["PatchHandle", "Record", "is_patched", "patch"]
 
@@ -166,6 +167,7 @@ def patch(
                          fix="pass a transformers PreTrainedModel")
     resolved = resolve_model(model)
     plan = _plan(model, resolved, ulysses_group, linear_backend, backend)
+    vision = plan_vision(model, resolved, plan.text_models, [f[0] for f in plan.features], ulysses_group)
     fused_modules = hf_fused.prepare(model, fused, resolved.family, resolved.transformers_version)
     kept, holders = hf_checkpointing.plan(model, keep, resolved.attention_cls, resolved.error)
 
@@ -179,6 +181,7 @@ def patch(
     router = Router(resolved, hf_attention.ATTENTION_KEY, [(c, c._attn_implementation) for c in plan.configs],
                     getattr(resolved.module, "eager_attention_forward", None), ulysses_group,
                     vision_config=model.config if resolved.spec.is_vision else None)
+    hooks = vision_hooks(vision, resolved, router)
     for config in plan.configs:
         handle._set("config", config, "_attn_implementation", hf_attention.ATTENTION_KEY,
                     f"{config._attn_implementation!r} -> {hf_attention.ATTENTION_KEY!r}")
@@ -216,6 +219,11 @@ def patch(
 
         handle._add(Record("hook", layer, "forward_pre_hook", None, hook, True,
                            "hands packed boundaries to self-attention (layer drops **kwargs)"), remove)
+    for module, kind, fn, note in hooks:
+        vision_hook = (module.register_forward_pre_hook(fn, with_kwargs=True) if kind == "pre"
+                       else module.register_forward_hook(fn, with_kwargs=True, always_call=True))
+        handle._add(Record("hook", module, "forward_pre_hook" if kind == "pre" else "forward_hook", None, vision_hook,
+                           True, note), vision_hook.remove)
     for attn, features, note, temperature in plan.features:
         handle._set("instance", attn, hf_attention.FEATURES_ATTR, features, note)
         if temperature is not None:
@@ -507,8 +515,9 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         extra = a.setdefault(var_kw, {})
         tokens = a.get("inputs_embeds")
         tokens = a.get("input_ids") if tokens is None else tokens
-        router.check_key()
         ctx = extra.get(CONTEXT_KWARG)
+        if not isinstance(ctx, StockContext):  # a StockContext: the model above switched to its stock attention
+            router.check_key()
         if ctx is None:
             ctx = router.decide({**extra, **a}, user_call=True)
         router.last = ctx
