@@ -33,6 +33,8 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.sweep
+@pytest.mark.ci_sweep  # one reference per type already (sdpa, else eager): CI runs it on its newest release
 @pytest.mark.parametrize("model_type", TYPES)
 def test_packed_with_images_equals_stock_or_is_refused(request, model_type):
     outcome = vlm_check(model_type, "sdpa")
