@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 import tfcompat
-from tfcompat.errors import PatchError, UnknownFamilyError, UnsupportedVersionError
-from tfcompat.tiny_models import Kind, attention_implementations, tiny_image, tiny_model
+from tfcompat.errors import InvalidInputError, PatchError, UnknownFamilyError, UnsupportedVersionError
+from tfcompat.tiny_models import Kind, TinyModelError, attention_implementations, tiny_image, tiny_model, tiny_video
 
 TOLERANCE = 1e-5
 # gradients sum a projection over every token and parameter entry: a deep tiny model's eager reference differs from
@@ -78,10 +78,9 @@ def logits_of(model: torch.nn.Module, **inputs) -> torch.Tensor:
 
 
 def stock_per_sequence(model: torch.nn.Module, seqs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Stock logits of each sequence alone, `(L_i, V)` each (position ids 0.. where the forward takes them)."""
-    takes_positions = "position_ids" in inspect.signature(model.forward).parameters
-    return [logits_of(model, input_ids=s[None], **({"position_ids": torch.arange(len(s))[None]} if takes_positions
-                                                   else {})) for s in seqs]
+    """Stock logits of each sequence alone, `(L_i, V)` each, at the positions the model gives it by default (0, 1, ...
+    for most; RoBERTa's count from its padding index): what the packed row's restarting position ids must give."""
+    return [logits_of(model, input_ids=s[None]) for s in seqs]
 
 
 def packed_inputs(seqs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -222,3 +221,88 @@ def image_check(model_type: str, attn_implementation: str = "eager", seed: int =
         return Outcome(model_type, "unbuildable", "the image does not reach the logits (degenerate tiny vision tower)")
     n = int(inputs["input_ids"].shape[-1]) - 9  # 5 + 4 text tokens around the image
     return Outcome(model_type, "pass", f"{n} image tokens, pixel_values {tuple(inputs['pixel_values'].shape)}", moved)
+
+
+def video_sequence(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor] | None:
+    """One row of text around one fake two-frame video (`tiny_video`), or None where the tiny model takes none."""
+    try:
+        video = tiny_video(model, seed=seed)
+    except TinyModelError:
+        return None
+    before, after = sample_sequences(model.config, lengths=(3, 4), seed=seed)
+    return {"input_ids": torch.cat([before, torch.full((video.tokens,), video.token_id), after])[None], **video.inputs}
+
+
+def vlm_examples(model: torch.nn.Module, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Sequences for a packed row of a vision-language model: text around an image, text alone, text around another
+    image (each an `image_sequence`: its own image kwargs, as a processor returns them for one sample), and text
+    around a video where a derived family's model takes videos (`video_sequence`; the written M-RoPE families lay
+    videos out with their own tokens and timing: their tests place them)."""
+    text = sample_sequences(model.config, lengths=(6,), seed=seed + 1)[0][None]
+    try:
+        derived = tfcompat.resolve(model.config.model_type).entry.derived_vision is not None
+    except REFUSALS:
+        derived = False
+    video = video_sequence(model, seed=seed + 3) if derived else None
+    return [image_sequence(model, seed=seed), {"input_ids": text}, image_sequence(model, seed=seed + 2),
+            *([video] if video is not None else [])]
+
+
+def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> Outcome:
+    """A vision-language type: `tfcompat.pack` of `vlm_examples` through `tfcompat.patch` vs stock per sequence (each
+    with its own image), forward and backward; and the same row through `tfcompat.embed_inputs` (the vision tower run
+    before the forward, as for Ulysses). Statuses as `check`; a pass records the largest diff, and fails when the
+    control (the unpatched packed row, positions running on) does not differ."""
+    if attn_implementation not in attention_implementations(model_type, "image_text_to_text"):
+        return Outcome(model_type, "skipped", f"the model class offers no {attn_implementation} attention")
+    try:
+        model = build(model_type, attn_implementation, kind="image_text_to_text", seed=seed)
+        examples = vlm_examples(model, seed=seed)
+        with torch.no_grad():
+            expected = [logits_of(model, **ex) for ex in examples]
+        w = projection(expected[0].shape[-1])
+        expected_grads = gradients(model, lambda: sum((logits_of(model, **ex) @ w).sum() for ex in examples))
+    except Exception as exc:  # noqa: BLE001 -- the zoo reports every reason a type cannot be built or run
+        return Outcome(model_type, "unbuildable", _reason(exc))
+    try:
+        handle = tfcompat.patch(model)
+    except REFUSALS as exc:
+        return Outcome(model_type, "refused", _reason(exc))
+    except Exception as exc:  # noqa: BLE001 -- an untyped error at patch() is a defect
+        return Outcome(model_type, "fail", f"untyped error at patch(): {_reason(exc)}")
+    with handle:
+        try:
+            inputs = tfcompat.pack(model, examples).model_inputs
+            with torch.no_grad():
+                diff = compare(logits_of(model, **inputs), expected)
+                rest = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids")}
+                per_token = ("tfcompat", "token_type_ids", "mm_token_type_ids")  # the context, token types
+                vision = {k: v for k, v in rest.items() if not k.startswith(per_token)}
+                context = {k: v for k, v in rest.items() if k.startswith(per_token)}
+                try:
+                    embedded = tfcompat.embed_inputs(model, inputs["input_ids"], **vision)
+                except InvalidInputError as exc:  # a stock forward that takes no embeddings alone: said, typed
+                    diff_embedded, note = 0.0, f"; embed_inputs refused: {_reason(exc)}"
+                else:
+                    diff_embedded, note = compare(logits_of(model, **embedded.model_inputs(), **context,
+                                                            position_ids=inputs["position_ids"]), expected), ""
+            got_grads = gradients(model, lambda: (logits_of(model, **inputs) @ w).sum())
+        except Exception as exc:  # noqa: BLE001
+            return Outcome(model_type, "fail", f"patched forward raised {_reason(exc)}")
+    with torch.no_grad():  # the control: the same row unpatched, positions running on (stock 5.x finds restarting
+        # position ids itself), attends across sequences
+        control = compare(logits_of(model, **{k: v for k, v in inputs.items() if not k.startswith("tfcompat")
+                                              and k != "position_ids"}), expected)
+    if got_grads.keys() != expected_grads.keys():
+        missing = sorted(got_grads.keys() ^ expected_grads.keys())
+        return Outcome(model_type, "fail", f"patched gradients reach other parameters: {', '.join(missing[:4])}",
+                       float("inf"))
+    grad_diff = compare_gradients(got_grads, expected_grads)
+    worst = max(diff, diff_embedded, grad_diff)
+    if diff <= TOLERANCE and diff_embedded <= TOLERANCE and grad_diff <= GRAD_TOLERANCE:
+        if control <= 1e-3:
+            return Outcome(model_type, "fail", f"control: the unpatched packed row equals per sequence ({control:.1e})",
+                           worst)
+        return Outcome(model_type, "pass", f"control {control:.1e}{note}", worst)
+    return Outcome(model_type, "fail", f"patched packed differs from stock per sequence: logits {diff:.2e}, "
+                   f"embedded {diff_embedded:.2e}, gradients {grad_diff:.2e}", worst)

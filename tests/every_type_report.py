@@ -3,7 +3,9 @@
     PYTHONPATH=$PWD python -m tests.every_type_report [--stock] [--impl eager|sdpa|both] [--only TYPE ...]
 
 `--stock` runs the zoo's own check (`stock_check`: builds, runs forward and backward, the control) instead of
-`tfcompat.patch`. A type's outcome over both references is the worst of them (fail, unbuildable, refused, pass);
+`tfcompat.patch`. `--kind image_text_to_text` runs `vlm_check` (packed with images through `tfcompat.patch` and
+`tfcompat.pack` vs stock per sequence; the reason of a pass is its control), or with `--stock` the zoo with one image
+(`image_check`). A type's outcome over both references is the worst of them (fail, unbuildable, refused, pass);
 a reference the class does not offer (sdpa) is left out. Prints a per-type table, then the totals out of how many
 types transformers ships.
 """
@@ -18,7 +20,7 @@ import warnings
 
 import torch
 
-from tests.every_type import Outcome, check, image_check, stock_check
+from tests.every_type import Outcome, check, image_check, stock_check, vlm_check
 from tfcompat.registry.versions import installed_transformers
 from tfcompat.tiny_models import model_types
 
@@ -29,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impl", default="both", choices=["eager", "sdpa", "both"], help="stock reference(s)")
     parser.add_argument("--only", nargs="*", help="these types only")
     parser.add_argument("--kind", default="causal_lm", choices=["causal_lm", "image_text_to_text"],
-                        help="image_text_to_text: the stock zoo with one fake image per row (image_check)")
+                        help="image_text_to_text: packed rows with fake images (vlm_check; --stock: image_check)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # tiny matmuls; see tests/test_every_causal_lm.py
     warnings.filterwarnings("ignore")
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     for model_type in args.only or types:
         start = time.perf_counter()
         if args.kind == "image_text_to_text":
-            outcome = image_check(model_type)
+            outcome = image_check(model_type) if args.stock else _worst([vlm_check(model_type, i) for i in impls])
         else:
             outcome = stock_check(model_type) if args.stock else _worst([check(model_type, i) for i in impls])
         outcomes.append(outcome)
@@ -50,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{model_type:28} {outcome.status:11} {time.perf_counter() - start:5.2f}s {diff:>8}  {outcome.reason}",
               flush=True)
     counts = collections.Counter(o.status for o in outcomes)
-    mode = "stock zoo with an image" if args.kind != "causal_lm" else (
-        "stock zoo" if args.stock else f"tfcompat.patch vs stock {args.impl}")
+    mode = ("stock zoo" + (" with an image" if args.kind != "causal_lm" else "") if args.stock
+            else f"tfcompat.patch vs stock {args.impl}" + (", packed with images" if args.kind != "causal_lm" else ""))
     print(f"\ntransformers {installed_transformers()}, {mode}: {len(outcomes)} of {len(types)} {args.kind} types: "
           + ", ".join(f"{counts[s]} {s}" for s in ("pass", "refused", "fail", "unbuildable")))
     for status in ("refused", "unbuildable", "fail"):

@@ -38,8 +38,9 @@ TINY: dict[str, dict[str, Any]] = {
     "gemma2": dict(sliding_window=WINDOW, query_pre_attn_scalar=16),
     "gemma3_text": dict(sliding_window=WINDOW, num_hidden_layers=3, query_pre_attn_scalar=16,
                         layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+    # layer 3 has no rope and tunes its queries' temperature: with floor_scale 4 the tuning changes within the lengths
     "llama4_text": dict(num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=128, num_hidden_layers=4,
-                        attention_chunk_size=6, attn_temperature_tuning=False),
+                        attention_chunk_size=6, attn_temperature_tuning=True, floor_scale=4, attn_scale=0.5),
     "olmo2": {},
     "phi3": dict(sliding_window=WINDOW),
     "ernie4_5": {},
@@ -48,10 +49,6 @@ TINY: dict[str, dict[str, Any]] = {
     "minimax_m2": dict(num_local_experts=4, **MOE),
 }
 INSTALLED = [t for t in TINY if t in causal_lm_types()]
-# model_type -> (extra tiny keys, what the refusal names), on every release where the type exists
-REFUSED = {
-    "llama4_text": (dict(attn_temperature_tuning=True), "reads positions from the row index"),
-}
 # model_type -> what the refusal at resolve() names, on 4.x releases: qwen2_moe picks one of its own attention classes
 # per implementation there (QWEN2MOE_ATTENTION_CLASSES), none dispatching through AttentionInterface
 REFUSED_ON_4 = {"qwen2_moe": "holds no attention that dispatches through AttentionInterface"}
@@ -177,15 +174,23 @@ class TestPackedEqualsStock:
             assert diff <= 1e-5 * scale, f"{name}: max abs diff {diff:.3e} (grad scale {scale:.2e})"
 
 
-@pytest.mark.parametrize("model_type", [t for t in REFUSED if t in causal_lm_types()])
-def test_refused_at_patch(model_type):
-    extra, what = REFUSED[model_type]
-    model = tiny(model_type, **extra)
-    with pytest.raises(PatchError, match=what):
-        tfcompat.patch(model)
-    assert not tfcompat.is_patched(model)
+@pytest.mark.skipif("llama4_text" not in INSTALLED, reason="transformers has no llama4_text before 4.51")
+def test_temperature_tuning_matters_and_is_refused_under_ulysses():
+    """Control for llama4_text above: its NoPE layer's temperature tuning changes the logits within the lengths (the
+    packed rescale from row index to sequence position is not vacuous); under Ulysses it is refused at patch()."""
+    import torch.distributed as dist
 
-
+    seq = sequences()[1]
+    tuned, untuned = tiny("llama4_text"), tiny("llama4_text", attn_temperature_tuning=False)
+    with torch.no_grad():
+        assert rel_diff(tuned(input_ids=seq).logits[0], [untuned(input_ids=seq).logits[0]]) > 1e-4
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(PatchError, match="NoPE temperature tuning"):
+            tfcompat.patch(tuned, ulysses_group=dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
+    assert not tfcompat.is_patched(tuned)
 
 
 def twins(head: str) -> list[str]:
@@ -310,3 +315,89 @@ def test_unknown_attention_keyword_is_refused_naming_it():
 
     found = module_features(_AlibiAttention(), tiny("olmo2").config)
     assert "passes alibi=self.alibi" in found.refusal and found.features.window == 3
+
+
+@pytest.mark.skipif(MAJOR < 5, reason="BERT-style and dbrx attention dispatch through AttentionInterface from 5.0")
+def test_attention_found_below_the_decoder_layer():
+    """dbrx's attention sits two classes below its decoder layer, BERT's two (Layer.attention.self); BERT's
+    cross-attention class is recorded apart (refused where built, see below)."""
+    from tfcompat.registry.derive import derive
+
+    version = str(tfcompat.registry.versions.installed_transformers())
+    dbrx, bert = derive("dbrx", version).entries[0], derive("bert", version).entries[0]
+    assert (dbrx.classes["decoder_layer"], dbrx.classes["attention"]) == ("DbrxBlock", "DbrxAttention")
+    assert dbrx.layer_forwards_kwargs  # DbrxBlock -> DbrxNormAttentionNorm -> DbrxAttention pass **kwargs
+    assert (bert.classes["attention"], bert.classes["cross_attention"]) == ("BertSelfAttention", "BertCrossAttention")
+
+
+@pytest.mark.skipif(MAJOR < 5, reason="BERT-style attention dispatches through AttentionInterface from 5.0")
+@pytest.mark.parametrize(("change", "what"), [
+    (dict(is_decoder=False), "is not causal"),  # an encoder: its LM head attends both ways
+    (dict(add_cross_attention=True), r"holds cross-attention \(BertCrossAttention\)"),
+])
+def test_bert_style_decoder_refused_where_not_causal_or_cross(change, what):
+    from tfcompat.tiny_models import tiny_config
+
+    config = tiny_config("bert")
+    for key, value in change.items():
+        setattr(config, key, value)
+    model = importlib.import_module("transformers").BertLMHeadModel(config)
+    with pytest.raises(PatchError, match=what):
+        tfcompat.patch(model)
+    assert not tfcompat.is_patched(model)
+
+
+@pytest.mark.skipif(MAJOR < 5, reason="RoBERTa-style attention dispatches through AttentionInterface from 5.0")
+def test_own_positions_per_sequence():
+    """RoBERTa's learned positions default to padding_idx + 1 + the count of non-padding tokens: the packed row gets
+    them per sequence (a padding token inside a sequence included), not the contract's 0, 1, ...; control: those
+    differ. Under Ulysses it is refused."""
+    import torch.distributed as dist
+
+    from tests.every_type import build
+
+    model = build("roberta", "eager")
+    pad = model.config.pad_token_id
+    seqs = [s[0] for s in sequences()]
+    seqs[1][4] = pad  # positions skip it: the rest of the sequence counts one less
+    with torch.no_grad():
+        expected = [model(input_ids=s[None]).logits[0] for s in seqs]
+        contract = [model(input_ids=s[None], position_ids=torch.arange(len(s))[None]).logits[0] for s in seqs]
+        assert rel_diff(torch.cat(contract), expected) > 1e-3
+        with tfcompat.patch(model):
+            got = model(**packed([s[None] for s in seqs])).logits[0]
+    assert rel_diff(got, expected) <= 1e-5
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(PatchError, match="computes its own positions, under sequence parallelism"):
+            tfcompat.patch(model, ulysses_group=dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(MAJOR < 5, reason="Bart's and Whisper's decoders dispatch through AttentionInterface from 5.0")
+def test_decoders_with_cross_attention_and_row_positions():
+    """Bart's decoder counts positions over the row (its positions module gets the packed row's instead, one row at
+    a time); its encoder_attn, the self-attention's class, is left stock: packed rows refuse encoder states."""
+    from tests.every_type import build
+    from tfcompat.errors import InvalidInputError
+    from tfcompat.registry.derive import cross_attrs, positions_from_row
+
+    bart = importlib.import_module("transformers.models.bart.modeling_bart")
+    assert positions_from_row(bart.BartDecoder) == "embed_positions"
+    assert cross_attrs(bart.BartDecoderLayer, bart.BartAttention) == ("encoder_attn",)
+    model = build("bart", "eager")
+    seqs = [s[0] for s in sequences()]
+    inputs = packed([s[None] for s in seqs])
+    with torch.no_grad():
+        expected = [model(input_ids=s[None]).logits[0] for s in seqs]
+        with tfcompat.patch(model) as handle:
+            got = model(**inputs).logits[0]
+            hook = next(r for r in handle.records if r.scope == "hook" and r.attr == "forward_pre_hook").new
+            hook.remove()  # control: packed boundaries, but the positions the decoder counts over the row
+            control = model(**inputs).logits[0]
+            with pytest.raises(InvalidInputError, match="takes one packed row at a time"):
+                model(input_ids=inputs["input_ids"].expand(2, -1), position_ids=inputs["position_ids"].expand(2, -1))
+            with pytest.raises(InvalidInputError, match="encoder_hidden_states with packed inputs"):
+                model(**inputs, encoder_hidden_states=torch.randn(1, 5, model.config.d_model))
+    assert rel_diff(got, expected) <= 1e-5 < rel_diff(control, expected)

@@ -116,6 +116,7 @@ class TestPickle:
         assert back.family == "glm-4v"
 
 
+@pytest.mark.broad  # release-independent; a fresh interpreter is slow on a loaded machine
 class TestImportIsLight:
     """`import tfcompat` (and `tfcompat.tiny_models`) imports no transformers module (resolve() and patch() import
     it, for the family asked for)."""

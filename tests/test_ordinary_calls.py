@@ -65,6 +65,7 @@ class TestOrdinaryCalls:
             out = model(**packed.model_inputs)  # use_cache left at its default (True)
         assert out.past_key_values is None
 
+    @pytest.mark.broad  # the padded batch takes the stock path: not entry-specific
     def test_gradient_checkpointing_of_a_padded_batch(self, family):
         """Recomputation in the backward runs after the forward restored tfcompat's key: it still runs stock."""
         r = tfcompat.resolve(family)

@@ -79,6 +79,7 @@ class TestPackedEqualsPerSequence:
             gscale = max(1.0, float(ref.abs().max()))
             assert float((g - ref).abs().max()) <= 1e-5 * gscale, name
 
+    @pytest.mark.broad  # a control of stock, not of an entry
     def test_stock_packed_leaks_across_sequences(self, case):
         """What transformers does alone on the same packed row (position ids given, use_cache=False): the first
         sequence matches, later ones take the previous sequences' conv window and recurrent state. Handed the
@@ -193,6 +194,7 @@ ALL_LINEAR = {"layer_types": dict(layer_types=["linear_attention", "linear_atten
               "interval": dict(layer_types=None, full_attention_interval=4)}
 
 
+@pytest.mark.broad  # a config variant of the per-entry tests above
 @pytest.mark.parametrize("config", list(ALL_LINEAR))
 @pytest.mark.parametrize("family", HYBRID)
 class TestAllLinear:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Kind", "TinyImage", "TinyModelError", "attention_implementations", "model_class_name", "model_types",
-    "special_token_ids", "tiny_config", "tiny_image", "tiny_model",
+    "special_token_ids", "tiny_config", "tiny_image", "tiny_model", "tiny_video",
 ]
 
 Kind = Literal["causal_lm", "image_text_to_text"]
@@ -110,6 +110,11 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "Dots3NoteTextConfig": {"head_dim": 24},
     # ReformerModelWithLMHead asserts it (the causal LM head of an encoder-style config)
     "ReformerConfig": {"is_decoder": True, "axial_pos_embds_dim": [32, 32]},
+    # BERT-style encoders: their LM head model is a causal LM only as a decoder (bidirectional otherwise)
+    **{name: {"is_decoder": True} for name in (
+        "BertConfig", "BertGenerationConfig", "CamembertConfig", "Data2VecTextConfig", "ElectraConfig", "ErnieConfig",
+        "MegatronBertConfig", "RemBertConfig", "RobertaConfig", "RobertaPreLayerNormConfig", "RoCBertConfig",
+        "RoFormerConfig", "XLMRobertaConfig", "XLMRobertaXLConfig", "XmodConfig", "BigBirdConfig")},
     # the projector concatenates these vision layers: two of the tiny tower's two
     "VipLlavaConfig": {"vision_feature_layers": [-2, -1]},
     # the pixel-shuffle adapter's input (hidden 64 / 0.5**2) is the vision `intermediate_size`
@@ -255,7 +260,7 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
     for layout in _layouts(vision, params, g):
         try:
             with torch.no_grad():
-                out = features(**layout)
+                out = features(**layout, **_required_from_config(features, config, layout))
         except Exception as exc:  # noqa: BLE001 -- the next layout may fit
             reasons.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:120])
             continue
@@ -264,6 +269,60 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
             return TinyImage(layout, token_id, numel // hidden)
         reasons.append(f"get_image_features gave {numel} values, not rows of {hidden}")
     raise _error(config.model_type, "no image layout fits its get_image_features", supported="; ".join(reasons))
+
+
+def tiny_video(model: torch.nn.Module, seed: int = 0) -> TinyImage:
+    """A random two-frame video for a tiny vision-language model whose forward takes ``pixel_values_videos``, found
+    by trying layouts as `tiny_image` does: ``(1, 2, C, S, S)`` frames (LLaVA-NeXT-Video, LLaVA-OneVision), then
+    flattened patches with a ``(1, 3)`` ``video_grid_thw`` of ``t = 2``. The placeholder count is what
+    ``get_video_features`` returns, in rows of the text hidden size."""
+    import inspect
+
+    import torch
+
+    config: Any = model.config
+    token_id = next((v for k in ("video_token_id", "video_token_index") if isinstance(v := getattr(config, k, None),
+                                                                                      int)), None)
+    vision = getattr(config, "vision_config", None)
+    features = getattr(model, "get_video_features", None) or getattr(getattr(model, "model", None),
+                                                                    "get_video_features", None)
+    if token_id is None or vision is None or features is None:
+        raise _error(config.model_type, "the model takes no videos (no video token id, vision config or "
+                     "get_video_features)")
+    params = inspect.signature(model.forward).parameters
+    g = torch.Generator().manual_seed(seed)
+    layouts = [{"pixel_values_videos": layout["pixel_values"][:, None].expand(-1, 2, *layout["pixel_values"].shape[1:])
+                .contiguous()} for layout in _layouts(vision, {}, g) if layout["pixel_values"].ndim == 4][:1]
+    if "video_grid_thw" in params:
+        for layout in _layouts(vision, {"image_grid_thw": None}, g)[:2]:
+            grid = layout["image_grid_thw"] * torch.tensor([[2, 1, 1]])
+            layouts.append({"pixel_values_videos": torch.cat([layout["pixel_values"]] * 2), "video_grid_thw": grid})
+    reasons = []
+    hidden = config.get_text_config().hidden_size
+    for layout in layouts:
+        try:
+            with torch.no_grad():
+                out = features(**layout)
+        except Exception as exc:  # noqa: BLE001 -- the next layout may fit
+            reasons.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:120])
+            continue
+        numel = sum(t.numel() for t in _tensors(out))
+        if numel and numel % hidden == 0:
+            return TinyImage(layout, token_id, numel // hidden)
+        reasons.append(f"get_video_features gave {numel} values, not rows of {hidden}")
+    raise _error(config.model_type, "no video layout fits its get_video_features", supported="; ".join(reasons))
+
+
+def _required_from_config(fn: Any, config: Any, given: dict[str, Any]) -> dict[str, Any]:
+    """The parameters ``fn`` requires besides ``given`` that the config or its vision config holds by the same name
+    (4.x Llama 4's ``vision_feature_select_strategy``); the forward passes them from there too."""
+    import inspect
+
+    holders = [config, getattr(config, "vision_config", None)]
+    required = [n for n, p in inspect.signature(fn).parameters.items()
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n not in given]
+    return {n: next(getattr(h, n) for h in holders if hasattr(h, n)) for n in required
+            if any(hasattr(h, n) for h in holders)}
 
 
 def _image_token_id(config: Any) -> int | None:

@@ -23,25 +23,29 @@ import torch.distributed as dist
 from ..core import a2a
 from ..core.attention import AttentionFeatures, varlen_attention
 from ..core.context import BRIDGE_ATTR, CONTEXT_KWARG, StockContext
-from ..core.packing import chunked
+from ..core.packing import PackedSeqs, chunked
 from ..errors import PatchedModelError
 from ..registry.lookup import ATTENTION_KEY
 
-__all__ = ["ATTENTION_KEY", "FEATURES_ATTR", "packed_attention", "rank_heads", "register", "stock_function",
-           "unregister"]
+__all__ = ["ATTENTION_KEY", "FEATURES_ATTR", "TEMPERATURE_ATTR", "packed_attention", "rank_heads", "register",
+           "stock_function", "unregister"]
 
 FEATURES_ATTR = "_tfcompat_features"  # on each patched attention module: its AttentionFeatures (absent: none)
+# on an attention module whose stock forward scales its queries by their row index (llama4's NoPE temperature
+# tuning, `tfcompat.registry.derive.temperature_guard`): (floor_scale, attn_scale)
+TEMPERATURE_ATTR = "_tfcompat_temperature"
 
 # Kwargs that reach the attention function and change nothing in attention over packed sequences, from
 # transformers' modeling files (4.53-5.24): the decoder layer's and model's pass-through kwargs (positions, cache
 # objects and flags; a cache that adds past keys fails the core's shape check instead), the output flags
 # (packed attention returns no weights, as stock sdpa), the packed-flash kwargs of DataCollatorWithFlattening
 # (stock eager and sdpa ignore them too; the boundaries here come from the position ids) and the trainer's
-# num_items_in_batch.
+# num_items_in_batch; ``logits_to_keep``, which some vision-language forwards (LLaVA-OneVision) hand their owner, whose
+# **kwargs carry it down to the attention.
 _HARMLESS = frozenset({
     CONTEXT_KWARG, "position_ids", "cache_position", "position_embeddings", "use_cache", "past_key_value",
     "past_key_values", "cache", "output_attentions", "output_hidden_states", "output_router_logits",
-    "num_items_in_batch", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx",
+    "num_items_in_batch", "logits_to_keep", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx",
 })
 _CHECKED = frozenset({"sliding_window", "softcap", "s_aux", "is_causal"})  # compared with the layer's features
 
@@ -82,6 +86,9 @@ def packed_attention(
     seqs = ctx.seqs if features.chunk is None else chunked(ctx.seqs, features.chunk)  # cached per forward
     b, hq, length, d = query.shape
     dv = value.shape[-1]
+    temperature: tuple[float, float] | None = module.__dict__.get(TEMPERATURE_ATTR)
+    if temperature is not None:
+        query = query * _temperature_rescale(ctx.seqs, temperature[0], temperature[1], query)  # (B, 1, L, 1)
     # (B, H, L, D) -> (B * L, H, D)
     q = query.transpose(1, 2).reshape(b * length, hq, d)
     k = key.transpose(1, 2).reshape(b * length, key.shape[1], d)
@@ -98,6 +105,27 @@ def packed_attention(
     out = varlen_attention(q, k, v, seqs, scale=scaling, window=features.window, softcap=features.softcap,
                            sinks=sinks, backend=ctx.backend)
     return a2a.heads_to_seq(out, ctx.group, ctx.transport).view(b, length, hq, dv), None
+
+
+def _temperature_rescale(seqs: PackedSeqs, floor_scale: float, attn_scale: float, query: torch.Tensor
+                         ) -> torch.Tensor:
+    """``(B, 1, L, 1)``: per token, llama4's NoPE query scale ``log1p(floor((x + 1) / floor_scale)) * attn_scale + 1``
+    at its position in its sequence over the one at its index in its row (what the stock forward applied). query:
+    ``(B, H, L, D)``, a single process's packed rows (`patch()` refuses the tuning under Ulysses)."""
+    b, _, length, _ = query.shape
+    if b * length != seqs.total:
+        raise PatchedModelError(
+            f"NoPE temperature tuning on a query of shape {tuple(query.shape)} for {seqs.total} packed tokens",
+            why="the rescale from row index to sequence position needs the whole packed rows",
+            fix="pass whole packed rows (tfcompat.pack), or set config.attn_temperature_tuning=False")
+    flat = torch.arange(seqs.total, device=query.device)  # (B * L,)
+    lengths = torch.tensor(seqs.lengths, device=query.device)
+    position = flat - torch.repeat_interleave(seqs.cu_seqlens[:-1].to(query.device, torch.long), lengths)
+
+    def scale(x: torch.Tensor) -> torch.Tensor:
+        return torch.log1p(torch.floor((x.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+
+    return (scale(position) / scale(flat % length)).to(query.dtype).view(b, 1, length, 1)  # (B * L,) -> (B, 1, L, 1)
 
 
 def rank_heads(per_head: torch.Tensor, heads: int, group: dist.ProcessGroup) -> torch.Tensor:

@@ -5,7 +5,9 @@ The window, softcap and sinks are what the module's stock forward passes to the 
 attention would take them; the chunk comes from the config (``layer_types`` ``"chunked_attention"`` with
 ``attention_chunk_size``: transformers' masks cut chunks, no kwarg does). Whatever the call passes that the packed
 core does not implement, what cannot be evaluated on the module, and a ``"sliding_attention"`` layer whose module
-passes no window (its mask and its flash path would disagree) are reasons to refuse the patch.
+passes no window (its mask and its flash path would disagree) are reasons to refuse the patch. One read of the row
+index is known and mended instead: llama4's NoPE temperature tuning (`tfcompat.registry.derive.temperature_guard`),
+which the packed attention rescales per sequence.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..registry.derive import (
     guard_holds,
     layer_kind,
     passed_values,
+    temperature_guard,
 )
 
 __all__ = ["AttentionFeatures", "ModuleFeatures", "module_features", "unsupported"]
@@ -42,6 +45,7 @@ class ModuleFeatures(NamedTuple):
     v_dim: int
     note: str
     refusal: str
+    temperature: tuple[float, float] | None = None  # NoPE temperature tuning: (floor_scale, attn_scale)
 
 
 def module_features(attn: torch.nn.Module, config: Any) -> ModuleFeatures:
@@ -64,11 +68,17 @@ def module_features(attn: torch.nn.Module, config: Any) -> ModuleFeatures:
                             "module")
     if values.get("is_causal", True) not in (True, UNKNOWN):
         problems.append(f"{name} passes is_causal={values['is_causal']!r}: the packed core is causal")
+    if getattr(attn, "is_causal", True) is False:  # sdpa reads it; its model builds a bidirectional mask (BERT)
+        problems.append(f"{name} is not causal (is_causal=False; a BERT-style model needs config.is_decoder=True "
+                        "to be a causal LM): the packed core is causal")
     if training.get("dropout") not in (None, UNKNOWN) and training["dropout"]:
         problems.append(f"{name} applies attention dropout {training['dropout']} in training")
+    tuning, temperature = temperature_guard(cast(type, type(attn))), None
     for guard in call.row_positions:
         held = guard_holds(guard, attn) if guard else True
-        if held is not False:
+        if held and guard == tuning:  # rescaled per sequence by the packed attention
+            temperature = (float(cast(Any, attn).floor_scale), float(cast(Any, attn).attn_scale))
+        elif held is not False:
             problems.append(f"{name} reads positions from the row index (cache_position or torch.arange) "
                             + (f"when {guard}, which holds here" if held else "") + "; on a packed row they count "
                             "across sequences")
@@ -89,8 +99,9 @@ def module_features(attn: torch.nn.Module, config: Any) -> ModuleFeatures:
          *([f"chunk {features.chunk}"] if features.chunk else []),
          *([f"softcap {features.softcap}"] if features.softcap else []),
          *(["sinks"] if features.sinks else []),
-         *([f"head dims q/k {qk_dim}, v {v_dim}"] if qk_dim != v_dim else [])])
-    return ModuleFeatures(features, qk_dim, v_dim, note, "; ".join(problems))
+         *([f"head dims q/k {qk_dim}, v {v_dim}"] if qk_dim != v_dim else []),
+         *([f"temperature tuning (floor_scale, attn_scale) {temperature}"] if temperature else [])])
+    return ModuleFeatures(features, qk_dim, v_dim, note, "; ".join(problems), temperature)
 
 
 def _number(value: Any) -> Any:

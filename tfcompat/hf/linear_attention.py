@@ -59,10 +59,10 @@ def plan(model: torch.nn.Module, r: Resolved, group: Any, backend: str,
          per_sequence: tuple[type, ...] = ()) -> LinearPlan:
     """Check ``model``'s decoder layers and build the packed forwards of its linear-attention modules.
 
-    Every decoder layer must hold exactly one mixer tfcompat packs: the entry's softmax attention class, or its
-    linear-attention class (`tfcompat.records.Entry.linear_attention`); in a derived hybrid with mixers run per
-    sequence (``per_sequence``, `tfcompat.hf.mixers`) a layer may hold none (its derivation proved every mixer it
-    holds softmax attention or one of those). backend: `LinearBackend`; "fla" needs flash-linear-attention
+    Every decoder layer must hold mixers tfcompat packs: the entry's softmax attention class (one or more), or one
+    module of its linear-attention class (`tfcompat.records.Entry.linear_attention`); in a derived hybrid with mixers
+    run per sequence (``per_sequence``, `tfcompat.hf.mixers`) a layer may hold none (its derivation proved every
+    mixer it holds softmax attention or one of those). backend: `LinearBackend`; "fla" needs flash-linear-attention
     installed. Raises `PatchError` (unknown mixer, unknown or missing backend, heads not divisible by the Ulysses
     group).
     """
@@ -77,10 +77,13 @@ def plan(model: torch.nn.Module, r: Resolved, group: Any, backend: str,
     forwards: list[tuple[torch.nn.Module, Callable[..., torch.Tensor]]] = []
     bridges: list[tuple[torch.nn.Module, torch.nn.Module]] = []
     for index, layer in enumerate(m for m in model.modules() if isinstance(m, r.decoder_layer_cls)):
-        mixers = [(name, child) for name, child in layer.named_children() if isinstance(child, known)]
+        # the mixers below the layer (a derived family's attention may sit deeper: dbrx's norm_attn_norm.attn, or two
+        # in one layer: longcat_flash's self_attn[0] and [1]); one linear-attention module alone
+        mixers = [(name, child) for name, child in layer.named_modules()
+                  if child is not layer and issubclass(type(child), known)]
         if not mixers and per_sequence:  # a derived hybrid's layer of per-sequence mixers, or of an MLP alone
             continue
-        if len(mixers) != 1:
+        if not mixers or (len(mixers) > 1 and not all(isinstance(m, r.attention_cls) for _, m in mixers)):
             children = ", ".join(f"{n}: {type(c).__name__}" for n, c in layer.named_children())
             kind = _layer_type(model, index)
             raise r.error(
@@ -91,7 +94,7 @@ def plan(model: torch.nn.Module, r: Resolved, group: Any, backend: str,
                 fix="build the model with layer types whose mixers tfcompat packs (config.layer_types), or undo the "
                 "patch for this model",
             )
-        name, module = mixers[0]
+        module: torch.nn.Module = mixers[0][1]
         if linear_cls is None or not isinstance(module, linear_cls):
             continue
         linear = cast(LinearAttention, spec)  # a family table names a linear_attention class only with its spec

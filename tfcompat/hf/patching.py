@@ -34,9 +34,11 @@ from ..core.attention import Backend
 from ..core.context import BRIDGE_ATTR, CONTEXT_KWARG, ForwardContext, StockContext
 from ..core.extras import VISUAL_KWARG, VisualExtras
 from ..core.labels import mask_ends, mask_starts
+from ..core.packing import PackedSeqs
 from ..core.position_ids import split_positions
 from ..errors import InvalidInputError, PatchedModelError, PatchError
 from ..registry import Resolved, resolve_model
+from ..registry.derive import OwnPositions, cross_attrs, own_positions, positions_from_row
 from . import attention as hf_attention
 from . import checkpointing as hf_checkpointing
 from . import fused as hf_fused
@@ -46,11 +48,13 @@ from .changes import Record
 from .features import ModuleFeatures, module_features, unsupported
 from .forward import Router, to_text_model_layout
 from .pooling import is_sequence_classifier, pooled_forward, scores_holder
+from .vision import plan_vision, vision_hooks
 
 __all__ = ["PatchHandle", "Record", "is_patched", "patch"]
 
 _MISSING = object()
 _HANDLE_ATTR = "_tfcompat_handle"
+_ROW_POSITIONS_ATTR = "_tfcompat_row_positions"  # on a text model's positions module during a packed forward
 
 
 
@@ -166,6 +170,7 @@ def patch(
                          fix="pass a transformers PreTrainedModel")
     resolved = resolve_model(model)
     plan = _plan(model, resolved, ulysses_group, linear_backend, backend)
+    vision = plan_vision(model, resolved, plan.text_models, [f[0] for f in plan.features], ulysses_group)
     fused_modules = hf_fused.prepare(model, fused, resolved.family, resolved.transformers_version)
     kept, holders = hf_checkpointing.plan(model, keep, resolved.attention_cls, resolved.error)
 
@@ -179,11 +184,22 @@ def patch(
     router = Router(resolved, hf_attention.ATTENTION_KEY, [(c, c._attn_implementation) for c in plan.configs],
                     getattr(resolved.module, "eager_attention_forward", None), ulysses_group,
                     vision_config=model.config if resolved.spec.is_vision else None)
+    hooks = vision_hooks(vision, resolved, router)
     for config in plan.configs:
         handle._set("config", config, "_attn_implementation", hf_attention.ATTENTION_KEY,
                     f"{config._attn_implementation!r} -> {hf_attention.ATTENTION_KEY!r}")
+    own = own_positions(resolved.text_model_cls) if resolved.entry.derived is not None else None
+    from_row = positions_from_row(resolved.text_model_cls) if resolved.entry.derived is not None else None
     for text_model in plan.text_models:
-        forward = _packed_text_forward(text_model.forward, resolved, backend, ulysses_group, router)
+        computes = None if own is None else functools.partial(_own_positions, getattr(text_model, own.attr), own)
+        row_module = None if from_row is None else getattr(text_model, from_row)
+        if row_module is not None:
+            hook = row_module.register_forward_pre_hook(_row_positions_hook, with_kwargs=True)
+            handle._add(Record("hook", row_module, "forward_pre_hook", None, hook, True,
+                               "packed rows: the row's position ids instead of the ones counted over the row"),
+                        hook.remove)
+        forward = _packed_text_forward(text_model.forward, resolved, backend, ulysses_group, router, computes,
+                                       row_module)
         handle._set("instance", text_model, "forward", forward, "packed position ids -> boundaries once per forward; "
                     "ordinary calls -> the stock attention")
     if all(model is not m for m in plan.text_models) and _takes_kwargs(model.forward):
@@ -206,8 +222,16 @@ def patch(
 
         handle._add(Record("hook", layer, "forward_pre_hook", None, hook, True,
                            "hands packed boundaries to self-attention (layer drops **kwargs)"), remove)
-    for attn, features, note in plan.features:
+    for module, kind, fn, note in hooks:
+        vision_hook = (module.register_forward_pre_hook(fn, with_kwargs=True) if kind == "pre"
+                       else module.register_forward_hook(fn, with_kwargs=True, always_call=True))
+        handle._add(Record("hook", module, "forward_pre_hook" if kind == "pre" else "forward_hook", None, vision_hook,
+                           True, note), vision_hook.remove)
+    for attn, features, note, temperature in plan.features:
         handle._set("instance", attn, hf_attention.FEATURES_ATTR, features, note)
+        if temperature is not None:
+            handle._set("instance", attn, hf_attention.TEMPERATURE_ATTR, temperature,
+                        "NoPE temperature tuning rescaled from the row index to the position in each sequence")
     for module, forward in plan.linear:
         handle._set("instance", module, "forward", forward,
                     "packed Gated DeltaNet (conv and state restart per sequence)")
@@ -357,7 +381,7 @@ class _Plan:
     text_models: list[torch.nn.Module]
     bridges: list[tuple[torch.nn.Module, torch.nn.Module]]
     linear: list[tuple[torch.nn.Module, Callable[..., torch.Tensor]]]
-    features: list[tuple[torch.nn.Module, Any, str]]
+    features: list[tuple[torch.nn.Module, Any, str, tuple[float, float] | None]]
     mixers: hf_mixers.MixerPlan
 
 
@@ -370,7 +394,11 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
                       why="it pools one score per sequence from tokens that sit on other ranks", supported=entry,
                       fix="score packed rows without ulysses_group (tfcompat pools one score per sequence there)")
     text_models = [m for m in model.modules() if isinstance(m, r.text_model_cls)]
-    attentions = [m for m in model.modules() if isinstance(m, r.attention_cls)]
+    # cross-attention of the self-attention's class (Bart's encoder_attn): called only with encoder states, which a
+    # packed forward refuses; left to its stock function
+    cross_ids = {id(getattr(layer, a, None)) for layer in model.modules() if isinstance(layer, r.decoder_layer_cls)
+                 for a in (cross_attrs(r.decoder_layer_cls, r.attention_cls) if r.entry.derived is not None else ())}
+    attentions = [m for m in model.modules() if isinstance(m, r.attention_cls) and id(m) not in cross_ids]
     linear_cls = r.classes.get("linear_attention")  # a hybrid family: its linear layers alone still need the patch
     linears = [m for m in model.modules() if linear_cls is not None and isinstance(m, linear_cls)]
     per_sequence = hf_mixers.mixer_classes(r)  # a derived hybrid: its per-sequence mixers alone still need the patch
@@ -379,6 +407,16 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
         raise r.error(PatchError, f"cannot patch {type(model).__name__}", supported=entry,
                       why=f"found {len(text_models)} {r.text_model_cls.__name__} and {len(attentions) + len(linears)} "
                       f"{mixers}", fix="pass the model built by transformers for this family")
+    if group is not None and r.entry.derived is not None and own_positions(r.text_model_cls) is not None:
+        raise r.error(PatchError, f"{r.text_model_cls.__name__} computes its own positions, under sequence parallelism",
+                      why="its default positions count a sequence's tokens (skipping padding tokens); a rank holds "
+                      "only a slice of each sequence", supported=entry, fix="patch without ulysses_group")
+    cross_cls = r.classes.get("cross_attention")
+    cross = [m for m in model.modules() if cross_cls is not None and isinstance(m, cross_cls)]
+    if cross:
+        raise r.error(PatchError, f"{type(model).__name__} holds cross-attention ({type(cross[0]).__name__})",
+                      why="its keys and values come from encoder states, not from the packed row", supported=entry,
+                      fix="build the model without cross-attention (add_cross_attention=False), or run it unpatched")
     for tm in text_models:
         params = inspect.signature(tm.forward).parameters.values()
         if not any(p.kind is p.VAR_KEYWORD for p in params):
@@ -398,6 +436,12 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
                           "packed core cannot", why=found.refusal, supported=entry,
                           fix="run the model unpatched, or build it without the feature")
         features.append((attn, found))
+        if group is not None and found.temperature is not None:
+            raise r.error(PatchError, f"{type(attn).__name__} (layer {getattr(attn, 'layer_idx', '?')}) scales its "
+                          "queries by their row index (NoPE temperature tuning) under sequence parallelism",
+                          why="each rank's stock forward counts the row index of its own slice; tfcompat rescales it "
+                          "per sequence on a single process only", supported=entry,
+                          fix="set config.attn_temperature_tuning=False, or patch without ulysses_group")
         if group is not None:
             import torch.distributed as dist
 
@@ -417,18 +461,19 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
         if all(tm.config is not c for c in configs):
             configs.append(tm.config)
     bridges = []
-    if not r.entry.layer_forwards_kwargs:
+    if not r.entry.layer_forwards_kwargs:  # the decoder layer (or a module below it) drops **kwargs
         for layer in (m for m in model.modules() if isinstance(m, r.decoder_layer_cls)):
-            children = [c for c in layer.children() if isinstance(c, r.attention_cls)]
-            if not children and per_sequence and not any(isinstance(m, r.attention_cls) for m in layer.modules()):
+            below = [c for c in layer.modules() if isinstance(c, r.attention_cls)]
+            if not below and per_sequence:
                 continue  # a hybrid's layer without attention (mixers, which `tfcompat.hf.mixers` bridges, or an MLP)
-            if len(children) != 1:
-                raise r.error(PatchError, f"{type(layer).__name__} has {len(children)} attention children",
+            if not below:
+                raise r.error(PatchError, f"{type(layer).__name__} holds no {r.attention_cls.__name__}",
                               why="cannot bridge kwargs", supported=entry)
-            bridges.append((layer, children[0]))
-    linear = hf_linear_attention.plan(model, r, group, linear_backend, hf_mixers.mixer_classes(r))
+            bridges += [(layer, attn) for attn in below]
+    linear = hf_linear_attention.plan(model, r, group, linear_backend, per_sequence)
     return _Plan(configs, text_models, bridges + linear.bridges, linear.forwards,
-                 [(attn, found.features, found.note) for attn, found in features], hf_mixers.plan(model, r, group))
+                 [(attn, found.features, found.note, found.temperature) for attn, found in features],
+                 hf_mixers.plan(model, r, group))
 
 
 def _bridge(attn: torch.nn.Module) -> Callable[..., None]:
@@ -438,17 +483,39 @@ def _bridge(attn: torch.nn.Module) -> Callable[..., None]:
     return hook
 
 
-def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Backend,
-                         group: Any, router: Router) -> Callable[..., Any]:
+def _own_positions(module: torch.nn.Module, own: OwnPositions, tokens: torch.Tensor, seqs: PackedSeqs
+                   ) -> torch.Tensor:
+    """``(B, L)`` positions of packed ``tokens`` (ids ``(B, L)`` or embeddings ``(B, L, D)``) as ``module`` computes
+    them by default for each sequence alone, with its own methods (`tfcompat.registry.derive.OwnPositions`)."""
+    method = getattr(module, own.from_ids if not tokens.is_floating_point() else own.from_embeds)
+    flat = tokens.reshape(-1, *tokens.shape[2:])  # (B, L[, D]) -> (B * L[, D])
+    pieces = [method(piece[None], cast(Any, module).padding_idx) for piece in flat.split(list(seqs.lengths))]
+    return torch.cat(pieces, dim=-1).view(tokens.shape[:2])  # N x (1, L_i) -> (B, L)
+
+
+def _row_positions_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Forward pre-hook of the module a text model hands the positions it counted over the row: on a packed
+    forward, the packed row's own position ids (`_ROW_POSITIONS_ATTR`) instead."""
+    positions = module.__dict__.get(_ROW_POSITIONS_ATTR)
+    return None if positions is None else (args, {**kwargs, "position_ids": positions})
+
+
+def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Backend, group: Any, router: Router,
+                         own: Callable[[torch.Tensor, PackedSeqs], torch.Tensor] | None = None,
+                         row_module: torch.nn.Module | None = None) -> Callable[..., Any]:
     """Wrap the text model's bound forward: contract ids in, boundaries computed once, stock forward out.
 
     The path (packed or stock, `tfcompat.routing`) comes from the caller's context or is decided here. A packed
     row without a caller's context takes its boundaries from the text row (single process); under Ulysses the
     context comes from `tfcompat.ulysses.shard_inputs` (global boundaries) and must name the patch's group. A
     packed forward builds no KV cache (``use_cache=False``). An ordinary call runs the stock forward with the
-    configs naming the pre-patch attention.
+    configs naming the pre-patch attention. own: the text model's own default positions per sequence (RoBERTa's,
+    from its padding index), replacing the contract's 0, 1, ... (None: the contract's are the model's).
+    row_module: where the text forward takes no position ids and counts them over the row (Bart's decoder), the
+    module it hands them to: on a packed row it gets the row's position ids (`_row_positions_hook`), one row only.
     """
     sig = inspect.signature(original)
+    takes_positions = "position_ids" in sig.parameters
     var_kw = next(p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD)
 
     @functools.wraps(original)
@@ -457,13 +524,16 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         extra = a.setdefault(var_kw, {})
         tokens = a.get("inputs_embeds")
         tokens = a.get("input_ids") if tokens is None else tokens
-        router.check_key()
         ctx = extra.get(CONTEXT_KWARG)
+        if not isinstance(ctx, StockContext):  # a StockContext: the model above switched to its stock attention
+            router.check_key()
         if ctx is None:
             ctx = router.decide({**extra, **a}, user_call=True)
         router.last = ctx
         if isinstance(ctx, StockContext):
             return _stock(a, extra, ctx)
+        if not takes_positions:  # given to the forward's **kwargs (Bart's decoder): handed to row_module below
+            a["position_ids"] = extra.pop("position_ids", None)
         if a.get("position_ids") is None or tokens is None:
             raise r.error(InvalidInputError, "a packed forward needs position_ids and input_ids (or inputs_embeds)",
                           why="position_ids is None" if tokens is not None else "no input tokens",
@@ -479,6 +549,8 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         if visual is not None:
             _take_visual(a, visual, tokens.shape[:2])
         a["position_ids"] = to_text_model_layout(positions, r.entry.text_model_positions)
+        if own is not None:  # the model's own default positions (RoBERTa's), per sequence
+            a["position_ids"] = own(tokens, ctx.seqs)
         mask = a.get("attention_mask")
         if mask is not None and not (isinstance(mask, torch.Tensor) and mask.shape == tokens.shape[:2]):
             raise r.error(InvalidInputError, "a custom attention mask with packed inputs",
@@ -486,12 +558,28 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
                           "the context's sequences and would ignore it",
                           fix="drop attention_mask (the boundaries come from the packed inputs), or call the model "
                           "without the tfcompat context (stock attention honours the mask)")
+        if a.get("encoder_hidden_states") is not None or extra.get("encoder_hidden_states") is not None:
+            raise r.error(InvalidInputError, "encoder_hidden_states with packed inputs",
+                          why="cross-attention to encoder states runs on padded batches only; the packed forward "
+                          "attends within the packed sequences",
+                          fix="call the model without packed position ids (the stock forward takes encoder states)")
         if "attention_mask" in a:
             a["attention_mask"] = None
         if "use_cache" in sig.parameters:  # a KV cache of a packed row is of no use to any later call
             a["use_cache"] = False
-        # keywords only: transformers' forward decorators re-inject defaults by name
-        return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
+        if row_module is None:
+            # keywords only: transformers' forward decorators re-inject defaults by name
+            return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
+        positions = a.pop("position_ids")
+        if positions.ndim != 2 or positions.shape[0] != 1:
+            raise r.error(InvalidInputError, f"{r.family} takes one packed row at a time",
+                          why=f"its text model counts positions over the row, for every row alike; got position ids "
+                          f"{tuple(positions.shape)}", fix="pass one packed row (batch 1) per forward")
+        row_module.__dict__[_ROW_POSITIONS_ATTR] = positions[0]  # (1, L) -> (L,), as the stock forward counts them
+        try:
+            return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
+        finally:
+            row_module.__dict__.pop(_ROW_POSITIONS_ATTR, None)
 
     def _stock(a: dict[str, Any], extra: dict[str, Any], ctx: StockContext) -> Any:
         """An ordinary call: the stock forward, masks and attention of the pre-patch implementation."""

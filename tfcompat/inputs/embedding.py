@@ -14,6 +14,7 @@ import torch
 from ..core.extras import Embedded, VisualExtras
 from ..errors import InvalidInputError, PatchError, SymbolProbeError
 from ..registry import Resolved
+from .derived_vision import embed_derived, is_derived_vision
 from .vision_inputs import family_of, vision_call
 
 __all__ = ["Embedded", "dummy_image", "embed_inputs", "visual_features"]  # Embedded: tfcompat.core.extras
@@ -26,6 +27,7 @@ def embed_inputs(
     image_grid_thw: torch.Tensor | None = None,
     pixel_values_videos: torch.Tensor | None = None,
     video_grid_thw: torch.Tensor | None = None,
+    **vision_inputs: Any,
 ) -> Embedded:
     """Input embeddings ``(B, L, H)`` with image/video features at their placeholder tokens, and the extras the
     family's text model consumes (`Embedded`); pass ``**result.model_inputs()`` to the patched model, or the
@@ -36,8 +38,22 @@ def embed_inputs(
     A batch without pixels runs the vision tower on a dummy image (shape from the vision config) and adds
     ``0 * its mean`` (and its DeepStack features'): the tower gets zero gradients rather than none, and every
     rank of a sharded job runs the same collectives.
+
+    Derived vision-language families (`tfcompat.registry.records.VisionDerivation`: LLaVA, InternVL, Mistral 3,
+    Gemma 3, ...) take their own forward's vision inputs by name in ``vision_inputs`` (``pixel_values``,
+    ``image_sizes``, ``pixel_attention_mask``, ...); the model's own forward embeds them
+    (`tfcompat.inputs.derived_vision.embed_derived`).
     """
     r = family_of(model)
+    if is_derived_vision(r):
+        given = {"pixel_values": pixel_values, "image_grid_thw": image_grid_thw,
+                 "pixel_values_videos": pixel_values_videos, "video_grid_thw": video_grid_thw}
+        return embed_derived(r, model, input_ids, {**{k: v for k, v in given.items() if v is not None},
+                                                   **vision_inputs})
+    if vision_inputs:
+        raise r.error(InvalidInputError, f"embed_inputs got {sorted(vision_inputs)}, which {r.family} does not take",
+                      supported="pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw",
+                      fix="drop them")
     owner, tower = vision_call(r, model, input_ids, {"pixel_values": pixel_values, "image_grid_thw": image_grid_thw,
                                "pixel_values_videos": pixel_values_videos, "video_grid_thw": video_grid_thw},
                                what="embed_inputs", purpose="embed_inputs (the vision tower runs outside the forward)",

@@ -20,6 +20,7 @@ from ..core.labels import mask_starts, shift_labels
 from ..core.packing import PackedSeqs, from_lengths
 from ..errors import InvalidInputError
 from ..registry import Resolved
+from .derived_vision import is_derived_vision, pack_derived
 from .embedding import embed_inputs
 from .rope_index import Impl, rope_index
 from .vision_inputs import check_token_ids, family_of, vision_call
@@ -58,6 +59,8 @@ def pack(model: torch.nn.Module, examples: Sequence[Mapping[str, Any]], *, ignor
     ``attention_mask`` (all ones: packing has no padding), ``pixel_values`` with ``image_grid_thw``,
     ``pixel_values_videos`` with ``video_grid_thw``, ``second_per_grid_ts`` (Qwen2.5-VL), ``mm_token_type_ids``
     (ignored: rebuilt from the ids). impl: the M-RoPE index used per sequence (`tfcompat.rope_index`).
+    Derived vision-language families take their forward's own vision inputs by name (`tfcompat.inputs.derived_vision`
+    `.pack_derived`): concatenated in sequence order, zero-padded as a processor pads a batch.
 
     Raises `InvalidInputError` naming the example for anything `tfcompat.rope_index` or the vision checks
     refuse, unknown keys, padding, labels of another shape or given for only some examples.
@@ -66,6 +69,10 @@ def pack(model: torch.nn.Module, examples: Sequence[Mapping[str, Any]], *, ignor
     if not examples:
         raise r.error(InvalidInputError, "tfcompat.pack got no examples", why="an empty list packs no row",
                       fix="pass at least one example")
+    if is_derived_vision(r):
+        derived, derived_labels, derived_seqs = pack_derived(r, model, examples, ignore_index)
+        derived[CONTEXT_KWARG] = ForwardContext(derived_seqs)
+        return Packed(derived, derived_labels, derived_seqs)
     rows = [_example(r, model, i, ex, impl) for i, ex in enumerate(examples)]
     has_labels = [ex.get("labels") is not None for ex in examples]
     if any(has_labels) and not all(has_labels):

@@ -12,6 +12,7 @@ import torch
 from ..core.position_ids import text_row_from_mask
 from ..errors import InvalidInputError
 from ..registry import families
+from .derived_vision import is_derived_vision, text_positions
 from .reference_rope import REFERENCES
 from .vision_inputs import family_of, vision_call
 
@@ -30,7 +31,8 @@ def rope_index(
     second_per_grid_ts: torch.Tensor | Sequence[float] | None = None,
     impl: Impl = "installed",
 ) -> torch.Tensor:
-    """Position ids ``(4, B, L)`` = ``[text; t; h; w]`` for ``input_ids (B, L)``, on every transformers version.
+    """Position ids ``(4, B, L)`` = ``[text; t; h; w]`` for ``input_ids (B, L)``, on every transformers version;
+    for a derived vision-language family (1-D RoPE: LLaVA, InternVL, Gemma 3, ...) the text row alone, ``(B, L)``.
 
     Calls the installed ``get_rope_index`` with that version's signature (building ``mm_token_type_ids``
     where it is required). The text row counts attended tokens (``attention_mask``), padding gets 1.
@@ -45,6 +47,12 @@ def rope_index(
     and ``second_per_grid_ts`` for a family whose index takes none, or of another length than the videos.
     """
     r = family_of(model)
+    if is_derived_vision(r):  # 1-D RoPE: the text row is all there is (the same contract's first row)
+        if image_grid_thw is not None or video_grid_thw is not None or second_per_grid_ts is not None:
+            raise r.error(InvalidInputError, f"{r.family} takes no vision grids in rope_index",
+                          why="its text model takes 1-D positions: image tokens count like text tokens",
+                          fix="call rope_index(model, input_ids, attention_mask=...) only")
+        return text_positions(r, input_ids, attention_mask)
     if impl not in get_args(Impl):
         raise r.error(InvalidInputError, f"unknown rope_index impl {impl!r}", why="impl picks whose M-RoPE index runs",
                       fix="pass impl='installed' (the stock model's) or impl='reference' (tfcompat's)",

@@ -1,14 +1,20 @@
 """Deriving a family entry for a causal LM from the installed transformers' own modeling module.
 
 A text model needs no hand-written table when its structure can be read: transformers' auto mappings name the
-causal-LM class of a ``model_type`` and its module; the causal LM's ``__init__`` names the text model; the text
-model's ``__init__`` its decoder layers; a decoder layer's ``__init__`` its attention; and the attention's
+causal-LM class of a ``model_type`` and its module; the causal LM's ``__init__`` names the text model (through a
+wrapper that only delegates to it: Bart's ``*DecoderWrapper``); the text model's ``__init__`` its decoder layers; a
+decoder layer's ``__init__`` its attention, up to `_DEPTH` classes down (dbrx's ``norm_attn_norm.attn``, BERT's
+``attention.self``), with ``**kwargs`` proved passed at each level (else bridged by a pre-hook); and the attention's
 ``forward`` names what it passes to the attention function it takes from ``ALL_ATTENTION_FUNCTIONS``. Each of these
 is read from the source with `ast`, never guessed from names. What tfcompat cannot prove it handles is refused with
 a `PatchError` naming it: a token mixer other than softmax attention that cannot run per sequence (the others do:
 `tfcompat.registry.mixers`, `tfcompat.hf.mixers`), an attention that does not dispatch through
 transformers' ``AttentionInterface``, a keyword the packed core does not know, positions read from the row index
-rather than from ``position_ids``.
+rather than from ``position_ids``, cross-attention where a model builds it.
+
+Three readings of the row index are recognized and mended instead, each from its exact source: llama4's NoPE
+temperature tuning (`temperature_guard`), a decoder counting ``position_ids`` over the row for its positions module
+(`positions_from_row`), and learned positions counted from a padding index (`own_positions`, RoBERTa).
 
 `derive` gives the `Family` (one `Entry`, for the installed release line); `attention_call` reads one attention
 class (also for written families, at `patch()`), and `passed_values` evaluates what one attention module passes.
@@ -24,15 +30,16 @@ import operator
 import re
 import textwrap
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from ..errors import PatchError, UnknownFamilyError
 from . import versions
 from .mixers import mixer_call
 from .records import AttentionCall, Derivation, Entry, Family, MixerCall, RopeConfigKey
 
-__all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "attention_call", "causal_lm_types",
-           "derive", "guard_holds", "layer_kind", "module_name", "passed_values"]
+__all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "OwnPositions", "attention_call",
+           "causal_lm_types", "cross_attrs", "derive", "guard_holds", "layer_kind", "module_name", "own_positions",
+           "passed_values", "positions_from_row", "temperature_guard"]
 
 # what an attention forward may pass to the attention function, and what the packed path makes of it
 ATTENTION_KEYWORDS = {
@@ -45,6 +52,7 @@ ATTENTION_KEYWORDS = {
     "attention_mask": "the mask (the packed core takes the boundaries instead)",
     "position_ids": "position ids for flash-attention's packing check (the packed core takes the boundaries instead)",
     "head_mask": "a per-head mask (4.x; the packed attention refuses any but None, per forward)",
+    "output_attentions": "whether the weights are returned (the packed core returns none, as stock sdpa)",
 }
 # class names (and torch.nn layers) of token mixers other than softmax attention: state space, convolution,
 # recurrence, linear attention
@@ -54,6 +62,10 @@ MIXER_PATTERN = re.compile(r"mamba|ssm|conv|recurren|rglru|mixer|linearattention
                            r"retention|lightning|xlstm|mlstm|slstm|hyena", re.IGNORECASE)
 # the names transformers gives the attention forward's cache parameter, across releases
 _CACHE_PARAMS = ("past_key_value", "past_key_values", "cache", "layer_past")
+# the names of an attention forward's parameter for encoder states (cross-attention)
+_CROSS_PARAMS = ("encoder_hidden_states", "key_value_states", "cross_attention_states")
+# how many classes down from a decoder layer the attention is looked for (BERT: BertLayer.attention.self)
+_DEPTH = 3
 # the ``config.layer_types`` values of softmax attention layers
 SOFTMAX_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 
@@ -106,30 +118,35 @@ def derive(model_type: str, version: str) -> Family:
         raise refuse(f"no text model found in {lm.__name__}.{prefix}",
                      f"{lm.__name__}.__init__ does not build a class of {where} at self.{prefix}")
     layers = _built_classes(module, text, "__init__", lists_only=True)
-    for holder in [] if layers else _built_classes(module, text, "__init__"):  # OPT: OPTModel.decoder.layers
-        layers = layers or _built_classes(module, holder, "__init__", lists_only=True)
+    holders: list[type] = []  # the class between the text model and its layers: OPTModel.decoder, BertModel.encoder
+    for holder in [] if layers else _built_classes(module, text, "__init__"):
+        if not layers:
+            layers = _built_classes(module, holder, "__init__", lists_only=True)
+            holders += [holder] if layers else []
+    if len(holders) == 1 and _delegates(text, holders[0]):  # BartDecoderWrapper.forward: self.decoder(*a, **kw)
+        text, holders = holders[0], []
     if not layers:
         raise refuse(f"no decoder layers found in {text.__name__}",
                      f"{text.__name__}.__init__ builds no nn.ModuleList of {where}'s classes")
     mixer_calls: list[MixerCall] = []  # every layer class first: a hybrid is named by its mixer
     mixing = [layer for layer in layers if _per_sequence_mixers(module, layer, lm, refuse, mixer_calls)]
-    attentions: list[type] = []
-    for layer in list(layers):
-        found = [c for c in _built_classes(module, layer, "__init__") if _dispatch_call(c) is not None]
-        if not found and layer in mixing:  # a layer of mixers alone (Jamba's Mamba layers)
-            continue
-        if not found:
+    chains: dict[type, list[tuple[type, ...]]] = {}  # decoder layer -> its chains (layer, ..., attention)
+    for layer in layers:
+        chains[layer] = _attention_chains(module, layer)
+        if not chains[layer] and layer not in mixing:  # a layer of mixers alone (Jamba's Mamba layers) has none
             raise refuse(f"{layer.__name__} holds no attention that dispatches through AttentionInterface",
-                         f"none of the classes {layer.__name__}.__init__ builds calls a function taken from "
-                         "ALL_ATTENTION_FUNCTIONS")
-        attentions += [c for c in found if c not in attentions]
-    if len(attentions) > 1:
-        raise refuse(f"several attention classes: {', '.join(c.__name__ for c in attentions)}",
-                     "one attention class per model is supported")
-    if not attentions:
+                         f"none of the classes {layer.__name__}.__init__ builds (nor theirs, {_DEPTH} levels down) "
+                         "calls a function taken from ALL_ATTENTION_FUNCTIONS")
+    found = list(dict.fromkeys(chain[-1] for layer in layers for chain in chains[layer]))
+    if not found:
         raise refuse("no softmax attention", "every decoder layer mixes with state space, convolution or recurrence; "
                      "a packed row's boundaries come from position ids, which such a model does not take",
                      "run one sequence per row, unpatched")
+    attentions = [c for c in found if not _is_cross_attention(c)] if len(found) > 1 else found
+    cross = [c for c in found if c not in attentions]  # built only with encoder states: refused at patch() if built
+    if len(attentions) != 1 or len(cross) > 1:
+        raise refuse(f"several attention classes: {', '.join(c.__name__ for c in found)}",
+                     "one attention class per model is supported (besides cross-attention, refused where built)")
     attention = attentions[0]
     call = attention_call(attention)
     unknown = sorted(set(dict(call.keywords)) - ATTENTION_KEYWORDS.keys())
@@ -150,12 +167,25 @@ def derive(model_type: str, version: str) -> Family:
         raise refuse(f"{attention.__name__} reads positions from the row index",
                      "it computes with cache_position or torch.arange over the row, which on a packed row counts "
                      "across sequences (position_ids restart per sequence)")
-    dropped = _layer_calls_without_kwargs(text)
-    if dropped:
-        raise refuse(f"{text.__name__}.forward calls its decoder layers without **kwargs ({dropped})",
-                     "the packed boundaries travel in the forward's kwargs and could not reach the attention")
-    passes = [_passes_kwargs(layer, attention) for layer in layers if layer not in mixing or any(
-        c in attentions for c in _built_classes(module, layer, "__init__"))]
+    for owner in (text, *holders):
+        dropped = _layer_calls_without_kwargs(owner)
+        if dropped:
+            raise refuse(f"{owner.__name__}.forward calls its decoder layers without **kwargs ({dropped})",
+                         "the packed boundaries travel in the forward's kwargs and could not reach the attention")
+    for holder in holders:
+        if not _passes_kwargs(text, holder):
+            raise refuse(f"{text.__name__}.forward calls its {holder.__name__} without **kwargs",
+                         "the packed boundaries travel in the forward's kwargs and could not reach the decoder layers")
+    for owner in (text, *holders):
+        unpositioned = _position_modules_without_ids(module, owner)
+        if unpositioned:
+            raise refuse(f"{owner.__name__}.forward {unpositioned}",
+                         "on a packed row, positions must restart per sequence; tfcompat passes them as position_ids",
+                         "run the model unpatched")
+    # every chain from a decoder layer down to the attention passes **kwargs at each level: else a pre-hook on the
+    # decoder layer hands the boundaries to each attention module below it
+    passes = [all(_passes_kwargs(a, b) for chain in chains[layer] if chain[-1] is attention
+                  for a, b in zip(chain, chain[1:])) for layer in layers if chains[layer]]
     if len(passes) > 1 and not all(passes):
         raise refuse(f"several decoder layer classes ({', '.join(c.__name__ for c in layers)}), some dropping **kwargs",
                      "the packed boundaries are bridged to the attention of one decoder layer class")
@@ -172,7 +202,7 @@ def derive(model_type: str, version: str) -> Family:
         versions=versions.VersionRange(line, f"{release[0]}.{release[1] + 1}"),
         module=where,
         classes={"attention": attention.__name__, "text_model": text.__name__, "decoder_layer": layers[0].__name__,
-                 "for_causal_lm": lm.__name__},
+                 "for_causal_lm": lm.__name__, **({"cross_attention": cross[0].__name__} if cross else {})},
         rotary=None,
         rope_config_key=rope_key,
         text_model_positions="text",
@@ -201,6 +231,37 @@ def attention_call(cls: type) -> AttentionCall:
                                                         None)
     return AttentionCall(cls.__name__, keywords, passes, _row_position_guards(fn), len(call.args),
                          "" if mask is None else ast.unparse(mask))
+
+
+# llama4's NoPE temperature tuning (https://huggingface.co/papers/2501.19399): the query scale at row position X
+# (4.53: torch.log(... + 1.0), the same function)
+_TEMPERATURE = re.compile(r"torch\.log(?:1p\(torch\.floor\(\((\w+)\.float\(\) \+ 1\.0\) / self\.floor_scale\)\)|"
+                          r"\(torch\.floor\(\((\w+)\.float\(\) \+ 1\.0\) / self\.floor_scale\) \+ 1\.0\)) \* "
+                          r"self\.attn_scale \+ 1\.0")
+_TEMPERATURE_LOCALS = {"past_seen_tokens", "positions", "attn_scales", "query_states"}
+
+
+@functools.cache
+def temperature_guard(cls: type) -> str:
+    """The guard (as in `AttentionCall.row_positions`) of ``cls.forward``'s NoPE temperature tuning, "" when it has
+    none: an ``if`` block that only scales ``query_states`` by ``log1p(floor((X + 1) / self.floor_scale)) *
+    self.attn_scale + 1`` with X the row index (``cache_position``, or ``torch.arange(hidden_states.shape[1])`` plus
+    the cached length, 0 in a packed forward). On a packed row X counts across sequences; the packed attention
+    rescales each query from its row index to its position in its sequence (`tfcompat.hf.attention`)."""
+    fn = _method(cls, "forward")
+    for node in ast.walk(fn) if fn is not None else ():
+        if not isinstance(node, ast.If):
+            continue
+        body = "\n".join(ast.unparse(b) for b in node.body)
+        found = _TEMPERATURE.search(body)
+        targets = {t.id for b in node.body if isinstance(b, ast.Assign) for t in b.targets if isinstance(t, ast.Name)}
+        read = None if found is None else found.group(1) or found.group(2)
+        row = read == "cache_position" or (read == "positions" and "positions = torch.arange(hidden_states.shape[1]"
+                                           in body)
+        if (row and "query_states = (query_states * attn_scales)" in body and targets <= _TEMPERATURE_LOCALS
+                and all(isinstance(b, ast.Assign) for b in node.body)):
+            return f"({ast.unparse(node.test)})"
+    return ""
 
 
 def passed_values(call: AttentionCall, module: Any, *, training: bool = False) -> dict[str, Any]:
@@ -264,31 +325,46 @@ def _built_classes(module: Any, cls: type, method: str, *, attr: str | None = No
     an attribute of ``self`` (or into a local list it is built from: ``layers.append(...)``, where the class may come
     from a dict of the module, ``ALL_DECODER_LAYER_TYPES[kind]``).
     """
+    built = _assigned_classes(module, cls, method, lists_only=lists_only)
+    return list(dict.fromkeys(c for name, classes in built if attr is None or name == attr for c in classes))
+
+
+def _assigned_classes(module: Any, cls: type, method: str, *, lists_only: bool = False
+                      ) -> list[tuple[str, list[type]]]:
+    """``(attribute, classes)`` for each assignment to an attribute of ``self`` in ``cls.method``: the module
+    classes the assigned value instantiates (a class may be named directly, through a local variable assigned from
+    class names, ``cls = A if cross else B; self.x = cls(...)``, or read from a dict of the module). lists_only: only
+    values that are an ``nn.ModuleList(...)`` (see `_built_classes`)."""
     fn = _method(cls, method)
     if fn is None:
         return []
-    names: list[str] = []
+    local = {t.id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets
+             if isinstance(t, ast.Name)}
+    out: list[tuple[str, list[type]]] = []
     for node in ast.walk(fn):
         if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
             continue
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         on_self = [t for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
                    and t.value.id == "self"]
-        if not on_self or (attr is not None and all(t.attr != attr for t in on_self)):
-            continue
         value = node.value
-        if lists_only and not (isinstance(value, ast.Call) and ast.unparse(value.func).endswith("ModuleList")):
+        if not on_self or (lists_only and not (isinstance(value, ast.Call)
+                                               and ast.unparse(value.func).endswith("ModuleList"))):
             continue
+        names: list[str] = []
         for sub in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
             if isinstance(sub.func, ast.Name):
                 names.append(sub.func.id)
+                if sub.func.id in local and not lists_only:  # a local naming the class: cls = A if cross else B
+                    names += [n.id for n in ast.walk(local[sub.func.id]) if isinstance(n, ast.Name)]
             elif isinstance(sub.func, ast.Subscript) and isinstance(sub.func.value, ast.Name):  # TYPES[kind](config)
                 table = getattr(module, sub.func.value.id, None)
                 names += [v.__name__ for v in table.values() if isinstance(v, type)] if isinstance(table, dict) else []
         if lists_only and isinstance(value, ast.Call):  # nn.ModuleList(layers): what was appended to the local list
             for arg in (a for a in value.args if isinstance(a, ast.Name)):
                 names += _appended(fn, module, arg.id)
-    out = [c for c in dict.fromkeys(_local_class(module, n) for n in names) if c is not None and _is_module(c)]
+        classes = [c for c in dict.fromkeys(_local_class(module, n) for n in names) if c is not None and _is_module(c)]
+        out += [(t.attr, classes) for t in on_self]
     return out
 
 
@@ -366,7 +442,8 @@ def _per_sequence_mixers(module: Any, layer: type, lm: type, refuse: Callable[..
 
 def _dispatch_call(cls: type) -> tuple[ast.FunctionDef, ast.Call] | None:
     """``cls.forward`` and its call of the attention function: a name assigned from an expression reading
-    ``ALL_ATTENTION_FUNCTIONS`` (with or without ``eager_attention_forward``); None when it has none."""
+    ``ALL_ATTENTION_FUNCTIONS`` (with or without ``eager_attention_forward``); None when it has none, or several
+    that differ in more than the value passed."""
     fn = _method(cls, "forward")
     if fn is None:
         return None
@@ -377,7 +454,10 @@ def _dispatch_call(cls: type) -> tuple[ast.FunctionDef, ast.Call] | None:
             if isinstance(target, ast.Name) and "ALL_ATTENTION_FUNCTIONS" in ast.unparse(node.value):
                 names.add(target.id)
     calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names]
-    return (fn, calls[0]) if len(calls) == 1 else None
+    # several calls (DiffLlama: one per half of the values) read as one when they differ in the value alone
+    same = {(ast.unparse(c.func), *(ast.unparse(a) for i, a in enumerate(c.args) if i != 3),
+             *(ast.unparse(k) for k in c.keywords)) for c in calls}
+    return (fn, calls[0]) if calls and len(same) == 1 else None
 
 
 def _layer_calls_without_kwargs(text: type) -> str:
@@ -395,17 +475,199 @@ def _layer_calls_without_kwargs(text: type) -> str:
     return ast.unparse(bad[0].func) + "(...)" if bad else ""
 
 
-def _passes_kwargs(layer: type, attention: type) -> bool:
-    """Whether ``layer.forward`` passes ``**kwargs`` on to the attribute holding its ``attention``."""
-    init, fn = _method(layer, "__init__"), _method(layer, "forward")
-    if init is None or fn is None:
+def _passes_kwargs(holder: type, child: type) -> bool:
+    """Whether ``holder.forward`` passes ``**kwargs`` on to every attribute of ``self`` holding a ``child`` (called
+    as ``self.attr(...)`` or ``self.attr[i](...)``, an ``nn.ModuleList`` of them), and calls at least one."""
+    fn = _method(holder, "forward")
+    module = importlib.import_module(holder.__module__)
+    attrs = {name for name, classes in _assigned_classes(module, holder, "__init__") if child in classes}
+    if fn is None or not attrs:
         return False
-    attrs = {t.attr for n in ast.walk(init) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
-             and isinstance(n.value.func, ast.Name) and n.value.func.id == attention.__name__
-             for t in n.targets if isinstance(t, ast.Attribute)}
-    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and n.func.attr in attrs and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"]
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and _self_attr(n.func) in attrs]
     return bool(calls) and all(any(k.arg is None for k in c.keywords) for c in calls)
+
+
+def _self_attr(func: ast.expr) -> str | None:
+    """``attr`` of a call's function ``self.attr`` or ``self.attr[i]``; None for anything else."""
+    func = func.value if isinstance(func, ast.Subscript) else func
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+        return func.attr
+    return None
+
+
+def _delegates(wrapper: type, inner: type) -> bool:
+    """Whether ``wrapper.forward`` only returns ``self.<attr>(*args, **kwargs)`` of an attribute holding ``inner``."""
+    fn = _method(wrapper, "forward")
+    module = importlib.import_module(wrapper.__module__)
+    attrs = {name for name, classes in _assigned_classes(module, wrapper, "__init__") if inner in classes}
+    body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))] if fn else []
+    call = body[0].value if len(body) == 1 and isinstance(body[0], ast.Return) else None
+    return (fn is not None and isinstance(call, ast.Call) and _self_attr(call.func) in attrs
+            and not isinstance(call.func, ast.Subscript) and fn.args.vararg is not None and fn.args.kwarg is not None
+            and [ast.unparse(a) for a in call.args] == [f"*{fn.args.vararg.arg}"]
+            and [(k.arg, ast.unparse(k.value)) for k in call.keywords] == [(None, fn.args.kwarg.arg)])
+
+
+_ROW_POSITIONS = re.compile(r"torch\.arange\(seq_length, device=\w+\.device\) \+ (cache_length|past_key_values_length)")
+
+
+@functools.cache
+def positions_from_row(text: type) -> str | None:
+    """The attribute of the module to which ``text.forward`` (a text model's forward without a ``position_ids``
+    parameter) passes ``position_ids=position_ids`` where it counted them over the row itself (Bart's decoder:
+    ``position_ids = torch.arange(seq_length, ...) + cache_length``, unconditionally, used for nothing else); None
+    otherwise. A packed forward hands that module the positions of each token in its sequence instead
+    (`tfcompat.hf.patching`)."""
+    fn = _method(text, "forward")
+    if fn is None or "position_ids" in {a.arg for a in fn.args.args + fn.args.kwonlyargs}:
+        return None
+    counted = [b for b in fn.body if isinstance(b, ast.Assign) and [ast.unparse(t) for t in b.targets]
+               == ["position_ids"] and _ROW_POSITIONS.fullmatch(ast.unparse(b.value))]
+    stores = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == "position_ids"
+                     and isinstance(n.ctx, ast.Store)), key=lambda n: n.lineno)
+    if len(counted) != 1 or len(stores) > 2 or stores[0].lineno != counted[0].lineno:
+        return None
+    # a second store may hold the embedding itself (Blenderbot: position_ids = self.embed_positions(...)): the
+    # positions are read up to it, the name means the embedding after it
+    restore = next((b for b in ast.walk(fn) if isinstance(b, ast.Assign) and len(stores) == 2
+                    and stores[1] in b.targets), None)
+    if len(stores) == 2 and (restore is None or not isinstance(restore.value, ast.Call)):
+        return None
+    end = restore.value.end_lineno or restore.lineno if restore is not None else None
+    loads = {id(n) for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == "position_ids"
+             and isinstance(n.ctx, ast.Load) and (end is None or n.lineno <= end)}
+    uses = [(c, k) for c in ast.walk(fn) if isinstance(c, ast.Call) for k in c.keywords if id(k.value) in loads]
+    attrs = {_self_attr(c.func) for c, k in uses if k.arg == "position_ids" and not isinstance(c.func, ast.Subscript)}
+    if len(uses) != len(loads) or len(attrs) != 1 or None in attrs:
+        return None
+    if restore is not None and _self_attr(cast(ast.Call, restore.value).func) not in attrs:
+        return None
+    return attrs.pop()
+
+
+def cross_attrs(layer: type, attention: type) -> tuple[str, ...]:
+    """The attributes of ``layer`` (a decoder layer class) holding ``attention`` that its forward calls only inside
+    ``if encoder_hidden_states is not None`` (cross-attention: Bart's ``encoder_attn``, the self-attention's class
+    with keys and values from the encoder; never called on a packed row, which takes no encoder states)."""
+    fn = _method(layer, "forward")
+    module = importlib.import_module(layer.__module__)
+    attrs = {name for name, classes in _assigned_classes(module, layer, "__init__") if attention in classes}
+    if fn is None:
+        return ()
+    guarded: set[int] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "encoder_hidden_states is not None":
+            guarded |= {id(n) for b in node.body for n in ast.walk(b)}
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and _self_attr(n.func) in attrs]
+    return tuple(sorted(a for a in attrs if any(_self_attr(c.func) == a for c in calls)
+                        and all(id(c) in guarded for c in calls if _self_attr(c.func) == a)))
+
+
+def _attention_chains(module: Any, layer: type) -> list[tuple[type, ...]]:
+    """Each path ``(layer, ..., attention)`` of classes built in ``__init__``, from a decoder layer down to a class
+    dispatching through ``ALL_ATTENTION_FUNCTIONS``, at most `_DEPTH` levels down (dbrx: ``DbrxBlock.norm_attn_norm
+    .attn``; BERT: ``BertLayer.attention.self``)."""
+    chains: list[tuple[type, ...]] = []
+
+    def walk(chain: tuple[type, ...]) -> None:
+        for child in _built_classes(module, chain[-1], "__init__"):
+            if child in chain:
+                continue
+            if _dispatch_call(child) is not None:
+                chains.append((*chain, child))
+            elif len(chain) < _DEPTH:
+                walk((*chain, child))
+
+    walk((layer,))
+    return chains
+
+
+def _is_cross_attention(cls: type) -> bool:
+    """Whether ``cls.forward`` takes encoder states (its keys and values come from another sequence)."""
+    fn = _method(cls, "forward")
+    return fn is not None and any(a.arg in _CROSS_PARAMS for a in fn.args.args + fn.args.kwonlyargs)
+
+
+def _position_modules_without_ids(module: Any, owner: type) -> str:
+    """What ``owner.forward`` does with positions that a packed row cannot take ("" = nothing): a call of a module
+    attribute whose forward takes ``position_ids`` without passing the forward's ``position_ids``, or one whose
+    default positions (``if position_ids is None``) are offset by a padding index (fairseq-style learned positions
+    counting from ``padding_idx + 1``: position ids restarting at 0 would shift them)."""
+    fn = _method(owner, "forward")
+    if fn is None:
+        return ""
+    holders = {name: classes for name, classes in _assigned_classes(module, owner, "__init__")}
+    for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+        attr = _self_attr(call.func)
+        for cls in holders.get(attr or "", []):
+            forward = _method(cls, "forward")
+            params = [a.arg for a in forward.args.args[1:]] if forward is not None else []
+            if "position_ids" not in params:
+                continue
+            given = [a for i, a in enumerate(call.args) if i < len(params) and params[i] == "position_ids"]
+            given += [k.value for k in call.keywords if k.arg == "position_ids"]
+            if not any(isinstance(n, ast.Name) and n.id == "position_ids" for g in given for n in ast.walk(g)):
+                return f"calls self.{attr} ({cls.__name__}) without position_ids"
+            defaults = [n for n in ast.walk(cast(ast.AST, forward)) if isinstance(n, ast.If)
+                        and ast.unparse(n.test) == "position_ids is None"]
+            if any("padding_idx" in ast.unparse(b) for n in defaults for b in n.body) and _own_methods(cls) is None:
+                return (f"calls self.{attr} ({cls.__name__}), whose positions default to counting from its "
+                        "padding_idx + 1 in a way tfcompat does not recognize")
+    return ""
+
+
+class OwnPositions(NamedTuple):
+    """A text model's module whose default positions are its own, not 0, 1, ... (RoBERTa's fairseq-style learned
+    positions, from ``padding_idx + 1``, skipping padding tokens): the packed forward computes them per sequence
+    with the module's own methods and passes them as ``position_ids``.
+
+    attr: the text model's attribute holding it; from_ids / from_embeds: its methods taking ``(input_ids,
+    padding_idx)`` / ``(inputs_embeds, padding_idx)`` of one sequence ``(1, L)`` and returning its ``(1, L)``
+    positions (with no cache).
+    """
+
+    attr: str
+    from_ids: str
+    from_embeds: str
+
+
+def own_positions(text: type) -> OwnPositions | None:
+    """The module of ``text`` (a text model class) whose positions default to its own methods when it is given no
+    ``position_ids`` (`OwnPositions`), or None."""
+    module = importlib.import_module(text.__module__)
+    for name, classes in _assigned_classes(module, text, "__init__"):
+        methods = next((m for m in map(_own_methods, classes) if m is not None), None)
+        if methods is not None:
+            return OwnPositions(name, *methods)
+    return None
+
+
+def _own_methods(cls: type) -> tuple[str, str] | None:
+    """``(from_ids, from_embeds)`` where ``cls.forward`` reads, exactly, ``if position_ids is None: if input_ids is
+    not None: position_ids = self.<from_ids>(input_ids, self.padding_idx[, <cache length>]) else: position_ids =
+    self.<from_embeds>(inputs_embeds, self.padding_idx)``, both methods taking the cache length as an optional third
+    parameter or none; else None."""
+    fn = _method(cls, "forward")
+    for node in ast.walk(fn) if fn is not None else ():
+        if not (isinstance(node, ast.If) and ast.unparse(node.test) == "position_ids is None" and len(node.body) == 1
+                and isinstance(inner := node.body[0], ast.If) and ast.unparse(inner.test) == "input_ids is not None"
+                and len(inner.body) == 1 and len(inner.orelse) == 1):
+            continue
+        calls = []
+        for statement, source in ((inner.body[0], "input_ids"), (inner.orelse[0], "inputs_embeds")):
+            value = statement.value if isinstance(statement, ast.Assign) else None
+            if not (isinstance(value, ast.Call) and isinstance(statement, ast.Assign)
+                    and [ast.unparse(t) for t in statement.targets] == ["position_ids"] and not value.keywords
+                    and _self_attr(value.func) is not None and not isinstance(value.func, ast.Subscript)
+                    and [ast.unparse(a) for a in value.args[:2]] == [source, "self.padding_idx"]):
+                return None
+            method = getattr(cls, cast(str, _self_attr(value.func)), None)
+            params = list(inspect.signature(method).parameters.values()) if callable(method) else []
+            if len(params) < 2 or any(p.default is p.empty for p in params[2:]):
+                return None
+            calls.append(cast(str, _self_attr(value.func)))
+        return calls[0], calls[1]
+    return None
 
 
 def _row_position_guards(fn: ast.FunctionDef) -> tuple[str, ...]:

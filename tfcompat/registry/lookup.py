@@ -20,9 +20,9 @@ from typing import Any, NamedTuple, TypeVar, cast
 import torch
 
 from ..errors import PatchError, TfcompatError, UnknownFamilyError, UnsupportedVersionError
-from . import derive, versions
+from . import derive, derive_vision, versions
 from .probing import Probe, probe
-from .records import TEXT_ROLES, Entry, Family
+from .records import TEXT_ROLES, Entry, Family, VisionDerivation
 from .rotary import ApplyRotary, rope_config, uniform_rotary
 from .validation import check_family
 
@@ -127,7 +127,7 @@ class Resolved:
         """A human-readable account of the match, the symbols probed, and how a patch plugs in."""
         e = self.entry
         how = "matched" if not self.forward_compatible else "NOT declared; resolved by probing the newest entry"
-        if e.derived is not None:
+        if e.derived is not None or e.derived_vision is not None:
             how = "DERIVED (no written table)"
         lines = [
             f"{self.family} on transformers {self.transformers_version}: {how} entry {e.versions} ({e.why})",
@@ -140,6 +140,7 @@ class Resolved:
                     "  token mixers run per sequence on packed rows (no packed kernel: the stock mixer once per "
                     "sequence, fresh state, outputs concatenated): "
                     + "; ".join(m.describe() for m in e.derived.mixers)])]),
+            *([] if e.derived_vision is None else _vision_lines(e.derived_vision)),
             (f"  rotary: {e.rotary.apply} ({e.rotary.layout}); rope config key: {e.rope_config_key}" if e.rotary
              else f"  rotary: the stock attention forward's own; rope config key: {e.rope_config_key}"),
             f"  text model position ids: {_LAYOUTS[e.text_model_positions]}",
@@ -159,6 +160,24 @@ class Resolved:
         ]
         lines += [f"    [{'ok' if p.ok else 'FAIL'}] {p.what}: {p.detail}" for p in self.probes]
         return "\n".join(lines)
+
+
+def _vision_lines(v: VisionDerivation) -> list[str]:
+    chain = " -> ".join(f"{c}.{a}" for c, a in v.hops)
+    return [
+        f"  vision-language: {v.model}; language model {v.owner}.{v.language_model_attr} patched as {v.text_family} "
+        f"(text family), vision tower {', '.join(v.tower_attrs) or '(none found)'}, projector "
+        f"{', '.join(v.projector_attrs) or '(none found)'}, placeholder token id config.{v.placeholder or '(none)'}",
+        f"  position_ids and **kwargs proved to reach the text model: {chain}",
+        "  images: the model's own forward (tower, projector, placeholders); pixel values "
+        + ("(B, images, ...) per row" if v.batched_images else "(images, ...)")
+        + ("; its forward refuses inputs_embeds without input_ids (no embed_inputs, no Ulysses)"
+           if v.embeds_need_ids else ""),
+        *([] if v.owner_mask == "attention_mask" else [
+            f"  mask: {v.owner} builds its own ({v.owner_mask}); on packed rows the boundaries replace it"
+            + (f"; rows whose {', '.join(v.mask_inputs)} mark images (bidirectional within each) run the stock "
+               "eager/sdpa attention with transformers' mask of the packed row" if v.mask_inputs else "")]),
+    ]
 
 
 _LAYOUTS = {
@@ -209,6 +228,16 @@ def family(key: str) -> Family:
     if key in known:
         return known[key]
     installed = versions.installed_transformers()
+    if installed is not None and isinstance(key, str) and derive_vision.vision_key(key) is not None:
+        try:
+            return _derived_vision(key, derive_vision.default_text_type(key), installed)
+        except PatchError as exc:  # a causal LM of the same type (Emu3's) may still derive as text
+            if key not in derivable_types():
+                raise
+            try:
+                return _derived(key, installed)
+            except PatchError:
+                raise exc from None
     if installed is not None and key in derivable_types():
         return _derived(key, installed)
     norm = {k.replace("_", "").replace("-", "").lower(): k for k in known}
@@ -227,6 +256,11 @@ def family(key: str) -> Family:
 @functools.cache
 def _derived(key: str, version: str) -> Family:
     return derive.derive(key, version)
+
+
+@functools.cache
+def _derived_vision(key: str, text_type: str | None, version: str) -> Family:
+    return derive_vision.derive(key, version, text_type, lambda t: match(t, version)[0])
 
 
 @functools.cache
@@ -289,14 +323,23 @@ def _resolve(key: str, version: str) -> Resolved:
 
 
 def resolve_model(model: torch.nn.Module) -> Resolved:
-    """`resolve` for a model instance: its ``config.model_type``; where the family's text model follows the text
+    """`resolve` for a model instance: its ``config.model_type`` (or the causal-LM type transformers maps its class
+    to, where the config is a text sub-config of another type); where the family's text model follows the text
     config (`tfcompat.records.Family.text_variants`) and that config names a listed ``model_type``, the text half
     of the entry (`tfcompat.records.TEXT_ROLES`, rotary, cache kwarg, position layout, kwargs flow) comes from the
     listed family's entry on the installed release."""
     config = getattr(model, "config", None)
     key = cast(str, getattr(config, "model_type", None))  # None: resolve's UnknownFamilyError says so
+    if key not in families() and key not in _text_only_families() and key not in derivable_types():
+        # a causal LM built from its text sub-config (Emu3ForCausalLM: "emu3_text_model"): the type it is mapped to
+        key = next((k for k, name in derive.causal_lm_types().items() if name == type(model).__name__
+                    and k in derivable_types()), key)
     resolved = resolve(key)
     text_type = getattr(getattr(config, "text_config", None), "model_type", None)
+    derived = resolved.entry.derived_vision
+    if derived is not None and text_type != derived.text_family:  # the text model this instance was built with
+        fam = _derived_vision(key, text_type, resolved.transformers_version)
+        return resolve_entry(fam, fam.entries[0], resolved.transformers_version, False)
     text_family = dict(resolved.spec.text_variants).get(cast(str, text_type))
     return resolved if text_family is None else _resolve_text_variant(key, text_family, resolved.transformers_version)
 

@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from ..errors import SymbolProbeError
+from .derive import positions_from_row
 from .records import Entry, Family
 
 __all__ = ["Probe", "Probed", "probe"]
@@ -123,9 +124,11 @@ def probe(family: Family, entry: Entry, version: str, forward_compatible: bool) 
         probes.append(Probe("linear attention", True, f"{name} at .{linear.attr}, {linear.projections}, context {how}"))
 
     text_params = inspect.signature(classes["text_model"].forward).parameters
-    if "position_ids" not in text_params:
+    from_row = positions_from_row(classes["text_model"]) if entry.derived is not None else None
+    if "position_ids" not in text_params and from_row is None:
         raise fail(f"{entry.classes['text_model']}.forward", "has no position_ids parameter")
-    probes.append(Probe("text model position_ids", True, entry.text_model_positions))
+    probes.append(Probe("text model position_ids", True, entry.text_model_positions if from_row is None else
+                        f"counted over the row and passed to .{from_row} (given per sequence by a pre-hook)"))
 
     if entry.vision is not None:
         owner_name = entry.classes[entry.vision.owner]

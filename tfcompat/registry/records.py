@@ -16,8 +16,7 @@ from . import versions
 __all__ = [
     "TEXT_ROLES", "AttentionCall", "CacheKwarg", "Derivation", "Entry", "Family", "LinearAttention",
     "LinearProjections", "MixerCall", "MixerRole", "RopeConfigKey", "Rotary", "RotaryLayout", "TextModelLayout",
-    "VisionItem", "VisionOutput",
-    "VisionTower",
+    "VisionDerivation", "VisionItem", "VisionOutput", "VisionTower",
 ]
 
 RotaryLayout = Literal["sectioned", "folded"]
@@ -158,6 +157,38 @@ class Derivation:
 
 
 @dataclass(frozen=True)
+class VisionDerivation:
+    """Where a derived vision-language entry came from (`tfcompat.registry.derive_vision`): a vision tower, a
+    projector and placeholder tokens in front of a 1-D RoPE text model that tfcompat patches as its text family.
+
+    model: the vision-language class; hops: ``(class, attribute)`` from it down to the text model, each class's
+    forward proved to pass ``position_ids`` and ``**kwargs`` on to that attribute; owner: the class holding the
+    language model (at ``language_model_attr``) and the vision tower (at ``tower_attrs``), whose forward embeds the
+    tokens and scatters the image features; projector_attrs: its other submodules; text_family: the family the
+    language model is patched as (its ``text_config.model_type``); placeholder: the config attribute holding the
+    image token id ("" where the config names none); owner_mask: the source expression the owner passes as the
+    language model's attention mask ("attention_mask": the caller's); mask_inputs: the owner's forward parameters
+    that shape a mask it builds itself (token types: bidirectional attention within images); batched_images: the
+    owner reads pixel values as ``(B, images, ...)`` (one row of the batch per text row), not ``(images, ...)``;
+    embeds_need_ids: a forward on the way raises for ``inputs_embeds`` without ``input_ids`` (4.53's Idefics2), so
+    embeddings computed outside it (`tfcompat.embed_inputs`, Ulysses) cannot be fed to it.
+    """
+
+    model: str
+    hops: tuple[tuple[str, str], ...]
+    owner: str
+    language_model_attr: str
+    tower_attrs: tuple[str, ...]
+    projector_attrs: tuple[str, ...]
+    text_family: str
+    placeholder: str
+    owner_mask: str
+    mask_inputs: tuple[str, ...]
+    batched_images: bool
+    embeds_need_ids: bool = False
+
+
+@dataclass(frozen=True)
 class Entry:
     """One row of a family table: what the family looks like inside one transformers range.
 
@@ -182,6 +213,8 @@ class Entry:
         (``rotary.apply``, ``repeat_kv``) when the model builds its text model from another family's module
         (GLM-4.6V: ``AutoModel.from_config(config.text_config)``); None: ``module``.
     derived: what a derived entry (`tfcompat.registry.derive`) was read from; None for a written table's entry.
+    derived_vision: what a derived vision-language entry (`tfcompat.registry.derive_vision`) was read from (its text
+        half is its text family's entry); None otherwise.
     """
 
     family: str
@@ -201,6 +234,7 @@ class Entry:
     linear_attention: LinearAttention | None = None
     text_module: str | None = None
     derived: Derivation | None = None
+    derived_vision: VisionDerivation | None = None
 
     def module_of(self, role: str) -> str:
         """The module holding ``classes[role]``."""
@@ -250,6 +284,6 @@ class Family:
     @property
     def supported(self) -> str:
         span = versions.VersionRange(self.entries[0].versions.low, self.entries[-1].versions.high)
-        if self.entries[-1].derived is not None:
+        if self.entries[-1].derived is not None or self.entries[-1].derived_vision is not None:
             return f"transformers {span} (derived from the installed release's modeling module)"
         return f"transformers {span} (newer releases resolve by probing, with a warning)"

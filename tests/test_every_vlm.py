@@ -1,0 +1,264 @@
+"""Every image-text-to-text type the installed transformers ships (`MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`), as
+a tiny model with one fake image per sequence.
+
+Rule: `tfcompat.patch(model)` either refuses with a typed error (the type passes as "refused", the reason recorded)
+or `tfcompat.pack` of three sequences (text around an image, text alone, text around another image) equals stock
+per sequence per token, forward and backward (fp32, relative 1e-5), also through `tfcompat.embed_inputs`; the
+unpatched packed row must differ (control). Patched and wrong fails. A type whose tiny model cannot be built or run
+with an image is an xfail that names why.
+
+`python -m tests.every_type_report --kind image_text_to_text` prints the counts per release.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tfcompat
+from tests.every_type import build, image_sequence, vlm_check
+from tfcompat.errors import InvalidInputError, PatchError
+from tfcompat.tiny_models import model_types
+
+pytestmark = pytest.mark.broad
+TYPES = model_types("image_text_to_text")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matmuls: one thread is 10-40x faster than several on a shared machine (OpenMP spin-waits)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.sweep
+@pytest.mark.ci_sweep  # one reference per type already (sdpa, else eager): CI runs it on its newest release
+@pytest.mark.parametrize("model_type", TYPES)
+def test_packed_with_images_equals_stock_or_is_refused(request, model_type):
+    outcome = vlm_check(model_type, "sdpa")
+    if outcome.status == "skipped":
+        outcome = vlm_check(model_type, "eager")
+    request.node.user_properties.append(("outcome", f"{outcome.status}: {outcome.reason}"))
+    if outcome.status == "skipped":
+        pytest.skip(f"{model_type}: {outcome.reason}")
+    if outcome.status == "unbuildable":
+        pytest.xfail(f"{model_type}: tiny model cannot be built or run with an image: {outcome.reason}")
+    assert outcome.status in ("pass", "refused"), outcome.reason
+
+
+def _model(model_type: str) -> torch.nn.Module:
+    if model_type not in TYPES:
+        pytest.skip(f"transformers ships no {model_type}")
+    return build(model_type, "sdpa", kind="image_text_to_text")
+
+
+def test_resolve_says_derived_and_from_what():
+    if "llava" not in TYPES:
+        pytest.skip("transformers ships no llava")
+    text = tfcompat.resolve("llava").explain()
+    assert "DERIVED" in text
+    assert "LlavaModel.language_model patched as llama" in text
+    assert "vision tower vision_tower" in text
+    assert "placeholder token id config.image_token_id" in text
+
+
+def test_a_language_model_tfcompat_cannot_patch_is_refused_at_patch():
+    model = _model("lfm2_vl")
+    with pytest.raises(PatchError, match="its language model lfm2 is not a text family tfcompat patches"):
+        tfcompat.patch(model)
+
+
+def test_rope_index_is_the_text_row():
+    model = _model("llava")
+    ids = image_sequence(model)["input_ids"]
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    positions = tfcompat.rope_index(model, ids, attention_mask=mask)
+    assert positions.shape == ids.shape
+    assert positions[0, 2:].tolist() == list(range(ids.shape[1] - 2))
+    with pytest.raises(InvalidInputError, match="takes no vision grids"):
+        tfcompat.rope_index(model, ids, image_grid_thw=torch.tensor([[1, 2, 2]]))
+
+
+def _token_typed() -> list[str]:
+    """The types whose owner builds its language model's mask from token types (Gemma 3: images bidirectional)."""
+    found = []
+    for model_type in TYPES:
+        try:
+            v = tfcompat.resolve(model_type).entry.derived_vision
+        except tfcompat.TfcompatError:
+            continue
+        if v is not None and v.mask_inputs:
+            found.append(model_type)
+    return found
+
+
+@pytest.mark.parametrize("model_type", _token_typed())
+def test_images_attend_within_themselves_on_packed_rows(model_type):
+    """Token types marking images (bidirectional attention within each image): the packed row equals stock per
+    sequence with the same token types, forward and backward; the control (no token types) differs."""
+    from tests.every_type import compare, compare_gradients, gradients, projection, vlm_examples
+
+    try:
+        model = build(model_type, "sdpa", kind="image_text_to_text")
+        examples = vlm_examples(model)
+    except Exception as exc:  # noqa: BLE001 -- the zoo's limit, named
+        pytest.xfail(f"{model_type}: tiny model cannot be built or run with an image: {exc}")
+    image_id = next(v for k, v in model.config.to_dict().items() if k in ("image_token_id", "image_token_index"))
+    name = tfcompat.resolve(model_type).entry.derived_vision.mask_inputs[0]
+    for ex in examples:
+        ex[name] = (ex["input_ids"] == image_id).long()
+    with torch.no_grad():
+        expected = [model(**ex).logits[0] for ex in examples]
+        causal = [model(**{k: v for k, v in ex.items() if k != name}).logits[0] for ex in examples]
+    assert compare(torch.cat(causal), expected) > 1e-3, "the token types must change the stock result"
+    w = projection(expected[0].shape[-1])
+    expected_grads = gradients(model, lambda: sum((model(**ex).logits[0] @ w).sum() for ex in examples))
+    with tfcompat.patch(model):
+        inputs = tfcompat.pack(model, examples).model_inputs
+        with torch.no_grad():
+            assert compare(model(**inputs).logits[0], expected) <= 1e-5
+        got_grads = gradients(model, lambda: (model(**inputs).logits[0] @ w).sum())
+        assert compare_gradients(got_grads, expected_grads) <= 2e-5
+        plain = {k: v for k, v in inputs.items() if k != name}  # no token types: the packed core, images causal
+        with torch.no_grad():
+            assert compare(model(**plain).logits[0], causal) <= 1e-5
+        padded = {**{k: v for k, v in inputs.items() if not k.startswith("tfcompat")},
+                  "attention_mask": torch.ones_like(inputs["input_ids"])}
+        padded["attention_mask"][0, -1] = 0
+        with pytest.raises(InvalidInputError, match="marks image tokens on a packed row that cannot attend"):
+            model(**padded)
+        model(**examples[0])  # one sequence, no packed row: the stock forward
+    with pytest.raises(PatchError, match="builds its language model's mask from"):
+        tfcompat.patch(model.model)  # the owner itself: its token types would come before the packed decision
+
+
+def test_text_only_batch_runs_the_tower_on_a_dummy_image():
+    """embed_inputs without images: every tower parameter an image reaches gets a (zero) gradient rather than none."""
+    model = _model("llava")
+    tower = dict(model.model.vision_tower.named_parameters())
+    with_image = image_sequence(model)
+    model(**with_image).logits.sum().backward()
+    reached = {n for n, p in tower.items() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    ids = with_image["input_ids"]
+    ids = ids[ids != model.config.image_token_id][None]
+    embedded = tfcompat.embed_inputs(model, ids)
+    assert torch.equal(embedded.inputs_embeds, model.get_input_embeddings()(ids))
+    embedded.inputs_embeds.sum().backward()
+    assert reached and {n for n, p in tower.items() if p.grad is not None} == reached
+    assert all(not tower[n].grad.any() for n in reached)
+
+
+def test_the_text_model_follows_the_instance_config():
+    """A LLaVA built around another text model is patched as that text family (here Qwen2), and packs exactly."""
+    if "llava" not in TYPES:
+        pytest.skip("transformers ships no llava")
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    from tests.every_type import vlm_examples
+
+    tiny = build("llava", "sdpa", kind="image_text_to_text")
+    text = {k: v for k, v in tiny.config.text_config.to_dict().items() if k in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "pad_token_id")}
+    config = LlavaConfig(vision_config=tiny.config.vision_config.to_dict(),
+                         text_config={"model_type": "qwen2", **text}, image_token_id=tiny.config.image_token_id,
+                         attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(config).float().eval()
+    examples = vlm_examples(model)
+    with torch.no_grad():
+        expected = torch.cat([model(**ex).logits[0] for ex in examples])
+    with tfcompat.patch(model) as handle:
+        assert "patched as qwen2" in handle.resolved.explain()
+        with torch.no_grad():
+            got = model(**tfcompat.pack(model, examples).model_inputs).logits[0]
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_pack_places_images_as_the_owner_reads_them():
+    """(images, ...) layouts concatenate on dim 0, (B, images, ...) ones (Idefics3) on dim 1; zero-padded to the
+    largest trailing shape as a processor pads a batch."""
+    from tfcompat.inputs.derived_vision import _concat
+
+    a, b = torch.ones(1, 2, 3), torch.ones(2, 1, 4)
+    joined = _concat([a, b], dim=0)
+    assert joined.shape == (3, 2, 4) and joined[0, :, 3].eq(0).all() and joined[1, 1].eq(0).all()
+    rows = _concat([torch.ones(1, 1, 2, dtype=torch.bool), torch.ones(1, 2, 3, dtype=torch.bool)], dim=1)
+    assert rows.shape == (1, 3, 3) and rows.dtype == torch.bool and not rows[0, 0, 2]
+    for model_type, batched in (("idefics3", True), ("llava", False)):
+        if model_type in TYPES:
+            assert tfcompat.resolve(model_type).entry.derived_vision.batched_images is batched
+
+
+@pytest.mark.parametrize("model_type,reason", [
+    ("paligemma", "PaliGemmaModel.forward computes its own position_ids"),
+    ("cohere_compass", "passes deepstack_visual_embeds, visual_pos_masks to its language model"),
+])
+def test_refusals_name_what_is_missing(model_type, reason):
+    if model_type not in TYPES:
+        pytest.skip(f"transformers ships no {model_type}")
+    with pytest.raises(PatchError, match=reason):
+        tfcompat.resolve(model_type)
+
+
+def test_embed_inputs_refuses_what_the_forward_does_not_take():
+    model = _model("llava")
+    ids = image_sequence(model)["input_ids"]
+    with pytest.raises(InvalidInputError, match=r"embed_inputs got \['image_grid_thw'\]"):
+        tfcompat.embed_inputs(model, ids, image_grid_thw=torch.tensor([[1, 2, 2]]))
+
+
+def test_llama4_is_reached_through_its_causal_lm():
+    if "llama4" not in TYPES:
+        pytest.skip("transformers ships no llama4")
+    text = tfcompat.resolve("llama4").explain()
+    assert "Llama4ForConditionalGeneration.language_model -> Llama4ForCausalLM.model" in text
+
+
+def test_embeddings_are_refused_where_the_forward_takes_none_alone():
+    """4.53's Idefics2 / SmolVLM forwards raise for inputs_embeds without input_ids: embed_inputs says so, typed."""
+    needy = []
+    for model_type in ("idefics2", "smolvlm"):
+        if model_type in TYPES and tfcompat.resolve(model_type).entry.derived_vision.embeds_need_ids:
+            needy.append(model_type)
+    if not needy:
+        pytest.skip("on this transformers every such forward takes inputs_embeds alone")
+    model = _model(needy[0])
+    with pytest.raises(InvalidInputError, match="cannot take embeddings computed outside its forward"):
+        tfcompat.embed_inputs(model, image_sequence(model)["input_ids"])
+
+
+def test_llama4_packs_with_images_without_temperature_tuning():
+    """Llama 4's NoPE layers scale queries by the row index when ``attn_temperature_tuning`` is on (refused at
+    patch); off, the packed row with images equals stock per sequence, forward and backward."""
+    from tests.every_type import compare, compare_gradients, gradients, projection, vlm_examples
+
+    model = _model("llama4")
+    with pytest.raises(PatchError, match="reads positions from the row index"):
+        tfcompat.patch(model)
+    for module in model.modules():
+        if hasattr(module, "attn_temperature_tuning"):
+            module.attn_temperature_tuning = False
+    model.config.text_config.attn_temperature_tuning = False
+    examples = vlm_examples(model)
+    try:
+        with torch.no_grad():
+            expected = [model(**ex, use_cache=False).logits[0] for ex in examples]
+    except AttributeError as exc:  # 5.24's forward reads image_outputs off its language model's output
+        pytest.xfail(f"the stock Llama 4 forward does not run on this transformers: {exc}")
+    w = projection(expected[0].shape[-1])
+    expected_grads = gradients(model, lambda: sum((model(**ex, use_cache=False).logits[0] @ w).sum()
+                                                  for ex in examples))
+    with tfcompat.patch(model):
+        inputs = tfcompat.pack(model, examples).model_inputs
+        with torch.no_grad():
+            assert compare(model(**inputs, use_cache=False).logits[0], expected) <= 1e-5
+        got = gradients(model, lambda: (model(**inputs, use_cache=False).logits[0] @ w).sum())
+    assert compare_gradients(got, expected_grads) <= 2e-5
+    control = {k: v for k, v in inputs.items() if not k.startswith("tfcompat") and k != "position_ids"}
+    with torch.no_grad():
+        assert compare(model(**control, use_cache=False).logits[0], expected) > 1e-3

@@ -1,0 +1,158 @@
+"""What a patch adds for a derived vision-language model (`tfcompat.registry.records.VisionDerivation`).
+
+Its text model is patched as its text family; the model's own forward runs the vision tower and scatters the
+features, then hands the packed position ids and the forward context down (proved when the entry was derived).
+`plan_vision` checks the instance at `patch()` time: every module of the text family's classes sits inside the
+language model (a vision tower built from the same classes would otherwise run packed attention over patches).
+
+Where the owner builds the language model's mask itself (Gemma 3, from ``token_type_ids``), `vision_hooks` adds:
+
+- a packed row without image token types takes its boundaries from the forward context; the owner's mask (over the
+  whole row) is dropped at the text model;
+- a packed row whose token types mark images (bidirectional attention within each image) runs the stock attention
+  of the pre-patch implementation for that forward, with the mask transformers builds from the packed position ids
+  (sequences apart, images bidirectional: exact, as stock per sequence). Only ``eager`` and ``sdpa`` build that
+  mask, and it needs one process: other implementations, Ulysses and padded rows raise `InvalidInputError`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple
+
+import torch
+
+from ..core.context import CONTEXT_KWARG, ForwardContext
+from ..errors import InvalidInputError, PatchError
+from ..inputs.derived_vision import owner_of
+from ..registry import Resolved
+from .forward import Router
+
+__all__ = ["EXACT_BLOCK_IMPLEMENTATIONS", "VisionHook", "VisionPlan", "plan_vision", "vision_hooks"]
+
+# stock implementations whose masks transformers builds from packed position ids (sequences apart), image blocks in
+EXACT_BLOCK_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+class VisionHook(NamedTuple):
+    """A hook to register: on ``module``, a forward ``"pre"`` hook (with kwargs) or a ``"post"`` hook (always
+    called, also when the forward raises)."""
+
+    module: torch.nn.Module
+    kind: Literal["pre", "post"]
+    fn: Callable[..., Any]
+    note: str
+
+
+class VisionPlan(NamedTuple):
+    owner: torch.nn.Module
+    text_models: list[torch.nn.Module]
+
+
+def plan_vision(model: torch.nn.Module, r: Resolved, text_models: list[torch.nn.Module],
+                attentions: list[torch.nn.Module], group: Any) -> VisionPlan | None:
+    """Check that ``text_models`` and ``attentions`` (the text family's modules found in ``model``) all sit inside
+    its language model, and that a Ulysses ``group`` can be fed; `PatchError` otherwise. None for an entry that is
+    not a derived vision-language one."""
+    v = r.entry.derived_vision
+    if v is None:
+        return None
+    owner, language_model = owner_of(r, model)
+    inside = {id(m) for m in language_model.modules()}
+    outside = [type(m).__name__ for m in (*text_models, *attentions) if id(m) not in inside]
+    if outside:
+        raise r.error(PatchError, f"{type(model).__name__} holds {outside[0]} outside its language model",
+                      why=f"the vision tower or projector is built from the text family's classes ({v.text_family}); "
+                      "a patch would run packed attention there", supported=r.spec.supported,
+                      fix="run the model unpatched")
+    if v.embeds_need_ids and group is not None:
+        raise r.error(PatchError, f"{type(model).__name__} cannot run sequence parallel on this transformers",
+                      why=f"{v.model}'s forward raises for inputs_embeds without input_ids, and a sharded forward "
+                      "takes the embeddings of whole images (tfcompat.embed_inputs) sliced per rank",
+                      supported="Ulysses for vision-language models whose forward takes inputs_embeds",
+                      fix="patch without ulysses_group, or use a transformers release whose forward takes them")
+    if v.mask_inputs and v.owner_mask != "attention_mask" and owner is model:
+        raise r.error(PatchError, f"cannot patch {type(model).__name__} itself: it builds its language model's mask "
+                      f"from {', '.join(v.mask_inputs)}", why="the packed decision is made in the patched model's "
+                      "forward, after a hook on it could route token-typed packed rows to the attention that honours "
+                      "them", supported=f"patching {v.model}", fix=f"patch the {v.model} that holds it")
+    return VisionPlan(owner, text_models)
+
+
+def vision_hooks(plan: VisionPlan | None, r: Resolved, router: Router) -> list[VisionHook]:
+    """The hooks a patch registers for ``plan`` (see the module docstring); ``[]`` where the owner hands its language
+    model the caller's mask."""
+    v = r.entry.derived_vision
+    if plan is None or v is None or v.owner_mask == "attention_mask":
+        return []
+    hooks = [VisionHook(tm, "pre", _drop_owner_mask, f"packed rows: the boundaries replace {v.owner}'s own mask "
+                        f"({v.owner_mask})") for tm in plan.text_models]
+    if v.mask_inputs:
+        switch = _ImageBlocks(r, router, v.mask_inputs)
+        hooks += [VisionHook(plan.owner, "pre", switch.enter, f"packed rows with {', '.join(v.mask_inputs)} marking "
+                             "images: stock attention, transformers' mask of the packed row (bidirectional images)"),
+                  VisionHook(plan.owner, "post", switch.exit, "restores the patched attention after such a forward")]
+    return hooks
+
+
+def _drop_owner_mask(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """A packed forward's text model: the mask its owner built (a dict or 4-D tensor over the whole row) is left out;
+    the forward context holds the boundaries."""
+    if isinstance(kwargs.get(CONTEXT_KWARG), ForwardContext) and not (
+            isinstance(kwargs.get("attention_mask"), torch.Tensor) and kwargs["attention_mask"].ndim == 2):
+        kwargs["attention_mask"] = None
+    return args, kwargs
+
+
+class _ImageBlocks:
+    """The switch of a packed forward whose token types mark images to the stock attention (module docstring)."""
+
+    def __init__(self, r: Resolved, router: Router, names: tuple[str, ...]) -> None:
+        self.r, self.router, self.names = r, router, names
+        self.active = 0
+
+    def enter(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        ctx = kwargs.get(CONTEXT_KWARG)
+        if not isinstance(ctx, ForwardContext):
+            return args, kwargs
+        given = [n for n in self.names if isinstance(kwargs.get(n), torch.Tensor)]
+        # under Ulysses a rank's slice may hold no image: refuse on the presence of token types, the same on every rank
+        marked = given if ctx.group is not None else [n for n in given if bool(kwargs[n].any())]
+        if not marked:
+            return args, kwargs
+        impls = sorted({impl for _, impl in self.router.stock})
+        why = ""
+        if ctx.group is not None:
+            why = ("a sequence-parallel forward: the stock attention cannot run on a slice of the row (refused "
+                   "whenever token types are given, so that every rank refuses alike)")
+        elif any(impl not in EXACT_BLOCK_IMPLEMENTATIONS for impl in impls):
+            why = (f"the model's own attention implementation is {', '.join(impls)}; transformers builds the mask of a "
+                   f"packed row with image blocks for {' and '.join(EXACT_BLOCK_IMPLEMENTATIONS)} only")
+        elif not hasattr(importlib.import_module("transformers.masking_utils"), "find_packed_sequence_indices"):
+            why = "this transformers does not build masks of packed rows from their position ids"
+        mask = kwargs.get("attention_mask")
+        if not why and isinstance(mask, torch.Tensor) and not bool(mask.bool().all()):
+            why = "the row has padding; transformers finds packed sequences only in rows without an attention mask"
+        if why:
+            raise self.r.error(
+                InvalidInputError, f"{marked[0]} marks image tokens on a packed row that cannot attend within images",
+                why=f"{self.r.family} attends bidirectionally within each image where {marked[0]} marks it; {why}",
+                supported=f"one process, {' or '.join(EXACT_BLOCK_IMPLEMENTATIONS)} as the model's attention "
+                "implementation, rows without padding",
+                fix=f"build the model with attn_implementation='sdpa', or leave {marked[0]} out of packed rows (images "
+                "then attend causally, as stock does without them)")
+        kwargs[CONTEXT_KWARG] = self.router.context  # an ordinary forward from here down: stock attention and masks
+        kwargs["attention_mask"] = None  # all ones (checked): transformers then finds the sequences from positions
+        if "use_cache" in kwargs:  # a cache of a packed row serves no later call
+            kwargs["use_cache"] = False
+        for config, impl in self.router.stock:
+            config._attn_implementation = impl
+        self.active += 1
+        return args, kwargs
+
+    def exit(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        if self.active:
+            self.active -= 1
+            for config, _ in self.router.stock:
+                config._attn_implementation = self.router.key

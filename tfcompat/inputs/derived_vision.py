@@ -1,0 +1,252 @@
+"""`embed_inputs`, `rope_index` and `pack` for derived vision-language families (1-D RoPE text models behind a
+vision tower: `tfcompat.registry.records.VisionDerivation`).
+
+Nothing family-specific is written here: the model's own forward embeds the tokens, runs the tower and scatters the
+features (image sizes, patch masks, tiles and all), and `embed_inputs` captures the ``inputs_embeds`` its owner hands
+the language model (a forward pre-hook that records them and stops the forward). Position ids are the text row,
+``0 .. L-1`` per sequence over attended tokens. A packed row concatenates the examples' tokens and their vision
+inputs in sequence order: on dim 0 (``(images, ...)``), or on dim 1 where the owner reads ``(B, images, ...)``,
+zero-padded to the largest trailing shape as processors pad a batch.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import torch
+
+from ..core.extras import Embedded
+from ..core.labels import mask_starts, shift_labels
+from ..core.packing import PackedSeqs, from_lengths
+from ..core.position_ids import text_row_from_mask
+from ..errors import InvalidInputError, PatchError
+from ..registry import Resolved
+from .vision_inputs import check_token_ids
+
+__all__ = ["dummy_features", "embed_derived", "is_derived_vision", "owner_of", "pack_derived", "text_positions"]
+
+# forward parameters that are not vision inputs of an example
+_NOT_VISION = frozenset({"self", "input_ids", "attention_mask", "position_ids", "labels", "inputs_embeds", "cache",
+                         "past_key_values", "past_key_value", "use_cache", "cache_position", "return_dict",
+                         "output_attentions", "output_hidden_states", "logits_to_keep", "kwargs"})
+
+
+class _Captured(Exception):
+    """Stops the owner's forward at its language model once the input embeddings are recorded."""
+
+
+def is_derived_vision(r: Resolved) -> bool:
+    return r.entry.derived_vision is not None
+
+
+def owner_of(r: Resolved, model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The module holding the language model (`VisionDerivation.owner`) and the language model; `PatchError` where
+    ``model`` holds none."""
+    v = r.entry.derived_vision
+    cls = r.classes["model"]
+    owner = model if isinstance(model, cls) else next((m for m in model.modules() if isinstance(m, cls)), None)
+    language_model = getattr(owner, v.language_model_attr, None) if owner is not None and v is not None else None
+    if owner is None or not isinstance(language_model, torch.nn.Module):
+        raise r.error(PatchError, f"{type(model).__name__} holds no {cls.__name__} with a language model",
+                      why=f"the {r.family} entry reads the vision path of {cls.__name__}",
+                      fix="pass the model transformers builds for this vision-language config")
+    return owner, language_model
+
+
+def text_positions(r: Resolved, input_ids: Any, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """``(B, L)`` text positions: ``0 .. L-1`` per row over attended tokens (padding 1), the contract's text row."""
+    check_token_ids(r, input_ids, "rope_index")
+    if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise r.error(InvalidInputError, "attention_mask and input_ids differ in shape",
+                      why=f"attention_mask {tuple(attention_mask.shape)}, input_ids {tuple(input_ids.shape)}",
+                      fix="pass one mask entry per token, or no mask")
+    return text_row_from_mask(attention_mask, input_ids.shape[0], input_ids.shape[1], device=input_ids.device)
+
+
+def embed_derived(r: Resolved, model: torch.nn.Module, input_ids: Any, vision: dict[str, Any]) -> Embedded:
+    """The ``(B, L, H)`` embeddings the model's owner hands its language model for ``input_ids`` and ``vision``
+    (its own forward's vision keyword arguments: pixel values, image sizes, patch masks, ...).
+
+    Without vision inputs the tower still runs, on a dummy image (`dummy_features`), and ``0 * its mean`` is added:
+    the tower gets zero gradients rather than none, and every rank runs the same collectives.
+    """
+    check_token_ids(r, input_ids, "embed_inputs")
+    v = r.entry.derived_vision
+    if v is not None and v.embeds_need_ids:
+        raise r.error(InvalidInputError, f"{r.family} cannot take embeddings computed outside its forward",
+                      why=f"{v.model}'s forward on this release raises for inputs_embeds without input_ids",
+                      fix="pass input_ids and the vision inputs to the model (the tower runs inside its forward); "
+                      "Ulysses with images needs a release whose forward takes inputs_embeds")
+    owner, language_model = owner_of(r, model)
+    params = inspect.signature(owner.forward).parameters
+    unknown = sorted(k for k in vision if k not in params or k in _NOT_VISION)
+    if unknown:
+        raise r.error(InvalidInputError, f"embed_inputs got {unknown}, which {type(owner).__name__}.forward does not "
+                      "take as vision inputs", supported=", ".join(k for k in params if k not in _NOT_VISION),
+                      fix="pass the processor's vision outputs by their names")
+    captured: dict[str, Any] = {}
+
+    def record(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        captured.update(kwargs)
+        raise _Captured
+
+    hook = language_model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        owner(input_ids=input_ids, **{k: v for k, v in vision.items() if v is not None})
+    except _Captured:
+        pass
+    finally:
+        hook.remove()
+    embeds = captured.get("inputs_embeds")
+    if not isinstance(embeds, torch.Tensor):
+        raise r.error(PatchError, f"{type(owner).__name__} handed its language model no inputs_embeds",
+                      why=f"it passed {sorted(captured)}", fix="report it: this release changed the owner's forward")
+    if all(v is None for v in vision.values()):
+        for x in dummy_features(r, owner):
+            embeds = embeds + 0 * x.float().mean().to(embeds.dtype)
+    return Embedded(embeds)
+
+
+def dummy_features(r: Resolved, owner: torch.nn.Module) -> list[torch.Tensor]:
+    """The tower's features of one zero image, in the first layout ``get_image_features`` takes (`dummy_layouts`);
+    `InvalidInputError` where none fits."""
+    features = getattr(owner, "get_image_features", None)
+    vision = getattr(owner.config, "vision_config", None)
+    if features is None or vision is None:
+        raise r.error(InvalidInputError, f"no dummy image for {r.family}: {type(owner).__name__} has no "
+                      "get_image_features or vision_config", fix="give every batch at least one image")
+    device = next(owner.parameters()).device
+    dtype = next(p for p in owner.parameters() if p.is_floating_point()).dtype
+    reasons = []
+    for layout in dummy_layouts(vision, inspect.signature(owner.forward).parameters):
+        inputs = {k: v.to(device, dtype) if v.is_floating_point() else v.to(device) for k, v in layout.items()}
+        try:
+            out = features(**inputs)
+        except Exception as exc:  # noqa: BLE001 -- the next layout may fit
+            reasons.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:100])
+            continue
+        found = _tensors(out)
+        if found:
+            return found
+    raise r.error(InvalidInputError, f"no dummy image fits {r.family}'s get_image_features", why="; ".join(reasons),
+                  fix="give every batch at least one image")
+
+
+def dummy_layouts(vision: Any, params: Mapping[str, Any]) -> list[dict[str, torch.Tensor]]:
+    """Zero images in the layouts transformers' vision-language models take, in order: one ``(1, C, S, S)`` image,
+    ``(1, 1, C, S, S)`` (a batch of image lists), with ``image_sizes`` (any resolution: the image and one tile),
+    NaFlex patches ``(1, N, C * p * p)`` with ``spatial_shapes`` and a patch mask. S is the config's image size."""
+    channels = getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None) or 3
+    size = getattr(vision, "image_size", 224)
+    size = size[0] if isinstance(size, (list, tuple)) else size
+    patch = getattr(vision, "patch_size", 14)
+    patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+    image = torch.zeros(1, channels, size, size)
+    layouts: list[dict[str, torch.Tensor]] = [{"pixel_values": image}, {"pixel_values": image[:, None]}]
+    if "image_sizes" in params:  # any-resolution towers: the image and its size (a tile of its own)
+        sizes = torch.tensor([[size, size]])
+        layouts += [{"pixel_values": image, "image_sizes": sizes},
+                    {"pixel_values": torch.cat([image, image])[None], "image_sizes": sizes}]
+    if "spatial_shapes" in params:
+        side = max(1, size // patch)
+        layouts.append({"pixel_values": torch.zeros(1, side * side, channels * patch * patch),
+                        "spatial_shapes": torch.tensor([[side, side]]),
+                        "pixel_attention_mask": torch.ones(1, side * side, dtype=torch.bool)})
+    return layouts
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    for key in ("pooler_output", "last_hidden_state"):
+        if getattr(out, key, None) is not None:
+            return _tensors(getattr(out, key))
+    return []
+
+
+def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping[str, Any]],
+                 ignore_index: int) -> tuple[dict[str, Any], torch.Tensor | None, PackedSeqs]:
+    """`tfcompat.pack` of a derived vision-language family: ``(model_inputs, shift_labels, seqs)``.
+
+    Each example: ``input_ids`` ``(L,)`` or ``(1, L)``, optional ``labels``, ``attention_mask`` (all ones), and
+    the vision inputs its processor returned under the owner forward's names; per-token ``*token_type_ids`` are
+    concatenated like the ids.
+    """
+    owner, _ = owner_of(r, model)
+    params = inspect.signature(owner.forward).parameters
+    vision_keys = {k for k in params if k not in _NOT_VISION}
+    ids_list: list[torch.Tensor] = []
+    for i, ex in enumerate(examples):
+        what = f"tfcompat.pack example {i}"
+        if not isinstance(ex, Mapping):
+            raise r.error(InvalidInputError, f"{what} is not a mapping", why=f"got {type(ex).__name__}",
+                          fix="pass one dict per sequence: {'input_ids': ..., 'labels': ..., 'pixel_values': ...}")
+        unknown = sorted(set(ex) - vision_keys - {"input_ids", "labels", "attention_mask"})
+        if unknown:
+            raise r.error(InvalidInputError, f"{what} has unknown keys {unknown}", why="pack places only the keys "
+                          f"{type(owner).__name__}.forward takes", supported=", ".join(sorted(vision_keys)),
+                          fix="drop them, or pack them yourself")
+        raw = ex.get("input_ids")
+        ids = raw[None] if isinstance(raw, torch.Tensor) and raw.ndim == 1 else raw
+        check_token_ids(r, ids, what)
+        ids = cast(torch.Tensor, ids)  # checked: an integer (B, L) tensor
+        if ids.shape[0] != 1 or ids.shape[1] == 0:
+            raise r.error(InvalidInputError, f"{what}: input_ids must hold one non-empty sequence",
+                          why=f"got shape {tuple(ids.shape)}", fix="pass (L,) or (1, L) ids per example")
+        for name in ("labels", "attention_mask"):
+            value = ex.get(name)
+            if value is not None and (not isinstance(value, torch.Tensor) or value.numel() != ids.shape[1]):
+                raise r.error(InvalidInputError, f"{what}: {name} and input_ids differ in length",
+                              fix=f"pass one {name} entry per token")
+        mask = ex.get("attention_mask")
+        if mask is not None and not bool(mask.bool().all()):
+            raise r.error(InvalidInputError, f"{what} has padding", why="attention_mask has zeros; a packed row "
+                          "carries no padding", fix="drop the padded tokens (ids[mask.bool()]) before packing")
+        ids_list.append(ids[0])
+    has_labels = [ex.get("labels") is not None for ex in examples]
+    if any(has_labels) and not all(has_labels):
+        raise r.error(InvalidInputError, "tfcompat.pack got labels for some examples only",
+                      why=f"examples without labels: {[i for i, h in enumerate(has_labels) if not h]}",
+                      fix=f"give every example labels (all {ignore_index} where no loss is wanted), or none")
+    ids = torch.cat(ids_list)[None]  # (T,) -> (1, T)
+    seqs = from_lengths([len(x) for x in ids_list], device=ids.device)
+    positions = torch.cat([torch.arange(len(x), device=ids.device) for x in ids_list])[None]  # (T,) -> (1, T)
+    inputs: dict[str, Any] = {"input_ids": ids, "position_ids": positions}
+    batched = r.entry.derived_vision is not None and r.entry.derived_vision.batched_images
+    for name in sorted(vision_keys):
+        try:  # a processor called without return_tensors gives lists of numbers (LLaVA-OneVision's image counts)
+            parts = [torch.as_tensor(ex[name]) for ex in examples if ex.get(name) is not None]
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise r.error(InvalidInputError, f"tfcompat.pack: {name} is not a tensor in every example", why=str(exc),
+                          fix="pass the processor's outputs with return_tensors='pt'") from None
+        if not parts:
+            continue
+        if name.endswith("token_type_ids"):  # per token: (1, L) or (L,)
+            inputs[name] = torch.cat([p.reshape(-1) for p in parts])[None]  # (L_i,) each -> (1, T)
+            continue
+        inputs[name] = _concat(parts, dim=1 if batched and all(p.ndim >= 2 and p.shape[0] == 1 for p in parts) else 0)
+    shifted = None
+    if all(has_labels):
+        labels = torch.cat([ex["labels"].reshape(-1) for ex in examples])[None].to(ids.device)  # (T,) -> (1, T)
+        inputs["labels"] = mask_starts(labels, seqs, ignore_index)
+        shifted = shift_labels(labels, seqs, ignore_index)
+    return inputs, shifted, seqs
+
+
+def _concat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """``parts`` concatenated on ``dim``, each zero-padded (at the end) to the largest size of every later dim."""
+    if len({p.ndim for p in parts}) != 1:
+        return torch.cat(parts, dim)  # torch names the mismatch
+    padded = []
+    for p in parts:
+        shape = [*p.shape[: dim + 1], *(max(q.shape[d] for q in parts) for d in range(dim + 1, p.ndim))]
+        if list(p.shape) != shape:
+            out = p.new_zeros(shape)
+            out[tuple(slice(0, n) for n in p.shape)] = p
+            p = out
+        padded.append(p)
+    return torch.cat(padded, dim)

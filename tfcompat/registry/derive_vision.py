@@ -1,0 +1,294 @@
+"""Deriving a vision-language entry from the installed transformers: a vision tower, a projector and placeholder
+tokens in front of a text model that tfcompat already patches (a written or derived text family, 1-D RoPE).
+
+What a packed row of such a model needs is what its text model needs, plus proof that the packed position ids and
+the forward context reach the text model: each forward from the vision-language class down to the text model (read
+with `ast`, as `tfcompat.registry.derive` reads a causal LM) must pass ``position_ids`` and ``**kwargs`` on to the
+next one and compute no positions of its own; the owner of the language model must hand it only the embeddings,
+the mask, the positions and the usual flags. Everything family-specific about images (where the tower is, how
+features land in the embeddings, image sizes, patch masks) stays in the model's own forward, which runs unchanged.
+What tfcompat cannot prove is refused with a `PatchError` naming it.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from ..errors import PatchError, TfcompatError, UnknownFamilyError
+from . import versions
+from .derive import _built_classes, _method
+from .records import TEXT_ROLES, Entry, Family, VisionDerivation
+
+__all__ = ["LANGUAGE_MODEL_KEYWORDS", "default_text_type", "derive", "vision_key", "vision_types"]
+
+# what an owner may pass its language model besides **kwargs: the embeddings, the mask, the positions and flags
+LANGUAGE_MODEL_KEYWORDS = frozenset({
+    "inputs_embeds", "attention_mask", "position_ids", "past_key_values", "past_key_value", "cache", "use_cache",
+    "cache_position", "return_dict", "output_attentions", "output_hidden_states", "logits_to_keep",
+})
+# config attributes naming the image placeholder token, across families and releases
+PLACEHOLDER_ATTRS = ("image_token_id", "image_token_index")
+
+
+def vision_types() -> dict[str, str]:
+    """transformers' ``MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`` on the installed release (``{}`` before it)."""
+    auto = importlib.import_module("transformers.models.auto.modeling_auto")
+    names = getattr(auto, "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", {})
+    return {k: v for k, v in names.items() if isinstance(v, str)}
+
+
+@functools.cache
+def vision_key(model_type: str) -> str | None:
+    """The image-text-to-text mapping key of ``model_type``: itself, or the key whose config class names it
+    (4.57's LFM2-VL: key ``lfm2_vl``, ``config.model_type`` ``"lfm2-vl"``); None for another type."""
+    names = vision_types()
+    if model_type in names:
+        return model_type
+    configs = importlib.import_module("transformers.models.auto.configuration_auto").CONFIG_MAPPING
+    if model_type in configs:  # a type of its own (the scan below imports every vision config class: only if not)
+        return None
+    return next((k for k in names if k in configs and getattr(configs[k], "model_type", None) == model_type), None)
+
+
+@functools.cache
+def default_text_type(model_type: str) -> str | None:
+    """The ``text_config.model_type`` of ``model_type``'s default config (None where it builds none)."""
+    names = importlib.import_module("transformers.models.auto.configuration_auto").CONFIG_MAPPING
+    try:
+        config = names[vision_key(model_type) or model_type]()
+        return getattr(config.get_text_config(), "model_type", None)
+    except Exception:  # noqa: BLE001 -- a config class that needs arguments names no default text model
+        return None
+
+
+def derive(model_type: str, version: str, text_type: str | None, text_entry: Callable[[str], Entry]) -> Family:
+    """The family of the vision-language ``model_type`` whose language model is ``text_type`` (its config's
+    ``text_config.model_type``), on the installed transformers (reported as ``version``); not cached.
+
+    text_entry: the installed release's entry of a text family (raises a tfcompat error where there is none).
+    Raises `UnknownFamilyError` for a type that is not image-text-to-text, `PatchError` naming what is missing.
+    """
+    names = vision_types()
+    key = vision_key(model_type)
+    if key is None:
+        raise UnknownFamilyError(
+            f"unknown model family {model_type!r}", family=model_type, transformers_version=version,
+            why="not an image-text-to-text model of this transformers (MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)",
+            fix="pass transformers' config.model_type")
+
+    def refuse(what: str, why: str, fix: str = "") -> PatchError:
+        return PatchError(f"cannot derive {model_type}: {what}", family=model_type, transformers_version=version,
+                          why=why, supported="vision-language models whose language model is a 1-D RoPE text model "
+                          "tfcompat patches, reached with position_ids and **kwargs from the top forward",
+                          fix=fix or "run it unpatched")
+
+    top = getattr(importlib.import_module("transformers"), names[key], None)
+    if not isinstance(top, type):
+        raise refuse(f"transformers has no class {names[key]}", "the auto mapping names a missing class")
+    module = importlib.import_module(top.__module__)
+    if text_type is None:
+        raise refuse("its config names no text model", "the default config has no text_config.model_type",
+                     fix="patch a model built from a config with a text_config")
+    if text_type in (model_type, key) or text_type in names:
+        raise refuse(f"its language model is {text_type}, a vision-language type itself",
+                     "the text model is not built from a separate text family's config")
+    try:
+        text = text_entry(text_type)
+    except TfcompatError as exc:
+        raise refuse(f"its language model {text_type} is not a text family tfcompat patches",
+                     f"{type(exc).__name__}: {exc.what}" + (f" ({exc.why})" if exc.why else ""),
+                     fix=exc.fix or "run it unpatched") from None
+    if text.text_model_positions != "text":
+        raise refuse(f"its language model {text_type} takes M-RoPE positions",
+                     "derived vision-language entries cover 1-D RoPE text models; M-RoPE families are written tables")
+    if text.linear_attention is not None:
+        raise refuse(f"its language model {text_type} is a hybrid (linear attention)",
+                     "the packed linear-attention layers are bridged for written families only")
+
+    hops: list[tuple[type, str]] = []
+    owner = top
+    if _text_config_attr(top) is None:  # the language model sits one level down: at base_model_prefix (5.x), or
+        # at whichever attribute builds a class of the module that builds it (4.x: an empty prefix)
+        prefix = getattr(top, "base_model_prefix", "")
+        attrs = [prefix, *(a for a, _ in _self_assignments(top) if a != prefix)] if prefix else [
+            a for a, _ in _self_assignments(top)]
+        for attr in dict.fromkeys(attrs):
+            inner = _built_classes(module, top, "__init__", attr=attr)
+            if len(inner) == 1 and _text_config_attr(inner[0]) is not None:
+                hops.append((top, attr))
+                owner = inner[0]
+                break
+    lm_attr = _text_config_attr(owner)
+    if lm_attr is None:
+        raise refuse(f"no language model found in {owner.__name__}",
+                     f"{owner.__name__}.__init__ assigns no attribute from config.text_config")
+    hops.append((owner, lm_attr))
+    built = _built_classes(module, owner, "__init__", attr=lm_attr)  # [] for AutoModel.from_config: the text model
+    if built and built[0].__name__ != text.classes["text_model"]:  # a causal LM around it (Llama 4)
+        inner_attr = next((a for a, _ in _self_assignments(built[0]) if text.classes["text_model"] in
+                           [c.__name__ for c in _built_classes(module, built[0], "__init__", attr=a)]), None)
+        if inner_attr is None:
+            raise refuse(f"{owner.__name__}.{lm_attr} is a {built[0].__name__}, which holds no "
+                         f"{text.classes['text_model']}", f"{text_type}'s text model is not found inside it")
+        hops.append((built[0], inner_attr))
+    for cls, attr in hops:
+        gap = _forwards_to(cls, attr, to_language_model=cls is owner)
+        if gap:
+            raise refuse(gap, "without position_ids it numbers a sequence otherwise than 0, 1, ... (an offset), so the "
+                         "per-sequence positions of a packed row would differ from the stock model's"
+                         if "own position_ids" in gap else "a packed row's position ids and forward context must "
+                         "reach the text model unchanged")
+    owner_mask = _passed(owner, lm_attr, "attention_mask")
+    forward = _method(owner, "forward")
+    params = [a.arg for a in forward.args.args + forward.args.kwonlyargs] if forward is not None else []
+    mask_inputs = tuple(p for p in params if p.endswith("token_type_ids")) if owner_mask != "attention_mask" else ()
+    towers, projectors = _submodules(module, owner, lm_attr)
+    config = _default_config(key)
+    placeholder = next((a for a in PLACEHOLDER_ATTRS if isinstance(getattr(config, a, None), int)), "")
+    derivation = VisionDerivation(
+        model=top.__name__, hops=tuple((c.__name__, a) for c, a in hops), owner=owner.__name__,
+        language_model_attr=lm_attr, tower_attrs=towers, projector_attrs=projectors, text_family=text_type,
+        placeholder=placeholder, owner_mask=owner_mask, mask_inputs=mask_inputs, batched_images=_batched(owner),
+        embeds_need_ids=any(_refuses_embeds_alone(c) for c, _ in hops))
+    release = versions.parse(version).release
+    entry = replace(
+        text, family=model_type,
+        versions=versions.VersionRange(f"{release[0]}.{release[1]}", f"{release[0]}.{release[1] + 1}"),
+        module=module.__name__, text_module=text.module_of("text_model"),
+        classes={**{r: text.classes[r] for r in TEXT_ROLES if r in text.classes}, "model": owner.__name__,
+                 "for_causal_lm": top.__name__},
+        vision=None, rope_index_deviations=(), known_issues=(), derived_vision=derivation,
+        why=f"derived from {module.__name__} on transformers {version}; text model as {text_type}'s {text.versions} "
+        "entry")
+    config_name = type(config).__name__ if config is not None else ""
+    return Family(key=model_type, entries=(entry,), tiny_config=lambda e: (config_name, {}))
+
+
+def _default_config(model_type: str) -> Any:
+    names = importlib.import_module("transformers.models.auto.configuration_auto").CONFIG_MAPPING
+    try:
+        return names[model_type]()
+    except Exception:  # noqa: BLE001 -- see default_text_type
+        return None
+
+
+def _self_assignments(cls: type) -> list[tuple[str, ast.expr]]:
+    """``(attribute, value)`` of each ``self.attribute = value`` in ``cls.__init__``; a local name as the value reads
+    as what the local was assigned (``language_model = AutoModel.from_config(...)``, then ``self.x = language_model``).
+    """
+    fn = _method(cls, "__init__")
+    if fn is None:
+        return []
+    assigns = [n for n in ast.walk(fn) if isinstance(n, ast.Assign)]
+    local = {t.id: n.value for n in assigns for t in n.targets if isinstance(t, ast.Name)}
+    return [(t.attr, local.get(n.value.id, n.value) if isinstance(n.value, ast.Name) else n.value) for n in assigns
+            for t in n.targets
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"]
+
+
+def _text_config_attr(cls: type) -> str | None:
+    """The one attribute ``cls.__init__`` builds from ``config.text_config`` (a call taking it), else None."""
+    found = [a for a, v in _self_assignments(cls) if isinstance(v, ast.Call) and any(
+        ast.unparse(x) in ("config.text_config", "config.get_text_config()") for x in (*v.args, *(k.value for k in
+                                                                                                v.keywords)))]
+    return found[0] if len(set(found)) == 1 else None
+
+
+def _submodules(module: Any, owner: type, lm_attr: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The owner's vision tower attributes (built from ``config.vision_config``) and its other built submodules."""
+    towers: list[str] = []
+    others: list[str] = []
+    for attr, value in _self_assignments(owner):
+        if attr == lm_attr or not isinstance(value, ast.Call):
+            continue
+        builds = "from_config" in ast.unparse(value.func) or _built_classes(module, owner, "__init__", attr=attr)
+        if builds:
+            (towers if "vision_config" in ast.unparse(value) else others).append(attr)
+    return tuple(dict.fromkeys(towers)), tuple(dict.fromkeys(others))
+
+
+def _forwards_to(cls: type, attr: str, *, to_language_model: bool) -> str:
+    """Why ``cls.forward`` may not hand a packed row on to ``self.attr`` ("" when it does): every call of it passes
+    ``position_ids=position_ids`` and the forward's ``**kwargs``, the forward assigns no ``position_ids``, and (to a
+    language model) passes nothing but `LANGUAGE_MODEL_KEYWORDS`."""
+    fn = _method(cls, "forward")
+    if fn is None:
+        return f"{cls.__name__}.forward cannot be read"
+    var_kw = fn.args.kwarg.arg if fn.args.kwarg is not None else None
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == f"self.{attr}"]
+    if not calls:
+        return f"{cls.__name__}.forward does not call self.{attr}"
+    for call in calls:
+        keywords = {k.arg: ast.unparse(k.value) for k in call.keywords if k.arg is not None}
+        if keywords.get("position_ids") != "position_ids":
+            return f"{cls.__name__}.forward passes position_ids={keywords.get('position_ids')} to self.{attr}"
+        if var_kw is None or not any(k.arg is None and ast.unparse(k.value) == var_kw for k in call.keywords):
+            return f"{cls.__name__}.forward calls self.{attr} without its **kwargs"
+        extra = sorted(k for k, v in keywords.items() if k not in LANGUAGE_MODEL_KEYWORDS and v != "None")
+        if to_language_model and extra:
+            return f"{cls.__name__}.forward passes {', '.join(extra)} to its language model"
+    defaults = {id(n) for g in ast.walk(fn) if isinstance(g, ast.If) and ast.unparse(g.test) == "position_ids is None"
+                for n in g.body if _counts_the_row(n)}
+    for node in ast.walk(fn):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []
+        if any(isinstance(t, ast.Name) and t.id == "position_ids" for t in targets) and id(node) not in defaults:
+            return f"{cls.__name__}.forward computes its own position_ids ({ast.unparse(node)[:80]})"
+    return ""
+
+
+def _counts_the_row(node: ast.stmt) -> bool:
+    """Whether ``node`` (inside ``if position_ids is None:``) sets the default positions every text model takes
+    without them: the row counted from 0 after the cache (``torch.arange(...) + past_seen_tokens``,
+    ``cache_position``), reshaped (``.unsqueeze``, ``.expand``, ``.view``). An offset (PaliGemma's ``+ 1``) is not."""
+    if not (isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["position_ids"]):
+        return False
+
+    def plain(e: ast.expr) -> bool:
+        if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Add):
+            return plain(e.left) and isinstance(e.right, ast.Name) and "past" in e.right.id
+        if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute):
+            if e.func.attr in ("unsqueeze", "expand", "view", "to"):
+                return plain(e.func.value)
+            return ast.unparse(e.func) == "torch.arange" and bool(e.args) and not isinstance(e.args[0], ast.Constant) \
+                and len(e.args) == 1
+        return isinstance(e, ast.Name) and e.id in ("cache_position", "position_ids")
+
+    return plain(node.value)
+
+
+def _passed(cls: type, attr: str, keyword: str) -> str:
+    """The source of what ``cls.forward`` passes as ``keyword`` to ``self.attr`` ("" when nothing)."""
+    fn = _method(cls, "forward")
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == f"self.{attr}"] if fn else []
+    values = [ast.unparse(k.value) for c in calls for k in c.keywords if k.arg == keyword]
+    return values[0] if values else ""
+
+
+def _refuses_embeds_alone(cls: type) -> bool:
+    """Whether ``cls.forward`` raises under ``if inputs_embeds is not None and input_ids is None and ...`` (not the
+    usual exactly-one-of check, an ``^``)."""
+    fn = _method(cls, "forward")
+    return fn is not None and any(
+        isinstance(n, ast.If) and isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And)
+        and {"inputs_embeds is not None", "input_ids is None"} <= {ast.unparse(v) for v in n.test.values}
+        and any(isinstance(b, ast.Raise) for b in n.body) for n in ast.walk(fn))
+
+
+def _batched(owner: type) -> bool:
+    """Whether the owner unpacks its pixel values as ``(batch, images, ...)`` (``batch, num_images, ... =
+    pixel_values.shape``): one entry of the batch per text row, the images of a row on dim 1."""
+    for name in ("get_image_features", "forward"):
+        fn = _method(owner, name)
+        for node in ast.walk(fn) if fn is not None else []:
+            if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)
+                    and ast.unparse(node.value) == "pixel_values.shape" and len(node.targets[0].elts) >= 5):
+                second = node.targets[0].elts[1]
+                if isinstance(second, ast.Name) and "image" in second.id:
+                    return True
+    return False
