@@ -422,7 +422,8 @@ def _per_sequence_mixers(module: Any, layer: type, lm: type, refuse: Callable[..
     mixers = _token_mixers(module, layer, prefix)
     if not mixers:
         return False
-    held = [c for c in _built_classes(module, layer, "__init__") if _dispatch_call(c) is None
+    above_attention = {c for chain in _attention_chains(module, layer) for c in chain[1:]}  # a mixer around attention
+    held = [c for c in _built_classes(module, layer, "__init__") if c not in above_attention
             and (MIXER_PATTERN.search(c.__name__.removeprefix(prefix)) or _token_mixers(module, c, prefix))]
     covered = {c.__name__ for c in held} | {m for c in held for m in _token_mixers(module, c, prefix)}
     loose = [m for m in mixers if m not in covered]
