@@ -124,6 +124,10 @@ def per_sequence_forward(module: torch.nn.Module, call: MixerCall) -> Callable[.
         bound.update(kwargs)
         hidden = bound.pop(names[0])
         batch, length = hidden.shape[:2]
+        if ctx.seqs.total != batch * length:
+            raise PatchedModelError(f"{type(module).__name__} got {batch} x {length} tokens for packed boundaries of "
+                                    f"{ctx.seqs.total}", why="a per-sequence mixer splits the whole packed row",
+                                    fix="call the patched model with the packed inputs its context was built for")
         flat = hidden.reshape(batch * length, *hidden.shape[2:])  # (B, L, D) -> (B L, D)
         outputs = []
         start = 0
