@@ -17,6 +17,7 @@ The context reaches the mixer in its ``**kwargs`` or through a pre-hook on its d
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
@@ -42,9 +43,15 @@ class MixerPlan(NamedTuple):
 
 
 def mixer_classes(r: Resolved) -> tuple[type, ...]:
-    """The classes of ``r``'s module that run per sequence (none for a written family or an attention-only one)."""
+    """The classes of ``r``'s text module that run per sequence (none for a written family or an attention-only
+    one)."""
     derived = r.entry.derived
-    return tuple(getattr(r.module, m.cls) for m in derived.mixers) if derived is not None else ()
+    return tuple(getattr(_text_module(r), m.cls) for m in derived.mixers) if derived is not None else ()
+
+
+def _text_module(r: Resolved) -> Any:
+    """The module of the text model's classes: a derived vision-language family's text family's module."""
+    return importlib.import_module(r.entry.module_of("decoder_layer"))
 
 
 def plan(model: torch.nn.Module, r: Resolved, group: Any) -> MixerPlan:
@@ -53,14 +60,15 @@ def plan(model: torch.nn.Module, r: Resolved, group: Any) -> MixerPlan:
     derived = r.entry.derived
     if derived is None or not derived.mixers:
         return MixerPlan([], [])
-    calls: dict[type, MixerCall] = {getattr(r.module, m.cls): m for m in derived.mixers}
+    text_module = _text_module(r)
+    calls: dict[type, MixerCall] = {getattr(text_module, m.cls): m for m in derived.mixers}
     names = ", ".join(cls.__name__ for cls in calls)
     if group is not None:
         raise r.error(PatchError, f"{names} cannot run sequence parallel",
                       why="tfcompat runs these token mixers per sequence, and under Ulysses each rank holds a slice "
                       "of every sequence", supported="a single-process patch of this family",
                       fix="patch without ulysses_group")
-    layer_classes = tuple(getattr(r.module, name) for name in derived.decoder_layers)
+    layer_classes = tuple(getattr(text_module, name) for name in derived.decoder_layers)
     forwards: list[tuple[torch.nn.Module, Callable[..., Any]]] = []
     bridges: list[tuple[torch.nn.Module, torch.nn.Module]] = []
     for layer in (m for m in model.modules() if isinstance(m, layer_classes)):
