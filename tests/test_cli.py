@@ -15,10 +15,11 @@ from tfcompat.selfcheck import TypeCheck
 
 
 def test_doctor_json_resolves_and_self_checks_every_family(capsys):
-    assert main(["doctor", "--json", "--types", "qwen3_moe,mamba,llama"]) == 0
+    assert main(["doctor", "--json", "--types", "qwen3_moe,mamba,llama,llava"]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = {r["model_type"]: r for r in report["types"]}
-    assert set(rows) == {"qwen3_moe", "mamba"}  # llama is a written family: checked above, not twice
+    assert set(rows) == {"qwen3_moe", "mamba", "llava"}  # llama is a written family: checked above, not twice
+    assert rows["llava"]["kind"] == "image_text_to_text" and rows["llava"]["status"] == "pass", rows
     assert rows["qwen3_moe"]["status"] == "pass" and rows["qwen3_moe"]["max_rel_diff"] <= 1e-5, rows
     assert rows["mamba"]["status"] == "refused" and "no softmax attention" in rows["mamba"][
         "reason"], rows
@@ -48,14 +49,15 @@ def test_doctor_text_output_in_a_fresh_process():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "glm4v" in proc.stdout and "resolved" in proc.stdout and "all self-checks passed" in proc.stdout
-    assert f"derived types on transformers {installed_transformers()}: 1 of 2 pass the self-check" in proc.stdout
+    assert f"derived causal-LM types on transformers {installed_transformers()}: 1 of 2 pass the self-check" \
+        in proc.stdout
     assert "refused   1: holds no attention that dispatches through AttentionInterface" in proc.stdout
 
 
 def test_a_failing_derived_type_fails_the_doctor(monkeypatch, capsys):
     """Rule: a derived type patched and wrong is a failure the doctor names, and its exit status is 1."""
     wrong = TypeCheck("mistral", "fail", "packed differs from stock per sequence by 3.0e-01", 0.3)
-    monkeypatch.setattr(selfcheck, "check_type", lambda model_type: wrong)
+    monkeypatch.setattr(selfcheck, "check_type", lambda model_type, kind: wrong)
     monkeypatch.setattr(cli, "families", lambda: {})  # the written families are the test above's
     assert main(["doctor", "--types", "mistral"]) == 1
     out = capsys.readouterr().out

@@ -29,8 +29,8 @@ def _version(dist: str) -> str | None:
 
 def doctor(types: str | Sequence[str] = "all") -> dict[str, Any]:
     """Resolve every family on the installed transformers and self-check each resolved one; then self-check the
-    causal-LM types without a written table (derived): ``types`` "all" (every one the installed transformers
-    ships), "none", or the model types to check."""
+    causal-LM and image-text-to-text types without a written table (derived): ``types`` "all" (every one the
+    installed transformers ships), "none", or the model types to check."""
     from .selfcheck import run_check
 
     report: dict[str, Any] = {
@@ -85,21 +85,26 @@ def _check_types(types: str | Sequence[str], written: set[str]) -> list[dict[str
     import torch
 
     from .selfcheck import check_type
-    from .tiny_models import model_types
+    from .tiny_models import Kind, model_types
 
     if types == "none":
         return []
-    asked = model_types("causal_lm") if types == "all" else list(types)
+    images = set(model_types("image_text_to_text"))
+    if types == "all":  # a type in both mappings (gemma3, ...) is checked with images
+        asked = [*(t for t in model_types("causal_lm") if t not in images), *sorted(images)]
+    else:
+        asked = list(types)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls: one thread is many times faster than several
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            checks = [check_type(t) for t in asked if t not in written]
+            kinds: dict[str, Kind] = {t: "image_text_to_text" if t in images else "causal_lm" for t in asked}
+            checks = [(kinds[t], check_type(t, kinds[t])) for t in asked if t not in written]
     finally:
         torch.set_num_threads(threads)
-    return [{"model_type": c.model_type, "status": c.status, "reason": c.reason, "max_rel_diff": c.max_rel_diff,
-             "ok": c.status != "fail"} for c in checks]
+    return [{"model_type": c.model_type, "kind": kind, "status": c.status, "reason": c.reason,
+             "max_rel_diff": c.max_rel_diff, "ok": c.status != "fail"} for kind, c in checks]
 
 
 def _module_present(module: str) -> bool:
@@ -142,22 +147,25 @@ def _print(report: dict[str, Any]) -> None:
 
 
 def _print_types(report: dict[str, Any]) -> None:
-    """One summary line for the derived types, the refusal reasons counted, and every failing type by name."""
-    rows = report["types"]
-    if not rows:
-        return
-    counts = collections.Counter(row["status"] for row in rows)
-    worst = max((row["max_rel_diff"] for row in rows if row["status"] == "pass"), default=None)
-    print(f"[{'FAIL' if counts['fail'] else 'ok  '}] derived types on transformers {report['transformers']}: "
-          f"{counts['pass']} of {len(rows)} pass the self-check (packed vs stock per sequence"
-          + (f", max relative diff {worst:.1e}" if worst is not None else "") + f"), {counts['refused']} refused, "
-          f"{counts['unbuildable']} not buildable as tiny models, {counts['fail']} fail")
-    reasons = collections.Counter(_reason_kind(row["reason"]) for row in rows if row["status"] == "refused")
-    for reason, n in reasons.most_common():
-        print(f"       refused {n:>3}: {reason}")
-    for row in rows:
-        if row["status"] == "fail":
-            print(f"       FAIL {row['model_type']}: {row['reason']}")
+    """Per kind (causal LM, image-text-to-text) one summary line for the derived types, the refusal reasons counted,
+    and every failing type by name."""
+    for kind, what in (("causal_lm", "causal-LM"), ("image_text_to_text", "image-text-to-text")):
+        rows = [row for row in report["types"] if row["kind"] == kind]
+        if not rows:
+            continue
+        counts = collections.Counter(row["status"] for row in rows)
+        worst = max((row["max_rel_diff"] for row in rows if row["status"] == "pass"), default=None)
+        print(f"[{'FAIL' if counts['fail'] else 'ok  '}] derived {what} types on transformers "
+              f"{report['transformers']}: {counts['pass']} of {len(rows)} pass the self-check (packed vs stock per "
+              "sequence" + (" with images" if kind != "causal_lm" else "")
+              + (f", max relative diff {worst:.1e}" if worst is not None else "") + f"), {counts['refused']} refused, "
+              f"{counts['unbuildable']} not buildable as tiny models, {counts['fail']} fail")
+        reasons = collections.Counter(_reason_kind(row["reason"]) for row in rows if row["status"] == "refused")
+        for reason, n in reasons.most_common():
+            print(f"       refused {n:>3}: {reason}")
+        for row in rows:
+            if row["status"] == "fail":
+                print(f"       FAIL {row['model_type']}: {row['reason']}")
 
 
 def _reason_kind(reason: str) -> str:
@@ -173,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = sub.add_parser("doctor", help="resolve every family on the installed transformers and self-check it")
     doc.add_argument("--json", action="store_true", help="print the report as JSON")
     doc.add_argument("--types", default="all", metavar="all|none|TYPE,...",
-                     help="causal-LM types without a written table to self-check (default: all the installed "
-                     "transformers ships)")
+                     help="causal-LM and image-text-to-text types without a written table to self-check "
+                     "(default: all the installed transformers ships)")
     args = parser.parse_args(argv)
     report = doctor(args.types if args.types in ("all", "none") else [t for t in args.types.split(",") if t])
     if args.json:

@@ -19,6 +19,7 @@ from .hf.patching import patch
 from .inputs.pack import pack
 from .registry import Resolved, family, resolve
 from .registry.records import VisionItem
+from .tiny_models import Kind
 
 __all__ = ["Sequence", "CheckResult", "TypeCheck", "tiny_model", "sample_case", "sample_sequences",
            "vision_placeholder", "stock_inputs", "run_check", "check_type"]
@@ -183,10 +184,12 @@ class TypeCheck:
 
 
 @torch.no_grad()
-def check_type(model_type: str, tolerance: float = 1e-5) -> TypeCheck:
+def check_type(model_type: str, kind: Kind = "causal_lm", tolerance: float = 1e-5) -> TypeCheck:
     """``model_type``'s tiny model (`tfcompat.tiny_models`, its last CPU attention implementation: sdpa where it has
-    one) run stock on three sequences alone and patched on their packed row; logits compared per token."""
-    from .tiny_models import attention_implementations, special_token_ids
+    one) run stock on three sequences alone and patched on their packed row (`tfcompat.pack`); logits compared per
+    token. kind "image_text_to_text": the first and last sequence hold one image each (`tiny_image`), the middle one
+    is text only."""
+    from .tiny_models import attention_implementations, special_token_ids, tiny_image
     from .tiny_models import tiny_model as tiny_of_type
 
     try:
@@ -194,14 +197,21 @@ def check_type(model_type: str, tolerance: float = 1e-5) -> TypeCheck:
     except TfcompatError as exc:
         return TypeCheck(model_type, "refused", _first_line(exc))
     try:
-        model = tiny_of_type(model_type, attn_implementation=attention_implementations(model_type)[-1])
+        model = tiny_of_type(model_type, kind, attn_implementation=attention_implementations(model_type, kind)[-1])
         config: Any = model.config  # a transformers PreTrainedConfig
         allowed = torch.tensor(sorted(set(range(config.get_text_config().vocab_size)) - special_token_ids(config)))
         gen = torch.Generator().manual_seed(0)
-        seqs = [allowed[torch.randint(len(allowed), (n,), generator=gen)] for n in _LENGTHS[:3]]
+        examples: list[dict[str, Any]] = [
+            {"input_ids": allowed[torch.randint(len(allowed), (n,), generator=gen)][None]} for n in _LENGTHS[:3]]
+        if kind == "image_text_to_text":
+            for i in (0, 2):
+                image = tiny_image(model, seed=i)
+                ids = examples[i]["input_ids"]  # (1, L): text, the image's placeholders, text
+                run = torch.full((1, image.tokens), image.token_id)
+                examples[i] = {"input_ids": torch.cat([ids[:, :3], run, ids[:, 3:]], 1), **image.inputs}
         # each sequence at the positions the model gives it by default (0, 1, ... for most; RoBERTa's count from its
         # padding index): what the packed row's restarting position ids must give
-        expected = [model(input_ids=s[None], use_cache=False).logits[0] for s in seqs]
+        expected = [model(**ex, use_cache=False).logits[0] for ex in examples]
     except Exception as exc:  # noqa: BLE001 -- any reason a foreign model cannot be built or run is reported
         return TypeCheck(model_type, "unbuildable", _first_line(exc))
     try:
@@ -210,8 +220,7 @@ def check_type(model_type: str, tolerance: float = 1e-5) -> TypeCheck:
         return TypeCheck(model_type, "refused", _first_line(exc))
     with handle:
         try:
-            got = model(input_ids=torch.cat(seqs)[None], use_cache=False,
-                        position_ids=torch.cat([torch.arange(len(s)) for s in seqs])[None]).logits[0]
+            got = model(**pack(model, examples).model_inputs, use_cache=False).logits[0]
         except Exception as exc:  # noqa: BLE001 -- a patched forward that raises is a failure to report
             return TypeCheck(model_type, "fail", f"the patched forward raised {_first_line(exc)}")
     want = torch.cat(expected)  # (T, V)
