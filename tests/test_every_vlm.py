@@ -232,18 +232,18 @@ def test_embeddings_are_refused_where_the_forward_takes_none_alone():
         tfcompat.embed_inputs(model, image_sequence(model)["input_ids"])
 
 
-def test_llama4_packs_with_images_without_temperature_tuning():
-    """Llama 4's NoPE layers scale queries by the row index when ``attn_temperature_tuning`` is on (refused at
-    patch); off, the packed row with images equals stock per sequence, forward and backward."""
+@pytest.mark.parametrize("tuning", [True, False])
+def test_llama4_packs_with_images(tuning):
+    """Llama 4's NoPE layers scale queries by their position when ``attn_temperature_tuning`` is on (the default;
+    on a packed row rescaled to the position in each sequence); on or off, the packed row with images equals stock
+    per sequence, forward and backward."""
     from tests.every_type import compare, compare_gradients, gradients, projection, vlm_examples
 
     model = _model("llama4")
-    with pytest.raises(PatchError, match="reads positions from the row index"):
-        tfcompat.patch(model)
     for module in model.modules():
         if hasattr(module, "attn_temperature_tuning"):
-            module.attn_temperature_tuning = False
-    model.config.text_config.attn_temperature_tuning = False
+            module.attn_temperature_tuning = tuning
+    model.config.text_config.attn_temperature_tuning = tuning
     examples = vlm_examples(model)
     try:
         with torch.no_grad():
