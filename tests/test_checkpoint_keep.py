@@ -158,6 +158,7 @@ def test_undo_restores_and_a_later_enable_is_refused_in_the_forward():
     assert "kept through gradient checkpointing (attention)" in handle.explain()
     clone = copy.deepcopy(model)
     assert tfcompat.is_patched(clone) and "forward" in vars(clone.model.layers[0].self_attn)
+    tfcompat.patch(clone, checkpoint_keep="attention").undo()  # the copy's own handle: its registration released
     handle.undo()
     assert layer._gradient_checkpointing_func is original and "forward" not in vars(layer.self_attn)
 

@@ -12,6 +12,7 @@ import tfcompat
 from tests.helpers import max_token_diff, pack, packed_inputs, skip_if_stock_rejects_videos
 from tfcompat.core.context import ForwardContext
 from tfcompat.core.packing import from_lengths
+from tfcompat.hf import attention as hf_attention
 from tfcompat.hf.attention import ATTENTION_KEY, packed_attention
 from tfcompat.registry import installed_families
 from tfcompat.selfcheck import Sequence, sample_case, sample_sequences, stock_inputs, tiny_model
@@ -148,12 +149,15 @@ class TestPatchLifecycle:
 
     def test_two_models_share_the_key_until_the_last_undo(self, resolved):
         interface = __import__("transformers.modeling_utils", fromlist=["x"]).AttentionInterface
+        users = hf_attention._users  # models another test of this process keeps patched (module fixtures)
         a, b = tiny_model(FAMILY, "sdpa"), tiny_model(FAMILY, "eager")
         ha, hb = tfcompat.patch(a), tfcompat.patch(b)
+        assert hf_attention._users == users + 2
         ha.undo()
         assert ATTENTION_KEY in interface._global_mapping
         hb.undo()
-        assert ATTENTION_KEY not in interface._global_mapping
+        assert hf_attention._users == users
+        assert (ATTENTION_KEY in interface._global_mapping) == (users > 0)
 
     def test_unknown_backend_fails_at_patch_time(self):
         model = tiny_model(FAMILY, "sdpa")
