@@ -12,10 +12,10 @@ https://download.pytorch.org/whl/cpu); each session logs which. PyPI never carri
 session can fall back to PyPI's CUDA wheels (gigabytes).
 
 Tests marked ``dist`` (gloo worker processes, slow to spawn) run on the versions with ``dist: true`` in
-matrix.yaml. The CI subset (``nox -s ci``) runs, on those versions, every other test and the dist tests of
-`CI_DIST` (the newest) or `CI_DIST_OLDEST`, and of the ``sweep`` tests (every model type transformers ships) only
-the ``ci_sweep`` ones, on the newest version; on its other versions the per-entry tests (not ``broad``:
-tests/conftest.py) of the families matrix.yaml's ``ci`` names there. ``nox -s matrix`` and a plain ``tests(...)``
+matrix.yaml. The CI subset (``nox -s ci``) runs, on the newest version, every other test (of the ``sweep`` tests,
+every model type transformers ships, only the ``ci_sweep`` ones), on the other versions the per-entry tests (not
+``broad``: tests/conftest.py) of the families matrix.yaml's ``ci`` names there, and on the ``dist`` versions the
+dist tests of `CI_DIST` (the newest) or `CI_DIST_OLDEST`. ``nox -s matrix`` and a plain ``tests(...)``
 session run everything. Tests run on two pytest-xdist workers, dist tests serially.
 """
 
@@ -107,10 +107,10 @@ def tests(session: nox.Session, transformers: str) -> None:
     if session.posargs and not ci:
         runs = [list(session.posargs)]
     else:
-        full = transformers in DIST_VERSIONS or not ci
+        full = transformers == VERSIONS[-1] or not ci  # CI: the broad tests on the newest release only
         marks = "not dist" if full else "not dist and not broad"
-        if ci and full:  # the every-type sweeps: one reference on the newest release
-            marks += " and (not sweep or ci_sweep)" if transformers == VERSIONS[-1] else " and not sweep"
+        if ci and full:  # the every-type sweeps: one reference
+            marks += " and (not sweep or ci_sweep)"
         # a release outside the full ones collects only the files holding per-entry tests (collecting the broad
         # files imports every model type's config: ~10 s per pytest process)
         paths = ["tests"] if full else [str(p.relative_to(ROOT)) for p in sorted((ROOT / "tests").glob("test_*.py"))

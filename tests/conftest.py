@@ -5,16 +5,16 @@ kernels, property tests, the misuse probes, trainers, the doctor: it self-checks
 CI list) or repeat at length what the per-entry tests and the doctor's self-check already cover (rotary hypothesis
 runs, checkpointing every family, controls of stock); single tests elsewhere carry the marker themselves for the same
 reasons; and the derived families' tests (the
-named derived types: not registry entries, so CI runs them on its full versions, the matrix on every release; the
+named derived types: not registry entries, so CI runs them on its newest version, the matrix on every release; the
 sweeps over every type transformers ships carry ``sweep`` too, of which CI runs one reference on its newest version);
 they carry the ``broad`` marker, so
-the CI subset runs them on its full versions only (noxfile.py), every other CI version the per-entry tests, and
+the CI subset runs them on its newest version only (noxfile.py), every other CI version the per-entry tests, and
 ``nox -s matrix`` all of them on every release.
 
 ``TFCOMPAT_CI_FAMILIES`` (set by ``nox -s ci`` from matrix.yaml's ``ci`` lists, comma-separated) deselects the tests
 parametrized with another family (their id starts with a family key): the CI subset runs each registry entry on one
 of its releases, not every family on every release; there the per-entry tests run with one stock reference (their
-``eager`` twins, which check the same patched path against the eager implementation, run on the full versions).
+``eager`` twins, which check the same patched path against the eager implementation, run on the newest version).
 """
 
 from __future__ import annotations
