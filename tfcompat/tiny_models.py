@@ -256,19 +256,8 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
     hidden = config.get_text_config().hidden_size
     params = inspect.signature(model.forward).parameters
     g = torch.Generator().manual_seed(seed)
-    reasons = []
-    for layout in _layouts(vision, params, g):
-        try:
-            with torch.no_grad():
-                out = features(**layout, **_required_from_config(features, config, layout))
-        except Exception as exc:  # noqa: BLE001 -- the next layout may fit
-            reasons.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:120])
-            continue
-        numel = sum(t.numel() for t in _tensors(out))
-        if numel and numel % hidden == 0:
-            return TinyImage(layout, token_id, numel // hidden)
-        reasons.append(f"get_image_features gave {numel} values, not rows of {hidden}")
-    raise _error(config.model_type, "no image layout fits its get_image_features", supported="; ".join(reasons))
+    return _first_fit(config.model_type, "image", features, _layouts(vision, params, g), hidden, token_id,
+                      lambda layout: _required_from_config(features, config, layout))
 
 
 def tiny_video(model: torch.nn.Module, seed: int = 0) -> TinyImage:
@@ -297,20 +286,29 @@ def tiny_video(model: torch.nn.Module, seed: int = 0) -> TinyImage:
         for layout in _layouts(vision, {"image_grid_thw": None}, g)[:2]:
             grid = layout["image_grid_thw"] * torch.tensor([[2, 1, 1]])
             layouts.append({"pixel_values_videos": torch.cat([layout["pixel_values"]] * 2), "video_grid_thw": grid})
+    return _first_fit(config.model_type, "video", features, layouts, config.get_text_config().hidden_size, token_id,
+                      lambda layout: {})
+
+
+def _first_fit(model_type: str, kind: str, features: Callable[..., Any], layouts: list[dict[str, Any]], hidden: int,
+               token_id: int, extra: Callable[[dict[str, Any]], dict[str, Any]]) -> TinyImage:
+    """The first of ``layouts`` whose ``get_{kind}_features`` output is whole rows of the text hidden size; the
+    placeholder count is the number of rows. Raises `TinyModelError` with every layout's reason."""
+    import torch
+
     reasons = []
-    hidden = config.get_text_config().hidden_size
     for layout in layouts:
         try:
             with torch.no_grad():
-                out = features(**layout)
+                out = features(**layout, **extra(layout))
         except Exception as exc:  # noqa: BLE001 -- the next layout may fit
             reasons.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:120])
             continue
         numel = sum(t.numel() for t in _tensors(out))
         if numel and numel % hidden == 0:
             return TinyImage(layout, token_id, numel // hidden)
-        reasons.append(f"get_video_features gave {numel} values, not rows of {hidden}")
-    raise _error(config.model_type, "no video layout fits its get_video_features", supported="; ".join(reasons))
+        reasons.append(f"get_{kind}_features gave {numel} values, not rows of {hidden}")
+    raise _error(model_type, f"no {kind} layout fits its get_{kind}_features", supported="; ".join(reasons))
 
 
 def _required_from_config(fn: Any, config: Any, given: dict[str, Any]) -> dict[str, Any]:
