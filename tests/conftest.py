@@ -62,6 +62,18 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"transformers {installed_transformers()}"
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Torch on one thread for a module of tiny-model sweeps: tiny matmuls run 10-40x faster than on several threads
+    of a shared machine (OpenMP spin-waits)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _expected_transformers() -> None:
     expected = os.environ.get("TFCOMPAT_EXPECT_TRANSFORMERS")

@@ -12,22 +12,12 @@ names why (never silent). `test_stock_zoo` validates the zoo itself without tfco
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.every_type import check, stock_check
 from tfcompat.tiny_models import model_types
 
-pytestmark = [pytest.mark.broad, pytest.mark.sweep]
+pytestmark = [pytest.mark.broad, pytest.mark.sweep, pytest.mark.usefixtures("one_thread")]
 TYPES = model_types("causal_lm")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls: one thread is 10-40x faster than several on a shared machine (OpenMP spin-waits)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _record(request: pytest.FixtureRequest, outcome) -> None:

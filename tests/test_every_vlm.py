@@ -20,17 +20,8 @@ from tests.every_type import build, image_sequence, vlm_check
 from tfcompat.errors import InvalidInputError, PatchError
 from tfcompat.tiny_models import model_types
 
-pytestmark = pytest.mark.broad
+pytestmark = [pytest.mark.broad, pytest.mark.usefixtures("one_thread")]
 TYPES = model_types("image_text_to_text")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls: one thread is 10-40x faster than several on a shared machine (OpenMP spin-waits)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.sweep
