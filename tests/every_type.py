@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -130,6 +131,16 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}{' (' + why + ')' if why else ''}"[:240]
 
 
+def _patch(model_type: str, model: torch.nn.Module) -> Any:
+    """`tfcompat.patch(model)`'s handle, or the `Outcome` of a refusal (a typed error) or a defect (an untyped one)."""
+    try:
+        return tfcompat.patch(model)
+    except REFUSALS as exc:
+        return Outcome(model_type, "refused", _reason(exc))
+    except Exception as exc:  # noqa: BLE001 -- an untyped error at patch() is a defect
+        return Outcome(model_type, "fail", f"untyped error at patch(): {_reason(exc)}")
+
+
 def check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> Outcome:
     """Packed through `tfcompat.patch` vs stock per sequence, forward and backward (see the module docstring)."""
     if attn_implementation not in attention_implementations(model_type):
@@ -143,12 +154,9 @@ def check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> 
         expected_grads = gradients(model, lambda: sum((o @ w).sum() for o in stock_per_sequence(model, seqs)))
     except Exception as exc:  # noqa: BLE001 -- the zoo reports every reason a type cannot be built or run
         return Outcome(model_type, "unbuildable", _reason(exc))
-    try:
-        handle = tfcompat.patch(model)
-    except REFUSALS as exc:
-        return Outcome(model_type, "refused", _reason(exc))
-    except Exception as exc:  # noqa: BLE001 -- an untyped error at patch() is a defect
-        return Outcome(model_type, "fail", f"untyped error at patch(): {_reason(exc)}")
+    handle = _patch(model_type, model)
+    if isinstance(handle, Outcome):
+        return handle
     with handle:
         try:
             inputs = packed_inputs(seqs)
@@ -264,12 +272,9 @@ def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0)
         expected_grads = gradients(model, lambda: sum((logits_of(model, **ex) @ w).sum() for ex in examples))
     except Exception as exc:  # noqa: BLE001 -- the zoo reports every reason a type cannot be built or run
         return Outcome(model_type, "unbuildable", _reason(exc))
-    try:
-        handle = tfcompat.patch(model)
-    except REFUSALS as exc:
-        return Outcome(model_type, "refused", _reason(exc))
-    except Exception as exc:  # noqa: BLE001 -- an untyped error at patch() is a defect
-        return Outcome(model_type, "fail", f"untyped error at patch(): {_reason(exc)}")
+    handle = _patch(model_type, model)
+    if isinstance(handle, Outcome):
+        return handle
     with handle:
         try:
             inputs = tfcompat.pack(model, examples).model_inputs
