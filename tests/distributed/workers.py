@@ -25,6 +25,16 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             if p.grad is not None and any(w in n for w in WATCHED + ("visual",))}
 
 
+def assert_summed_grads_equal(rank: int, grads: dict[str, torch.Tensor], ref_grads: dict[str, torch.Tensor]) -> None:
+    """Each rank's gradients, summed over the group (each rank holds its tokens' share), equal the single-process
+    ones within 1e-5 of max(1, |reference|)."""
+    for name, g in grads.items():
+        dist.all_reduce(g)
+        scale = max(1.0, float(ref_grads[name].abs().max()))
+        gdiff = float((g - ref_grads[name]).abs().max())
+        assert gdiff <= 1e-5 * scale, f"rank {rank}: grad {name} differs by {gdiff:.3e} (scale {scale:.2e})"
+
+
 def sharded_logits(model: torch.nn.Module, inputs: dict, group: dist.ProcessGroup, transport: str = "auto",
                    expect_transport: str | None = None) -> torch.Tensor:
     """The patched model's logits ``(T, V)`` of a packed row run under Ulysses: shard, forward, gather.
@@ -76,11 +86,7 @@ def sp_equals_single(rank: int, world: int, family: str, lengths: list[int], ima
     assert diff <= 1e-5, f"rank {rank}: SP={world} logits differ from SP=1 by {diff:.3e}"
     grads = _grads(model)
     assert grads.keys() == ref_grads.keys(), sorted(set(grads) ^ set(ref_grads))
-    for name, g in grads.items():
-        dist.all_reduce(g)  # each rank holds its tokens' share of the gradient
-        scale = max(1.0, float(ref_grads[name].abs().max()))
-        gdiff = float((g - ref_grads[name]).abs().max())
-        assert gdiff <= 1e-5 * scale, f"rank {rank}: grad {name} differs by {gdiff:.3e} (scale {scale:.2e})"
+    assert_summed_grads_equal(rank, grads, ref_grads)
 
 
 def labels_are_shifted_globally(rank: int, world: int) -> None:
