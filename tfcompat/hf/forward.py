@@ -89,6 +89,9 @@ class Router:
         self.context = StockContext(stock[0][1] if stock else "eager", eager)
         # the path the text model's latest forward took (read after it by `tfcompat.hf.pooling`)
         self.last: ForwardContext | StockContext | None = None
+        # the path the model given to `tfcompat.patch` decided for the call in progress (its forward may pass the
+        # text model no **kwargs)
+        self.pending: ForwardContext | StockContext | None = None
         # the split of the position ids `decide` made for a packed forward, kept for the text model's forward
         self._split: tuple[torch.Tensor, tuple[int, ...], Positions] | None = None
 

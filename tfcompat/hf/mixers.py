@@ -13,6 +13,14 @@ sequences per mixer layer (the lengths are host ints of the context: no device s
 The context reaches the mixer in its ``**kwargs`` or through a pre-hook on its decoder layer
 (`tfcompat.core.context.BRIDGE_ATTR`), which recomputation under gradient checkpointing replays. An ordinary call
 (`tfcompat.core.context.StockContext`) runs the stock forward, cache and all.
+
+Where the packed core cannot express a model's attention (it dispatches through no ``AttentionInterface``, passes
+sparse indices or its own mask or bias, is a layer type other than softmax attention, or shares its layer with a
+mixer), `plan_layers` runs each decoder layer so instead, with the model's own attention inside: a Python loop over
+the row's sequences per layer, no varlen kernel. The mask the text model built for the packed row (the patched forward
+passes it no attention mask) is cut to its diagonal block per sequence; an ALiBi bias per key is cut at the
+sequence's keys and re-based. Where a forward's kwargs do not carry the context, the patched text model's forward
+hands it to these modules for the duration of its call (`ROW_CONTEXT_ATTR`).
 """
 
 from __future__ import annotations
@@ -26,12 +34,17 @@ import torch
 from ..core.context import BRIDGE_ATTR, CONTEXT_KWARG, ForwardContext, StockContext
 from ..errors import InvalidInputError, PatchedModelError, PatchError
 from ..registry import Resolved
-from ..registry.mixers import ROLES
+from ..registry.mixers import LAYER_ROLES, ROLES
 from ..registry.records import MixerCall, MixerRole
 
-__all__ = ["MixerPlan", "apply", "per_sequence_forward", "plan"]
+__all__ = ["LAYER_NOTE", "NOTE", "ROW_CONTEXT_ATTR", "MixerPlan", "apply", "per_sequence_forward", "plan",
+           "plan_layers"]
 
 NOTE = "runs per sequence on packed rows (split at the boundaries, fresh state, concatenated)"
+LAYER_NOTE = ("runs per sequence on packed rows with the model's own attention (a Python loop per layer, no varlen "
+              "kernel: the mask built for the row cut to each sequence's block)")
+# on a per-sequence module during a patched text model's forward: that forward's context (its kwargs may not carry it)
+ROW_CONTEXT_ATTR = "_tfcompat_row_context"
 
 
 class MixerPlan(NamedTuple):
@@ -40,6 +53,7 @@ class MixerPlan(NamedTuple):
 
     forwards: list[tuple[torch.nn.Module, Callable[..., Any]]]
     bridges: list[tuple[torch.nn.Module, torch.nn.Module]]
+    note: str = NOTE
 
 
 def mixer_classes(r: Resolved) -> tuple[type, ...]:
@@ -88,6 +102,26 @@ def plan(model: torch.nn.Module, r: Resolved, group: Any) -> MixerPlan:
     return MixerPlan(forwards, bridges)
 
 
+def plan_layers(model: torch.nn.Module, r: Resolved, group: Any, why: str) -> MixerPlan:
+    """The per-sequence forwards of ``model``'s decoder layers (`tfcompat.registry.records.Derivation.per_sequence`),
+    for attention the packed core cannot express (``why``); changes nothing. `PatchError` under Ulysses, or where
+    the layers were not proved per sequence."""
+    derived = r.entry.derived
+    calls = {} if derived is None else {getattr(_text_module(r), c.cls): c for c in derived.per_sequence}
+    if not calls:
+        raise r.error(PatchError, f"the decoder layers of {r.family} cannot run per sequence", why=why,
+                      supported="attention the packed core expresses, or decoder layers proved per sequence",
+                      fix="run the model unpatched")
+    if group is not None:
+        raise r.error(PatchError, f"{', '.join(c.__name__ for c in calls)} cannot run sequence parallel",
+                      why=f"tfcompat runs these decoder layers per sequence ({why}), and under Ulysses each rank holds "
+                      "a slice of every sequence", supported="a single-process patch of this family",
+                      fix="patch without ulysses_group")
+    layers = [cast(torch.nn.Module, m) for m in model.modules() if type(m) in calls]
+    outer = [m for m in layers if not any(m is not o and any(m is x for x in o.modules()) for o in layers)]
+    return MixerPlan([(m, per_sequence_forward(m, calls[type(m)], LAYER_ROLES)) for m in outer], [], LAYER_NOTE)
+
+
 def apply(handle: Any, mixers: MixerPlan) -> None:
     """Install `plan`'s forwards and bridges, each recorded on the `PatchHandle` and undone with it."""
     from .changes import Record
@@ -102,7 +136,7 @@ def apply(handle: Any, mixers: MixerPlan) -> None:
         handle._add(Record("hook", layer, "forward_pre_hook", None, hook, True,
                            f"hands packed boundaries to its {type(module).__name__}"), remove)
     for module, forward in mixers.forwards:
-        handle._set("instance", module, "forward", forward, NOTE)
+        handle._set("instance", module, "forward", forward, mixers.note)
 
 
 def _bridge(module: torch.nn.Module) -> Callable[..., None]:
@@ -112,35 +146,41 @@ def _bridge(module: torch.nn.Module) -> Callable[..., None]:
     return hook
 
 
-def per_sequence_forward(module: torch.nn.Module, call: MixerCall) -> Callable[..., Any]:
-    """An instance ``forward`` for ``module`` (a mixer of class ``call.cls``): on a packed row, the stock forward
-    once per sequence, ``hidden_states (B, L, D) -> (B, L, D')`` concatenated (a tuple output: its first element
-    concatenated, the rest None, `_concat`); otherwise the stock forward."""
+def per_sequence_forward(module: torch.nn.Module, call: MixerCall,
+                         roles: dict[str, MixerRole] = ROLES) -> Callable[..., Any]:
+    """An instance ``forward`` for ``module`` (a mixer or decoder layer of class ``call.cls``): on a packed row, the
+    stock forward once per sequence, ``hidden_states (B, L, D) -> (B, L, D')`` concatenated (a tuple output: its
+    per-token tensors concatenated, the rest None, `_concat`); otherwise the stock forward. roles: the roles of
+    keywords its signature does not name (passed through ``**kwargs``)."""
     stock = type(module).forward
     names = [name for name, _ in call.params]
+    known = dict(call.params)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        ctx = kwargs.pop(CONTEXT_KWARG, None) or module.__dict__.get(BRIDGE_ATTR)
+        ctx = (kwargs.pop(CONTEXT_KWARG, None) or module.__dict__.get(BRIDGE_ATTR)
+               or module.__dict__.get(ROW_CONTEXT_ATTR))
         if isinstance(ctx, StockContext):
             return stock(module, *args, **kwargs)
         if not isinstance(ctx, ForwardContext):
             raise PatchedModelError(
                 f"{type(module).__name__} runs per sequence on packed rows but got no packed boundaries",
-                why="the mixer was called outside the patched model's forward (or its decoder layer did not get the "
-                "context)", fix="call the patched model (or its text model), or undo() the patch")
+                why="it was called outside the patched model's forward (or its decoder layer did not get the "
+                "context; under gradient checkpointing, the text model passes its layers no **kwargs)",
+                fix="call the patched model (or its text model), or undo() the patch")
         bound = dict(zip(names, args))
         bound.update(kwargs)
         hidden = bound.pop(names[0])
         batch, length = hidden.shape[:2]
         if ctx.seqs.total != batch * length:
             raise PatchedModelError(f"{type(module).__name__} got {batch} x {length} tokens for packed boundaries of "
-                                    f"{ctx.seqs.total}", why="a per-sequence mixer splits the whole packed row",
+                                    f"{ctx.seqs.total}", why="a per-sequence module splits the whole packed row",
                                     fix="call the patched model with the packed inputs its context was built for")
         flat = hidden.reshape(batch * length, *hidden.shape[2:])  # (B, L, D) -> (B L, D)
         outputs = []
         start = 0
         for n in ctx.seqs.lengths:
-            per_seq = {name: _slice(name, _role(call, name), value, batch, length, start, start + n, hidden.device)
+            at = _Span(batch, length, start, start + n, hidden.device)
+            per_seq = {name: _slice(name, known.get(name) or roles.get(name, "flag"), value, at)
                        for name, value in bound.items()}
             outputs.append(stock(module, flat[start:start + n][None], **per_seq))
             start += n
@@ -149,61 +189,141 @@ def per_sequence_forward(module: torch.nn.Module, call: MixerCall) -> Callable[.
     return forward
 
 
-def _role(call: MixerCall, name: str) -> MixerRole:
-    return dict(call.params).get(name) or ROLES.get(name, "flag")
+class _Span(NamedTuple):
+    """Tokens ``start:end`` of a flattened ``(B L)`` row: one sequence, in row ``start // length``."""
+
+    batch: int
+    length: int
+    start: int
+    end: int
+    device: torch.device
+
+    @property
+    def row(self) -> int:
+        return self.start // self.length
+
+    @property
+    def cols(self) -> slice:
+        col = self.start - self.row * self.length
+        return slice(col, col + self.end - self.start)
 
 
-def _slice(name: str, role: MixerRole, value: Any, batch: int, length: int, start: int, end: int,
-           device: torch.device) -> Any:
-    """The per-sequence value of one argument, for tokens ``start:end`` of the flattened ``B L`` row."""
+def _slice(name: str, role: MixerRole, value: Any, at: _Span) -> Any:
+    """The per-sequence value of one argument, for the tokens of ``at``."""
     if role == "state":
         if value is not None:
-            raise PatchedModelError(f"a packed forward passed a cache ({name}) to a per-sequence mixer",
+            raise PatchedModelError(f"a packed forward passed a cache ({name}) to a per-sequence module",
                                     why="a packed row builds no cache", fix="pass use_cache=False")
         return None
     if role == "none":
         if value is not None:
-            raise InvalidInputError(f"a per-sequence mixer got {name} with a packed row",
-                                    why="tfcompat splits the row at the boundaries itself (the mixer runs per "
+            raise InvalidInputError(f"a per-sequence module got {name} with a packed row",
+                                    why="tfcompat splits the row at the boundaries itself (the module runs per "
                                     "sequence); transformers' own packing index would be applied twice",
                                     fix="drop transformers' padding-free kwargs (cu_seq_lens_*, seq_idx) when the "
                                     "model is patched")
         return None
+    if role == "encoder":
+        if value is not None:
+            raise InvalidInputError(f"a per-sequence decoder layer got {name} with a packed row",
+                                    why="cross-attention to encoder states runs on padded batches only",
+                                    fix="call the model without packed position ids")
+        return None
     if role == "no_cache":
         return False
     if role == "cache_position":
-        return torch.arange(end - start, device=device)
-    if value is None:
-        return None
+        return torch.arange(at.end - at.start, device=at.device)
+    if value is None or role == "per_layer":
+        return value
     if role == "position_embeddings":
-        return tuple(_tokens_at(t, -3, batch, length, start, end, name) for t in value)
+        return tuple(_tokens_at(t, -3, at, name) for t in value)
     if role == "per_token":
-        return _tokens_at(value, -2, batch, length, start, end, name)
+        return _tokens_at(value, -2, at, name)
+    if role == "mask":
+        if isinstance(value, dict):  # masks per layer type (a decoder layer picks its own)
+            return {k: _slice(name, role, v, at) for k, v in value.items()}
+        if isinstance(value, torch.Tensor) and value.ndim == 2:
+            return _tokens_at(value, -2, at, name)
+        return _block(value, at, name)
+    if role == "key_bias":
+        return _key_bias(value, at, name)
     if isinstance(value, torch.Tensor):  # a tensor keyword no role names: per token or not, it cannot be told
-        raise InvalidInputError(f"a per-sequence mixer got the tensor keyword {name!r}",
+        raise InvalidInputError(f"a per-sequence module got the tensor keyword {name!r}",
                                 why="tfcompat cannot tell whether it is per token (to be sliced per sequence)",
                                 fix="drop the keyword from the packed call, or undo() the patch")
     return value
 
 
-def _tokens_at(t: torch.Tensor, dim: int, batch: int, length: int, start: int, end: int, name: str) -> torch.Tensor:
-    """``t`` at tokens ``start:end`` of its flattened token dims ``(B, L)`` (at ``dim, dim + 1``), as
-    ``(1, end - start)`` there."""
-    lead = t.ndim + dim
-    if lead < 0 or tuple(t.shape[lead:lead + 2]) != (batch, length):
-        raise InvalidInputError(f"{name} of shape {tuple(t.shape)} is not per token of a ({batch}, {length}) row",
-                                why="a per-sequence mixer slices it at the sequence boundaries",
+def _rows(t: torch.Tensor, lead: int, at: _Span, name: str) -> torch.Tensor:
+    """``t``'s leading dims ``t.shape[:lead]`` cut to ``at``'s row: a first dim of ``B`` (or ``B x`` heads) is
+    indexed, one of 1 (broadcast over rows) kept."""
+    if lead == 0 or at.batch == 1 or t.shape[0] == 1:
+        return t
+    if t.shape[0] % at.batch:
+        raise InvalidInputError(f"{name} of shape {tuple(t.shape)} is not per row of a batch of {at.batch}",
+                                why="a per-sequence layer cuts it to the row of each sequence",
+                                fix="pass packed rows without an attention mask")
+    per_row = t.shape[0] // at.batch
+    return t[at.row * per_row:(at.row + 1) * per_row]
+
+
+def _block(t: Any, at: _Span, name: str) -> torch.Tensor:
+    """The diagonal block ``(..., n, n)`` of a mask or bias ``(..., L, L)`` the model built for the packed row: what
+    it builds for the sequence alone where the mask depends on ``i - j`` only (causal, sliding window)."""
+    if not isinstance(t, torch.Tensor) or t.ndim < 3 or tuple(t.shape[-2:]) != (at.length, at.length):
+        shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise InvalidInputError(f"{name} of shape {shape} is not a mask over the packed row of {at.length} tokens",
+                                why="a per-sequence layer takes its diagonal block per sequence",
                                 fix="pass no attention mask with packed rows (the boundaries come from the position "
                                 "ids)")
-    flat = t.reshape(*t.shape[:lead], batch * length, *t.shape[lead + 2:])  # (..., B, L, ...) -> (..., B L, ...)
-    return flat.narrow(lead, start, end - start).unsqueeze(lead)  # (..., 1, n, ...)
+    return _rows(t, t.ndim - 2, at, name)[..., at.cols, at.cols]
+
+
+def _key_bias(t: torch.Tensor, at: _Span, name: str) -> torch.Tensor:
+    """A bias added to the scores before the softmax: ``(..., L, L)`` its diagonal block; ``(..., 1, L)`` (ALiBi per
+    key) cut at the sequence's keys and re-based to its first key (a constant per query row: the softmax does not
+    change, and ALiBi's ``slope * j`` becomes the sequence's own ``slope * (j - start)``); one spanning no dim of the
+    row's length (MPT's, built for ``max_seq_len`` and cut by the attention itself) unchanged."""
+    if tuple(t.shape[-2:]) == (at.length, at.length):
+        return _block(t, at, name)
+    if t.ndim >= 2 and t.shape[-1] == at.length and t.shape[-2] == 1:
+        cut = _rows(t, t.ndim - 2, at, name)[..., at.cols]
+        return cut - cut[..., :1]
+    if at.length not in t.shape:
+        return t
+    raise InvalidInputError(f"{name} of shape {tuple(t.shape)} is not a bias per key of the packed row",
+                            why=f"a per-sequence layer cuts a (..., 1, {at.length}) or ({at.length}, {at.length}) bias",
+                            fix="run the model unpatched")
+
+
+def _tokens_at(t: torch.Tensor, dim: int, at: _Span, name: str) -> torch.Tensor:
+    """``t`` at the tokens of ``at`` in its flattened token dims ``(B, L)`` (at ``dim, dim + 1``), as ``(1, n)``
+    there."""
+    lead = t.ndim + dim
+    if lead < 0 or tuple(t.shape[lead:lead + 2]) != (at.batch, at.length):
+        raise InvalidInputError(f"{name} of shape {tuple(t.shape)} is not per token of a ({at.batch}, {at.length}) "
+                                "row", why="a per-sequence module slices it at the sequence boundaries",
+                                fix="pass no attention mask with packed rows (the boundaries come from the position "
+                                "ids)")
+    flat = t.reshape(*t.shape[:lead], at.batch * at.length, *t.shape[lead + 2:])  # (..., B, L, ...) -> (..., B L, ...)
+    return flat.narrow(lead, at.start, at.end - at.start).unsqueeze(lead)  # (..., 1, n, ...)
 
 
 def _concat(outputs: list[Any], batch: int, length: int) -> Any:
-    """The per-sequence outputs ``(1, n_i, D)`` joined into ``(B, L, D)``. Of a tuple output, the other elements
-    (attention weights, MiniMax's final state) are None: a per-sequence state has no packed-row value (the decoder
-    layers discard them; one that read it would fail on None rather than compute with a wrong value)."""
-    first = [o[0] if isinstance(o, tuple) else o for o in outputs]
-    joined = torch.cat([cast(torch.Tensor, f)[0] for f in first])  # (1, n_i, D) -> (B L, D)
-    joined = joined.reshape(batch, length, *joined.shape[1:])  # (B L, D) -> (B, L, D)
-    return (joined, *[None] * (len(outputs[0]) - 1)) if isinstance(outputs[0], tuple) else joined
+    """The per-sequence outputs ``(1, n_i, D)`` joined into ``(B, L, D)``. Of a tuple output, the other elements are
+    joined alike where every sequence's is per token ``(1, n_i, ...)`` (GLM-DSA's top-k indices, which the next layer
+    cuts per sequence again), else None (attention weights, MiniMax's final state: a per-sequence state has no
+    packed-row value; a decoder layer that read it would fail on None rather than compute with a wrong value)."""
+    if not isinstance(outputs[0], (tuple, list)):  # a list: OpenAI GPT's blocks
+        return _join([cast(torch.Tensor, o) for o in outputs], batch, length)
+    parts = list(zip(*outputs))
+    lengths = [cast(torch.Tensor, o[0]).shape[1] for o in outputs]
+    joined = [_join(list(p), batch, length) if i == 0 or all(
+        isinstance(t, torch.Tensor) and t.ndim >= 2 and t.shape[0] == 1 and t.shape[1] == n
+        for t, n in zip(p, lengths)) else None for i, p in enumerate(parts)]
+    return joined if isinstance(outputs[0], list) else tuple(joined)
+
+
+def _join(pieces: list[torch.Tensor], batch: int, length: int) -> torch.Tensor:
+    joined = torch.cat([p[0] for p in pieces])  # (1, n_i, ...) -> (B L, ...)
+    return joined.reshape(batch, length, *joined.shape[1:])  # (B L, ...) -> (B, L, ...)

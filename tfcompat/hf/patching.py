@@ -198,8 +198,9 @@ def patch(
             handle._add(Record("hook", row_module, "forward_pre_hook", None, hook, True,
                                "packed rows: the row's position ids instead of the ones counted over the row"),
                         hook.remove)
+        per_sequence = [m for m, _ in plan.mixers.forwards if any(m is x for x in text_model.modules())]
         forward = _packed_text_forward(text_model.forward, resolved, backend, ulysses_group, router, computes,
-                                       row_module)
+                                       row_module, per_sequence)
         handle._set("instance", text_model, "forward", forward, "packed position ids -> boundaries once per forward; "
                     "ordinary calls -> the stock attention")
     if all(model is not m for m in plan.text_models) and _takes_kwargs(model.forward):
@@ -300,7 +301,11 @@ def _top_forward(original: Callable[..., Any], router: Router) -> Callable[..., 
             ctx = extra[CONTEXT_KWARG] = router.decide({**extra, **a}, user_call=True)
         if isinstance(ctx, ForwardContext):
             _per_sequence_labels(a, extra, ctx, router)
-        return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
+        router.pending = ctx
+        try:
+            return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
+        finally:
+            router.pending = None
 
     return forward
 
@@ -394,11 +399,23 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
                       why="it pools one score per sequence from tokens that sit on other ranks", supported=entry,
                       fix="score packed rows without ulysses_group (tfcompat pools one score per sequence there)")
     text_models = [m for m in model.modules() if isinstance(m, r.text_model_cls)]
+    derived = r.entry.derived
+    why = derived.per_sequence_why if derived is not None else ""
+    if not why and derived is not None and derived.per_sequence and derived.softmax_attention:
+        why = _refused_features(model, r)  # a layer type the core cannot run: the layers run per sequence instead
+    if why:
+        if not text_models:
+            raise r.error(PatchError, f"cannot patch {type(model).__name__}", supported=entry,
+                          why=f"found no {r.text_model_cls.__name__}", fix="pass the model built by transformers for "
+                          "this family")
+        _check_text_kwargs(text_models, r, entry)
+        return _Plan([], text_models, [], [], [], hf_mixers.plan_layers(model, r, group, why))
     # cross-attention of the self-attention's class (Bart's encoder_attn): called only with encoder states, which a
     # packed forward refuses; left to its stock function
     cross_ids = {id(getattr(layer, a, None)) for layer in model.modules() if isinstance(layer, r.decoder_layer_cls)
                  for a in (cross_attrs(r.decoder_layer_cls, r.attention_cls) if r.entry.derived is not None else ())}
-    attentions = [m for m in model.modules() if isinstance(m, r.attention_cls) and id(m) not in cross_ids]
+    attentions = [m for m in model.modules() if isinstance(m, r.attention_cls) and id(m) not in cross_ids
+                  and (derived is None or derived.softmax_attention)]
     linear_cls = r.classes.get("linear_attention")  # a hybrid family: its linear layers alone still need the patch
     linears = [m for m in model.modules() if linear_cls is not None and isinstance(m, linear_cls)]
     per_sequence = hf_mixers.mixer_classes(r)  # a derived hybrid: its per-sequence mixers alone still need the patch
@@ -417,11 +434,7 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
         raise r.error(PatchError, f"{type(model).__name__} holds cross-attention ({type(cross[0]).__name__})",
                       why="its keys and values come from encoder states, not from the packed row", supported=entry,
                       fix="build the model without cross-attention (add_cross_attention=False), or run it unpatched")
-    for tm in text_models:
-        params = inspect.signature(tm.forward).parameters.values()
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            raise r.error(PatchError, f"{type(tm).__name__}.forward takes no **kwargs",
-                          why="boundaries cannot reach attention", supported=entry)
+    _check_text_kwargs(text_models, r, entry)
     configs: list[Any] = []
     features: list[tuple[torch.nn.Module, ModuleFeatures]] = []
     for attn in attentions:
@@ -476,6 +489,24 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
                  hf_mixers.plan(model, r, group))
 
 
+def _check_text_kwargs(text_models: list[torch.nn.Module], r: Resolved, entry: str) -> None:
+    for tm in text_models:
+        params = inspect.signature(tm.forward).parameters.values()
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            raise r.error(PatchError, f"{type(tm).__name__}.forward takes no **kwargs",
+                          why="boundaries cannot reach attention", supported=entry)
+
+
+def _refused_features(model: torch.nn.Module, r: Resolved) -> str:
+    """Why the packed core refuses the first attention module of ``model`` whose features it cannot run (a layer
+    type other than softmax attention), "" where it runs them all."""
+    for attn in (m for m in model.modules() if isinstance(m, r.attention_cls)):
+        found = module_features(attn, cast(Any, attn).config)
+        if found.refusal:
+            return f"{type(attn).__name__} (layer {getattr(attn, 'layer_idx', '?')}): {found.refusal}"
+    return ""
+
+
 def _bridge(attn: torch.nn.Module) -> Callable[..., None]:
     def hook(layer: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         attn.__dict__[BRIDGE_ATTR] = kwargs.get(CONTEXT_KWARG)
@@ -502,7 +533,8 @@ def _row_positions_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> t
 
 def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Backend, group: Any, router: Router,
                          own: Callable[[torch.Tensor, PackedSeqs], torch.Tensor] | None = None,
-                         row_module: torch.nn.Module | None = None) -> Callable[..., Any]:
+                         row_module: torch.nn.Module | None = None,
+                         per_sequence: list[torch.nn.Module] | None = None) -> Callable[..., Any]:
     """Wrap the text model's bound forward: contract ids in, boundaries computed once, stock forward out.
 
     The path (packed or stock, `tfcompat.routing`) comes from the caller's context or is decided here. A packed
@@ -513,9 +545,24 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
     from its padding index), replacing the contract's 0, 1, ... (None: the contract's are the model's).
     row_module: where the text forward takes no position ids and counts them over the row (Bart's decoder), the
     module it hands them to: on a packed row it gets the row's position ids (`_row_positions_hook`), one row only.
+    per_sequence: the text model's modules run per sequence (`tfcompat.hf.mixers`), handed the forward's context for
+    the duration of the call (their forwards' kwargs may not carry it); a text model of such modules alone that takes
+    no position ids (Mamba, Bloom) is not given them: they only mark the boundaries.
     """
     sig = inspect.signature(original)
     takes_positions = "position_ids" in sig.parameters
+    modules = per_sequence or []
+    positionless = (bool(modules) and r.entry.derived is not None and not r.entry.derived.softmax_attention
+                    and not takes_positions and row_module is None)
+
+    def call(ctx: Any, kwargs: dict[str, Any]) -> Any:
+        for m in modules:
+            m.__dict__[hf_mixers.ROW_CONTEXT_ATTR] = ctx
+        try:
+            return original(**kwargs)
+        finally:
+            for m in modules:
+                m.__dict__.pop(hf_mixers.ROW_CONTEXT_ATTR, None)
     var_kw = next(p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD)
 
     @functools.wraps(original)
@@ -527,13 +574,15 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         ctx = extra.get(CONTEXT_KWARG)
         if not isinstance(ctx, StockContext):  # a StockContext: the model above switched to its stock attention
             router.check_key()
-        if ctx is None:
-            ctx = router.decide({**extra, **a}, user_call=True)
+        if ctx is None:  # the model above may decide it and pass the text model no kwargs (MambaForCausalLM)
+            ctx = router.pending or router.decide({**extra, **a}, user_call=True)
         router.last = ctx
         if isinstance(ctx, StockContext):
             return _stock(a, extra, ctx)
         if not takes_positions:  # given to the forward's **kwargs (Bart's decoder): handed to row_module below
             a["position_ids"] = extra.pop("position_ids", None)
+        if positionless and a.get("position_ids") is None and tokens is not None:  # boundaries only (Mamba, Bloom)
+            a["position_ids"] = torch.zeros(tokens.shape[:2], dtype=torch.long, device=tokens.device)  # unused
         if a.get("position_ids") is None or tokens is None:
             raise r.error(InvalidInputError, "a packed forward needs position_ids and input_ids (or inputs_embeds)",
                           why="position_ids is None" if tokens is not None else "no input tokens",
@@ -568,8 +617,10 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         if "use_cache" in sig.parameters:  # a KV cache of a packed row is of no use to any later call
             a["use_cache"] = False
         if row_module is None:
+            if not takes_positions and positionless:
+                a.pop("position_ids")  # it takes none: they only marked the boundaries
             # keywords only: transformers' forward decorators re-inject defaults by name
-            return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
+            return call(ctx, {**{k: v for k, v in a.items() if k != var_kw}, **extra})
         positions = a.pop("position_ids")
         if positions.ndim != 2 or positions.shape[0] != 1:
             raise r.error(InvalidInputError, f"{r.family} takes one packed row at a time",
@@ -577,7 +628,7 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
                           f"{tuple(positions.shape)}", fix="pass one packed row (batch 1) per forward")
         row_module.__dict__[_ROW_POSITIONS_ATTR] = positions[0]  # (1, L) -> (L,), as the stock forward counts them
         try:
-            return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
+            return call(ctx, {**{k: v for k, v in a.items() if k != var_kw}, **extra})
         finally:
             row_module.__dict__.pop(_ROW_POSITIONS_ATTR, None)
 
@@ -593,7 +644,7 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
             tokens = a.get("inputs_embeds") if a.get("inputs_embeds") is not None else a.get("input_ids")
             _take_visual(a, visual, cast(torch.Tensor, tokens).shape[:2])  # embed_inputs gives inputs_embeds
         with router.stock_attention():
-            return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
+            return call(ctx, {**{k: v for k, v in a.items() if k != var_kw}, **extra})
 
     def _take_visual(a: dict[str, Any], visual: Any, shape: torch.Size) -> None:
         """Hand `tfcompat.embed_inputs`' DeepStack extras to the stock text model's own parameters."""

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple, cast
 
 from ..errors import PatchError, UnknownFamilyError
 from . import versions
-from .mixers import mixer_call
+from .mixers import LAYER_ROLES, layer_call, mixer_call
 from .records import AttentionCall, Derivation, Entry, Family, MixerCall, RopeConfigKey
 
 __all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "OwnPositions", "attention_call",
@@ -129,6 +129,76 @@ def derive(model_type: str, version: str) -> Family:
         raise refuse(f"no decoder layers found in {text.__name__}",
                      f"{text.__name__}.__init__ builds no nn.ModuleList of {where}'s classes")
     mixer_calls: list[MixerCall] = []  # every layer class first: a hybrid is named by its mixer
+    per_sequence, unproved = _layer_calls(layers)
+    try:
+        found = _softmax_attention(module, lm, layers, refuse, mixer_calls)
+        forced = ""
+    except PatchError as exc:  # the packed core cannot express it: the decoder layers run per sequence, if proved
+        if unproved:
+            raise refuse(exc.what.removeprefix(f"cannot derive {model_type}: "),
+                         f"{exc.why}; nor can its decoder layers run per sequence ({unproved})") from None
+        found, forced, mixer_calls = None, exc.what.removeprefix(f"cannot derive {model_type}: "), []
+    attention, cross, passes = found if found is not None else (None, [], [True])
+    softmax = attention is not None  # else the layers run per sequence, or hold mixers alone (Mamba)
+    call = attention_call(attention) if softmax else AttentionCall(layers[0].__name__, (), False, (), 0, "")
+    attention = attention or layers[0]
+    if softmax:  # the boundaries reach the attention in the forwards' kwargs (a mixer or a layer run per
+        # sequence takes them from the text model's forward as well)
+        for owner in (text, *holders):
+            dropped = _layer_calls_without_kwargs(owner)
+            if dropped:
+                raise refuse(f"{owner.__name__}.forward calls its decoder layers without **kwargs ({dropped})",
+                             "the packed boundaries travel in the forward's kwargs and could not reach the attention")
+        for holder in holders:
+            if not _passes_kwargs(text, holder):
+                raise refuse(f"{text.__name__}.forward calls its {holder.__name__} without **kwargs",
+                             "the packed boundaries travel in the forward's kwargs and could not reach the decoder "
+                             "layers")
+    for owner in (text, *holders):
+        unpositioned = _position_modules_without_ids(module, owner)
+        if unpositioned:
+            raise refuse(f"{owner.__name__}.forward {unpositioned}",
+                         "on a packed row, positions must restart per sequence; tfcompat passes them as position_ids",
+                         "run the model unpatched")
+    if not softmax:  # a text model of per-sequence layers (or mixers) taking no position ids: what it counts itself
+        row = _counted_positions(module, text, layers, holders)
+        if row:
+            raise refuse(f"{text.__name__}.forward {row}",
+                         "it takes no position_ids, and positions it counts over a packed row run across sequences",
+                         "run the model unpatched")
+    cache = [p for p in _CACHE_PARAMS if p in inspect.signature(cast(Any, attention).forward).parameters]
+    config_cls = _config_class(model_type)
+    rope_key: RopeConfigKey = "rope_parameters" if "rope_parameters" in _config_fields(config_cls) else "rope_scaling"
+    derivation = Derivation(
+        causal_lm=lm.__name__, text_model=text.__name__, text_model_attr=prefix,
+        decoder_layers=tuple(c.__name__ for c in layers), attention=call, config=config_cls, mixers=tuple(mixer_calls),
+        per_sequence=per_sequence, per_sequence_why=forced, softmax_attention=softmax)
+    release = versions.parse(version).release
+    line = f"{release[0]}.{release[1]}"
+    entry = Entry(
+        family=model_type,
+        versions=versions.VersionRange(line, f"{release[0]}.{release[1] + 1}"),
+        module=where,
+        classes={"attention": attention.__name__, "text_model": text.__name__, "decoder_layer": layers[0].__name__,
+                 "for_causal_lm": lm.__name__, **({"cross_attention": cross[0].__name__} if cross else {})},
+        rotary=None,
+        rope_config_key=rope_key,
+        text_model_positions="text",
+        layer_forwards_kwargs=all(passes),
+        rope_index_mm_token_types=False,
+        cache_kwarg=cast(Any, cache[0]) if cache else None,
+        why=f"derived from {where} on transformers {version}",
+        derived=derivation,
+    )
+    return Family(key=model_type, entries=(entry,), tiny_config=functools.partial(_tiny_config, config_cls))
+
+
+def _softmax_attention(module: Any, lm: type, layers: list[type], refuse: Callable[..., PatchError],
+                       mixer_calls: list[MixerCall]) -> tuple[type | None, list[type], list[bool]]:
+    """The attention class of ``layers`` that the packed core runs, the cross-attention class (empty or one), and
+    per layer class holding it whether each chain down to it passes ``**kwargs``; ``(None, [], [True])`` for layers of
+    per-sequence mixers alone (Mamba). `PatchError` (from ``refuse``) for attention the core cannot express. Adds
+    the per-sequence mixers to ``mixer_calls``."""
     mixing = [layer for layer in layers if _per_sequence_mixers(module, layer, lm, refuse, mixer_calls)]
     chains: dict[type, list[tuple[type, ...]]] = {}  # decoder layer -> its chains (layer, ..., attention)
     for layer in layers:
@@ -139,9 +209,7 @@ def derive(model_type: str, version: str) -> Family:
                          "calls a function taken from ALL_ATTENTION_FUNCTIONS")
     found = list(dict.fromkeys(chain[-1] for layer in layers for chain in chains[layer]))
     if not found:
-        raise refuse("no softmax attention", "every decoder layer mixes with state space, convolution or recurrence; "
-                     "a packed row's boundaries come from position ids, which such a model does not take",
-                     "run one sequence per row, unpatched")
+        return None, [], [True]
     attentions = [c for c in found if not _is_cross_attention(c)] if len(found) > 1 else found
     cross = [c for c in found if c not in attentions]  # built only with encoder states: refused at patch() if built
     if len(attentions) != 1 or len(cross) > 1:
@@ -167,21 +235,6 @@ def derive(model_type: str, version: str) -> Family:
         raise refuse(f"{attention.__name__} reads positions from the row index",
                      "it computes with cache_position or torch.arange over the row, which on a packed row counts "
                      "across sequences (position_ids restart per sequence)")
-    for owner in (text, *holders):
-        dropped = _layer_calls_without_kwargs(owner)
-        if dropped:
-            raise refuse(f"{owner.__name__}.forward calls its decoder layers without **kwargs ({dropped})",
-                         "the packed boundaries travel in the forward's kwargs and could not reach the attention")
-    for holder in holders:
-        if not _passes_kwargs(text, holder):
-            raise refuse(f"{text.__name__}.forward calls its {holder.__name__} without **kwargs",
-                         "the packed boundaries travel in the forward's kwargs and could not reach the decoder layers")
-    for owner in (text, *holders):
-        unpositioned = _position_modules_without_ids(module, owner)
-        if unpositioned:
-            raise refuse(f"{owner.__name__}.forward {unpositioned}",
-                         "on a packed row, positions must restart per sequence; tfcompat passes them as position_ids",
-                         "run the model unpatched")
     # every chain from a decoder layer down to the attention passes **kwargs at each level: else a pre-hook on the
     # decoder layer hands the boundaries to each attention module below it
     passes = [all(_passes_kwargs(a, b) for chain in chains[layer] if chain[-1] is attention
@@ -189,30 +242,48 @@ def derive(model_type: str, version: str) -> Family:
     if len(passes) > 1 and not all(passes):
         raise refuse(f"several decoder layer classes ({', '.join(c.__name__ for c in layers)}), some dropping **kwargs",
                      "the packed boundaries are bridged to the attention of one decoder layer class")
-    cache = [p for p in _CACHE_PARAMS if p in inspect.signature(cast(Any, attention).forward).parameters]
-    config_cls = _config_class(model_type)
-    rope_key: RopeConfigKey = "rope_parameters" if "rope_parameters" in _config_fields(config_cls) else "rope_scaling"
-    derivation = Derivation(
-        causal_lm=lm.__name__, text_model=text.__name__, text_model_attr=prefix,
-        decoder_layers=tuple(c.__name__ for c in layers), attention=call, config=config_cls, mixers=tuple(mixer_calls))
-    release = versions.parse(version).release
-    line = f"{release[0]}.{release[1]}"
-    entry = Entry(
-        family=model_type,
-        versions=versions.VersionRange(line, f"{release[0]}.{release[1] + 1}"),
-        module=where,
-        classes={"attention": attention.__name__, "text_model": text.__name__, "decoder_layer": layers[0].__name__,
-                 "for_causal_lm": lm.__name__, **({"cross_attention": cross[0].__name__} if cross else {})},
-        rotary=None,
-        rope_config_key=rope_key,
-        text_model_positions="text",
-        layer_forwards_kwargs=all(passes),
-        rope_index_mm_token_types=False,
-        cache_kwarg=cast(Any, cache[0]) if cache else None,
-        why=f"derived from {where} on transformers {version}",
-        derived=derivation,
-    )
-    return Family(key=model_type, entries=(entry,), tiny_config=functools.partial(_tiny_config, config_cls))
+    return attention, cross, passes
+
+
+def _counted_positions(module: Any, text: type, layers: list[type], holders: list[type]) -> str:
+    """What ``text.forward`` (a text model without a ``position_ids`` parameter, whose layers run per sequence or hold
+    per-sequence mixers) computes from the row index that a packed row cannot take ("" = nothing): a module it builds
+    besides its layers and their holder that is more than a one-argument, row-blind layer (a norm: not a positions
+    module), or a value computed from ``torch.arange`` / ``cache_position`` reaching anything but a layer argument
+    cut per sequence (`tfcompat.registry.mixers.LAYER_ROLES`: the mask, an ALiBi bias, ``cache_position``)."""
+    fn = _method(text, "forward")
+    if fn is None or "position_ids" in {a.arg for a in fn.args.args + fn.args.kwonlyargs}:
+        return ""
+    for _, classes in _assigned_classes(module, text, "__init__"):
+        for cls in (c for c in classes if c not in layers and c not in holders):
+            forward = _method(cls, "forward")
+            if forward is None or len(forward.args.args) != 2 or _row_position_guards(forward):
+                return f"builds {cls.__name__}, which may count positions over the row"
+    cut = {n for n, role in LAYER_ROLES.items() if role in ("mask", "key_bias", "cache_position")}
+    handed = {id(n) for c in ast.walk(fn) if isinstance(c, ast.Call) for k in c.keywords if k.arg in cut
+              for n in ast.walk(k.value)}  # cut per sequence where it is passed: taints nothing computed from the call
+    tainted: set[str] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign):
+            reads = [n for n in ast.walk(node.value) if id(n) not in handed and ((isinstance(
+                n, ast.Name) and n.id in tainted | {"cache_position"}) or (isinstance(n, ast.Call) and ast.unparse(
+                    n.func) == "torch.arange"))]
+            if reads:
+                tainted |= {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+    for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+        for arg in [*call.args, *(k.value for k in call.keywords if k.arg not in cut)]:
+            if any(isinstance(n, ast.Name) and n.id in tainted for n in ast.walk(arg)):
+                return f"passes {ast.unparse(arg)}, counted over the row, to {ast.unparse(call.func)}"
+    return ""
+
+
+def _layer_calls(layers: list[type]) -> tuple[tuple[MixerCall, ...], str]:
+    """Each decoder layer class's `MixerCall` as run per sequence (`tfcompat.registry.mixers.layer_call`), or ``((),
+    why not)``."""
+    try:
+        return tuple(layer_call(layer) for layer in layers), ""
+    except ValueError as exc:
+        return (), str(exc)
 
 
 @functools.cache

@@ -135,7 +135,16 @@ class Resolved:
             *([] if e.derived is None else [
                 f"  derived from: {e.derived.causal_lm}.{e.derived.text_model_attr} -> {e.derived.text_model}, decoder "
                 f"layers {', '.join(e.derived.decoder_layers)}, config {e.derived.config}",
-                f"  attention call seen: {e.derived.attention.describe()}",
+                (f"  attention call seen: {e.derived.attention.describe()}" if e.derived.softmax_attention
+                 else "  attention: no module dispatches through AttentionInterface for the packed core"),
+                *([] if not e.derived.per_sequence_why else [
+                    f"  decoder layers run per sequence on packed rows ({e.derived.per_sequence_why}): a Python loop "
+                    "over the row's sequences per layer, the model's own attention (no varlen kernel), the mask built "
+                    "for the row cut to each sequence's block: " + "; ".join(m.describe() for m in e.derived.per_sequence)
+                ]),
+                *([] if e.derived.per_sequence_why or not e.derived.per_sequence else [
+                    "  where patch() finds a layer whose attention the packed core cannot run (a layer type other "
+                    "than softmax attention), the decoder layers run per sequence instead"]),
                 *([] if not e.derived.mixers else [
                     "  token mixers run per sequence on packed rows (no packed kernel: the stock mixer once per "
                     "sequence, fresh state, outputs concatenated): "

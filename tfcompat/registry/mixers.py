@@ -19,7 +19,7 @@ import textwrap
 
 from .records import MixerCall, MixerRole
 
-__all__ = ["ROLES", "mixer_call"]
+__all__ = ["LAYER_ROLES", "ROLES", "layer_call", "mixer_call"]
 
 # parameter name -> role; the first parameter after ``self`` is the hidden states whatever its name
 ROLES: dict[str, MixerRole] = {
@@ -31,13 +31,25 @@ ROLES: dict[str, MixerRole] = {
     **dict.fromkeys(("output_attentions", "return_dict"), "flag"),
     "seq_idx": "none",  # transformers' padding-free index of the sequence of each token (from its flash kwargs)
 }
+# a decoder layer run per sequence (its attention inside): its parameters besides a mixer's; the mask the text model
+# built for the packed row (`MixerRole` "mask"), ALiBi biases, per-layer head masks, encoder states (None)
+LAYER_ROLES: dict[str, MixerRole] = {
+    **ROLES,
+    **dict.fromkeys(("attention_mask", "causal_mask", "self_attn_mask"), "mask"),
+    **dict.fromkeys(("alibi", "position_bias"), "key_bias"),
+    **dict.fromkeys(("head_mask", "layer_head_mask"), "per_layer"),
+    **dict.fromkeys(("encoder_hidden_states", "encoder_attention_mask", "encoder_attn_mask", "cross_attn_layer_head_mask",
+                     "cross_attn_head_mask", "key_value_states"), "encoder"),
+    **dict.fromkeys(("output_router_logits", "output_hidden_states"), "flag"),
+    "token_type_ids": "per_token",
+}
 # in-place tensor methods (``self.state.copy_(...)``) besides any name ending in ``_``
 _MUTATORS = {"append", "extend", "update", "setdefault", "pop", "clear", "insert", "add"}
 
 
-def mixer_call(cls: type) -> MixerCall:
+def mixer_call(cls: type, roles_by_name: dict[str, MixerRole] = ROLES) -> MixerCall:
     """The `MixerCall` of ``cls.forward``; `ValueError` naming the parameter or attribute that could carry state
-    (or is not proved per token) across a per-sequence call."""
+    (or is not proved per token) across a per-sequence call. roles_by_name: the parameter names known."""
     params = list(inspect.signature(cls.forward).parameters.values())[1:]  # type: ignore[attr-defined]
     if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
         raise ValueError(f"{cls.__name__}.forward takes no hidden states first")
@@ -48,11 +60,11 @@ def mixer_call(cls: type) -> MixerCall:
             takes_kwargs = True
         elif p.kind is p.VAR_POSITIONAL:
             raise ValueError(f"{cls.__name__}.forward takes *{p.name}, which cannot be proved per sequence")
-        elif p.name in ROLES:
-            roles.append((p.name, ROLES[p.name]))
+        elif p.name in roles_by_name:
+            roles.append((p.name, roles_by_name[p.name]))
         else:
             raise ValueError(f"{cls.__name__}.forward takes {p.name!r}, which tfcompat cannot prove is per token "
-                             "or stateless (known: " + ", ".join(ROLES) + ")")
+                             "or stateless (known: " + ", ".join(roles_by_name) + ")")
     for owner in _module_classes(cls):
         written = _writes_to_self(owner)
         if written:
@@ -60,19 +72,27 @@ def mixer_call(cls: type) -> MixerCall:
     return MixerCall(cls.__name__, tuple(roles), takes_kwargs)
 
 
+def layer_call(cls: type) -> MixerCall:
+    """The `MixerCall` of a decoder layer class run once per sequence with its own attention and mixers inside
+    (`LAYER_ROLES`); `ValueError` as `mixer_call`, for the layer and every class of its module it builds."""
+    return mixer_call(cls, LAYER_ROLES)
+
+
 def _module_classes(cls: type) -> list[type]:
-    """``cls`` and the classes of its modeling module it builds in ``__init__``, recursively (its child modules,
-    whose forwards it calls: RecurrentGemma's RG-LRU)."""
+    """``cls`` and the classes of its modeling module its ``__init__`` names, recursively (its child modules, whose
+    forwards it calls: RecurrentGemma's RG-LRU)."""
     module = sys.modules[cls.__module__]
     found = [cls]
     for owner in found:
         init = _method(owner, "__init__")
-        names = [] if init is None else [n.func.id for n in ast.walk(init) if isinstance(n, ast.Call)
-                                         and isinstance(n.func, ast.Name)]
+        # every name of the module read in __init__: classes called, or named through a local or a dict of the
+        # module (RecurrentGemma's ``TEMPORAL_BLOCK_CLASSES[kind](config)``)
+        names = [] if init is None else [n.id for n in ast.walk(init) if isinstance(n, ast.Name)]
         for name in names:
-            child = getattr(module, name, None)
-            if isinstance(child, type) and child.__module__ == module.__name__ and child not in found:
-                found.append(child)
+            value = getattr(module, name, None)
+            for child in value.values() if isinstance(value, dict) else [value]:
+                if isinstance(child, type) and child.__module__ == module.__name__ and child not in found:
+                    found.append(child)
     return found
 
 

@@ -26,7 +26,7 @@ CacheKwarg = Literal["past_key_value", "past_key_values", "cache", "layer_past"]
 LinearProjections = Literal["qkv_z_b_a", "qkvz_ba"]
 # what a per-sequence token mixer's forward parameter is (`MixerCall`)
 MixerRole = Literal["tokens", "state", "per_token", "cache_position", "position_embeddings", "no_cache", "flag",
-                    "none"]
+                    "none", "mask", "key_bias", "per_layer", "encoder"]
 # a vision item of a test/self-check sequence: ("image" | "video", (t, h, w) patch grid before the merge)
 VisionItem = tuple[Literal["image", "video"], tuple[int, int, int]]
 VisionOutput = Literal["tensors", "model_output"]
@@ -124,7 +124,12 @@ class MixerCall:
     state); "per_token" = a tensor ending in the token dims ``(..., B, L)`` (masks, position or input ids) or None,
     sliced per sequence; "cache_position" = ``arange`` restarting at 0 per sequence; "position_embeddings" = a tuple
     of ``(B, L, D)`` tensors, sliced; "no_cache" = a use-cache flag, False; "flag" = a non-tensor option, unchanged;
-    "none" = transformers' own packing index (``seq_idx``), which a packed forward through tfcompat leaves None.
+    "none" = transformers' own packing index (``seq_idx``), which a packed forward through tfcompat leaves None;
+    "mask" = a mask (or bias) the model built for the packed row: ``(B, L)`` sliced per token, ``(..., L, L)`` its
+    diagonal block per sequence (exact for masks and biases that depend on ``i - j`` only: causal, sliding window,
+    relative buckets); "key_bias" = an ALiBi bias per key ``(B H, 1, L)`` (or one spanning no row dim, unchanged):
+    sliced at the sequence's keys and re-based to its first key (softmax is invariant to a constant per query row);
+    "per_layer" = not per token (a head mask), unchanged; "encoder" = encoder states, None on a packed row.
     takes_kwargs: its forward takes ``**kwargs`` (non-tensor keywords pass unchanged, the per-token ones by role).
     """
 
@@ -145,6 +150,14 @@ class Derivation:
     ``base_model_prefix``); decoder_layers: every decoder-layer class the text model builds;
     attention: the attention class's call (`AttentionCall`); config: the config class name; mixers: the token
     mixers other than softmax attention that run per sequence (`MixerCall`), none for an attention-only model.
+    per_sequence: the decoder layers proved to run once per sequence with the model's own attention
+    (`tfcompat.registry.mixers.layer_call`, a `MixerCall` each; empty when not proved); a patch runs them so
+    (`tfcompat.hf.mixers`) where the packed core cannot express the attention: per_sequence_why says why when derive
+    found it (it dispatches through no AttentionInterface, passes what the core does not implement, shares the layer
+    with a mixer); else ``patch()`` falls back to them for a module whose features the core refuses (a layer type
+    other than softmax attention). softmax_attention: False where no module dispatches through AttentionInterface
+    for the packed core (the layers run per sequence, or hold per-sequence mixers alone: Mamba); ``attention`` then
+    names the first decoder layer class and passes nothing.
     """
 
     causal_lm: str
@@ -154,6 +167,9 @@ class Derivation:
     attention: AttentionCall
     config: str
     mixers: tuple[MixerCall, ...] = ()
+    per_sequence: tuple[MixerCall, ...] = ()
+    per_sequence_why: str = ""
+    softmax_attention: bool = True
 
 
 @dataclass(frozen=True)
