@@ -179,7 +179,7 @@ def per_sequence_forward(module: torch.nn.Module, call: MixerCall,
         outputs = []
         start = 0
         for n in ctx.seqs.lengths:
-            at = _Span(batch, length, start, start + n, hidden.device)
+            at = _Span(batch, length, start, start + n, hidden.device, len(outputs))
             per_seq = {name: _slice(name, known.get(name) or roles.get(name, "flag"), value, at)
                        for name, value in bound.items()}
             outputs.append(stock(module, flat[start:start + n][None], **per_seq))
@@ -197,6 +197,7 @@ class _Span(NamedTuple):
     start: int
     end: int
     device: torch.device
+    index: int = 0  # of the sequence in the row
 
     @property
     def row(self) -> int:
@@ -236,7 +237,13 @@ def _slice(name: str, role: MixerRole, value: Any, at: _Span) -> Any:
     if value is None or role == "per_layer":
         return value
     if role == "position_embeddings":
+        if isinstance(value, dict):  # per rotary kind (DeepSeek-V4's "main" and "compress")
+            return {k: _slice(name, role, v, at) for k, v in value.items()}
         return tuple(_tokens_at(t, -3, at, name) for t in value)
+    if role == "per_token_lead":
+        if isinstance(value, PerSequence):
+            return value[at.index]
+        return _tokens_at(value, -value.ndim, at, name)
     if role == "per_token":
         return _tokens_at(value, -2, at, name)
     if role == "mask":
@@ -270,7 +277,7 @@ def _rows(t: torch.Tensor, lead: int, at: _Span, name: str) -> torch.Tensor:
 def _block(t: Any, at: _Span, name: str) -> torch.Tensor:
     """The diagonal block ``(..., n, n)`` of a mask or bias ``(..., L, L)`` the model built for the packed row: what
     it builds for the sequence alone where the mask depends on ``i - j`` only (causal, sliding window)."""
-    if not isinstance(t, torch.Tensor) or t.ndim < 3 or tuple(t.shape[-2:]) != (at.length, at.length):
+    if not isinstance(t, torch.Tensor) or t.ndim < 2 or tuple(t.shape[-2:]) != (at.length, at.length):
         shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
         raise InvalidInputError(f"{name} of shape {shape} is not a mask over the packed row of {at.length} tokens",
                                 why="a per-sequence layer takes its diagonal block per sequence",
@@ -318,10 +325,26 @@ def _concat(outputs: list[Any], batch: int, length: int) -> Any:
         return _join([cast(torch.Tensor, o) for o in outputs], batch, length)
     parts = list(zip(*outputs))
     lengths = [cast(torch.Tensor, o[0]).shape[1] for o in outputs]
-    joined = [_join(list(p), batch, length) if i == 0 or all(
-        isinstance(t, torch.Tensor) and t.ndim >= 2 and t.shape[0] == 1 and t.shape[1] == n
-        for t, n in zip(p, lengths)) else None for i, p in enumerate(parts)]
+    joined = [_join(list(p), batch, length) if i == 0 else _extra(list(p), lengths, batch, length)
+              for i, p in enumerate(parts)]
     return joined if isinstance(outputs[0], list) else tuple(joined)
+
+
+class PerSequence(tuple):
+    """What a layer run per sequence returned besides its hidden states, per token of each sequence ``(1, n_i, ...)``,
+    where the pieces differ past the token dim (GLM-DSA's top-k indices: ``min(top_k, n_i)`` keys): handed back to
+    the next layer run per sequence piece by piece; anything else that reads it fails on the type."""
+
+
+def _extra(pieces: list[Any], lengths: list[int], batch: int, length: int) -> Any:
+    """A tuple output's other element: joined ``(B, L, ...)`` where every sequence's is per token and alike past the
+    token dim, a `PerSequence` where they differ there, else None."""
+    if not all(isinstance(t, torch.Tensor) and t.ndim >= 2 and t.shape[0] == 1 and t.shape[1] == n
+               for t, n in zip(pieces, lengths)):
+        return None
+    if len({tuple(t.shape[2:]) for t in pieces}) == 1:
+        return _join(pieces, batch, length)
+    return PerSequence(pieces)
 
 
 def _join(pieces: list[torch.Tensor], batch: int, length: int) -> torch.Tensor:

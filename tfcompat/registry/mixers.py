@@ -36,12 +36,18 @@ ROLES: dict[str, MixerRole] = {
 LAYER_ROLES: dict[str, MixerRole] = {
     **ROLES,
     **dict.fromkeys(("attention_mask", "causal_mask", "self_attn_mask"), "mask"),
-    **dict.fromkeys(("alibi", "position_bias"), "key_bias"),
-    **dict.fromkeys(("head_mask", "layer_head_mask"), "per_layer"),
-    **dict.fromkeys(("encoder_hidden_states", "encoder_attention_mask", "encoder_attn_mask", "cross_attn_layer_head_mask",
-                     "cross_attn_head_mask", "key_value_states"), "encoder"),
+    **dict.fromkeys(("alibi", "position_bias", "relative_distance"), "key_bias"),  # (L, L): its diagonal block
+    **dict.fromkeys(("head_mask", "layer_head_mask", "self_attn_prompt", "cross_attn_prompt"), "per_layer"),
+    **dict.fromkeys(("encoder_hidden_states", "encoder_attention_mask", "encoder_attn_mask",
+                     "cross_attn_layer_head_mask", "cross_attn_head_mask", "key_value_states"), "encoder"),
     **dict.fromkeys(("output_router_logits", "output_hidden_states"), "flag"),
-    "token_type_ids": "per_token",
+    **dict.fromkeys(("token_type_ids", "ple_input_ids"), "per_token"),
+    # what the previous layer returned per token of its sequence (top-k key indices, router states, the stack of
+    # block outputs) or the embeddings: ``(B, L, ...)``
+    **dict.fromkeys(("prev_topk_indices", "prev_router_hidden_states", "block_states", "original_hidden_states"),
+                    "per_token_lead"),
+    "state": "state",
+    "layer_idx": "flag",
 }
 # in-place tensor methods (``self.state.copy_(...)``) besides any name ending in ``_``
 _MUTATORS = {"append", "extend", "update", "setdefault", "pop", "clear", "insert", "add"}
