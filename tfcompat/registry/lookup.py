@@ -140,8 +140,8 @@ class Resolved:
                 *([] if not e.derived.per_sequence_why else [
                     f"  decoder layers run per sequence on packed rows ({e.derived.per_sequence_why}): a Python loop "
                     "over the row's sequences per layer, the model's own attention (no varlen kernel), the mask built "
-                    "for the row cut to each sequence's block: " + "; ".join(m.describe() for m in e.derived.per_sequence)
-                ]),
+                    "for the row cut to each sequence's block: "
+                    + "; ".join(m.describe() for m in e.derived.per_sequence)]),
                 *([] if e.derived.per_sequence_why or not e.derived.per_sequence else [
                     "  where patch() finds a layer whose attention the packed core cannot run (a layer type other "
                     "than softmax attention), the decoder layers run per sequence instead"]),
