@@ -117,7 +117,7 @@ def plan_layers(model: torch.nn.Module, r: Resolved, group: Any, why: str) -> Mi
                       why=f"tfcompat runs these decoder layers per sequence ({why}), and under Ulysses each rank holds "
                       "a slice of every sequence", supported="a single-process patch of this family",
                       fix="patch without ulysses_group")
-    layers = [cast(torch.nn.Module, m) for m in model.modules() if type(m) in calls]
+    layers = [m for m in model.modules() if type(m) in calls]
     outer = [m for m in layers if not any(m is not o and any(m is x for x in o.modules()) for o in layers)]
     return MixerPlan([(m, per_sequence_forward(m, calls[type(m)], LAYER_ROLES)) for m in outer], [], LAYER_NOTE)
 
@@ -176,7 +176,7 @@ def per_sequence_forward(module: torch.nn.Module, call: MixerCall,
                                     f"{ctx.seqs.total}", why="a per-sequence module splits the whole packed row",
                                     fix="call the patched model with the packed inputs its context was built for")
         flat = hidden.reshape(batch * length, *hidden.shape[2:])  # (B, L, D) -> (B L, D)
-        outputs = []
+        outputs: list[Any] = []
         start = 0
         for n in ctx.seqs.lengths:
             at = _Span(batch, length, start, start + n, hidden.device, len(outputs))
@@ -197,7 +197,7 @@ class _Span(NamedTuple):
     start: int
     end: int
     device: torch.device
-    index: int = 0  # of the sequence in the row
+    seq: int = 0  # the sequence's index in the row
 
     @property
     def row(self) -> int:
@@ -242,7 +242,7 @@ def _slice(name: str, role: MixerRole, value: Any, at: _Span) -> Any:
         return tuple(_tokens_at(t, -3, at, name) for t in value)
     if role == "per_token_lead":
         if isinstance(value, PerSequence):
-            return value[at.index]
+            return value[at.seq]
         return _tokens_at(value, -value.ndim, at, name)
     if role == "per_token":
         return _tokens_at(value, -2, at, name)
