@@ -44,7 +44,8 @@ LAYER_ROLES: dict[str, MixerRole] = {
     **dict.fromkeys(("token_type_ids", "ple_input_ids"), "per_token"),
     # what the previous layer returned per token of its sequence (top-k key indices, router states, the stack of
     # block outputs) or the embeddings: ``(B, L, ...)``
-    **dict.fromkeys(("prev_topk_indices", "prev_router_hidden_states", "block_states", "original_hidden_states"),
+    **dict.fromkeys(("prev_topk_indices", "prev_router_hidden_states", "block_states", "original_hidden_states",
+                     "transformer_hidden_states"),
                     "per_token_lead"),
     "state": "state",
     "layer_idx": "flag",
