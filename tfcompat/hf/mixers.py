@@ -25,7 +25,9 @@ hands it to these modules for the duration of its call (`ROW_CONTEXT_ATTR`).
 
 from __future__ import annotations
 
+import functools
 import importlib
+import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
@@ -155,12 +157,21 @@ def per_sequence_forward(module: torch.nn.Module, call: MixerCall,
     stock = type(module).forward
     names = [name for name, _ in call.params]
     known = dict(call.params)
+    # hidden states seen in a packed forward -> its context: the recomputation under non-reentrant gradient
+    # checkpointing calls again with the same tensor, after the text model's forward (and `ROW_CONTEXT_ATTR`) ended
+    seen: dict[int, tuple[weakref.ref, ForwardContext]] = {}
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         ctx = (kwargs.pop(CONTEXT_KWARG, None) or module.__dict__.get(BRIDGE_ATTR)
                or module.__dict__.get(ROW_CONTEXT_ATTR))
+        first = args[0] if args else kwargs.get(names[0])
+        if ctx is None and id(first) in seen and seen[id(first)][0]() is first:
+            ctx = seen[id(first)][1]
         if isinstance(ctx, StockContext):
             return stock(module, *args, **kwargs)
+        if isinstance(ctx, ForwardContext) and isinstance(first, torch.Tensor) and torch.is_grad_enabled():
+            key = id(first)
+            seen[key] = (weakref.ref(first, functools.partial(_forget, seen, key)), ctx)
         if not isinstance(ctx, ForwardContext):
             raise PatchedModelError(
                 f"{type(module).__name__} runs per sequence on packed rows but got no packed boundaries",
@@ -187,6 +198,11 @@ def per_sequence_forward(module: torch.nn.Module, call: MixerCall,
         return _concat(outputs, batch, length)
 
     return forward
+
+
+def _forget(seen: dict[int, tuple[weakref.ref, Any]], key: int, ref: weakref.ref) -> None:
+    if key in seen and seen[key][0] is ref:  # not a later tensor that took the id
+        del seen[key]
 
 
 class _Span(NamedTuple):
@@ -249,7 +265,7 @@ def _slice(name: str, role: MixerRole, value: Any, at: _Span) -> Any:
     if role == "mask":
         if isinstance(value, dict):  # masks per layer type (a decoder layer picks its own)
             return {k: _slice(name, role, v, at) for k, v in value.items()}
-        if isinstance(value, torch.Tensor) and value.ndim == 2:
+        if isinstance(value, torch.Tensor) and tuple(value.shape) == (at.batch, at.length):
             return _tokens_at(value, -2, at, name)
         return _block(value, at, name)
     if role == "key_bias":
@@ -275,9 +291,11 @@ def _rows(t: torch.Tensor, lead: int, at: _Span, name: str) -> torch.Tensor:
 
 
 def _block(t: Any, at: _Span, name: str) -> torch.Tensor:
-    """The diagonal block ``(..., n, n)`` of a mask or bias ``(..., L, L)`` the model built for the packed row: what
-    it builds for the sequence alone where the mask depends on ``i - j`` only (causal, sliding window)."""
-    if not isinstance(t, torch.Tensor) or t.ndim < 2 or tuple(t.shape[-2:]) != (at.length, at.length):
+    """The diagonal block ``(..., n, n)`` of a mask or bias ``(..., L, K)`` the model built for the packed row: what
+    it builds for the sequence alone where the mask depends on ``i - j`` only (causal, sliding window). ``K >= L``:
+    keys past the row's (4.x masks built for one more key, which the attention cuts to its keys) are not keys of a
+    sequence."""
+    if not isinstance(t, torch.Tensor) or t.ndim < 2 or t.shape[-2] != at.length or t.shape[-1] < at.length:
         shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
         raise InvalidInputError(f"{name} of shape {shape} is not a mask over the packed row of {at.length} tokens",
                                 why="a per-sequence layer takes its diagonal block per sequence",

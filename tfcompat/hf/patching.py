@@ -208,7 +208,10 @@ def patch(
         handle._set("instance", text_model, "forward", forward, "packed position ids -> boundaries once per forward; "
                     "ordinary calls -> the stock attention")
     if all(model is not m for m in plan.text_models) and _takes_kwargs(model.forward):
-        handle._set("instance", model, "forward", _top_forward(model.forward, router),
+        derived = resolved.entry.derived
+        boundaries_only = (derived is not None and not derived.softmax_attention
+                           and "position_ids" not in inspect.signature(model.forward).parameters)
+        handle._set("instance", model, "forward", _top_forward(model.forward, router, boundaries_only),
                     "packed or stock decided once per forward; labels per sequence on packed rows")
     if is_sequence_classifier(model):
         held: dict[str, torch.Tensor] = {}
@@ -287,10 +290,12 @@ def _takes_kwargs(fn: Callable[..., Any]) -> bool:
     return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
 
 
-def _top_forward(original: Callable[..., Any], router: Router) -> Callable[..., Any]:
+def _top_forward(original: Callable[..., Any], router: Router, boundaries_only: bool = False) -> Callable[..., Any]:
     """Wrap the bound forward of the model given to `patch` (when it is not the text model): decide packed or
     stock once for the whole call (`tfcompat.hf.forward`) and, on a packed row, make the loss per sequence
-    (`tfcompat.core.labels`)."""
+    (`tfcompat.core.labels`). boundaries_only: a model that takes no position ids (Bloom, Mamba: their modules run
+    per sequence): the position ids only mark the boundaries, and neither they nor the context are passed on (4.x
+    Bloom refuses unknown kwargs); the text model's forward takes the context from `Router.pending`."""
     sig = inspect.signature(original)
     var_kw = next(p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD)
 
@@ -305,6 +310,9 @@ def _top_forward(original: Callable[..., Any], router: Router) -> Callable[..., 
             ctx = extra[CONTEXT_KWARG] = router.decide({**extra, **a}, user_call=True)
         if isinstance(ctx, ForwardContext):
             _per_sequence_labels(a, extra, ctx, router)
+        if boundaries_only:
+            extra.pop(CONTEXT_KWARG, None)
+            extra.pop("position_ids", None)
         router.pending = ctx
         try:
             return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
@@ -412,7 +420,7 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
             raise r.error(PatchError, f"cannot patch {type(model).__name__}", supported=entry,
                           why=f"found no {r.text_model_cls.__name__}", fix="pass the model built by transformers for "
                           "this family")
-        _check_text_kwargs(text_models, r, entry)
+        _check_positions_reach(model, r, entry)
         return _Plan([], text_models, [], [], [], hf_mixers.plan_layers(model, r, group, why))
     # cross-attention of the self-attention's class (Bart's encoder_attn): called only with encoder states, which a
     # packed forward refuses; left to its stock function
@@ -438,7 +446,10 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
         raise r.error(PatchError, f"{type(model).__name__} holds cross-attention ({type(cross[0]).__name__})",
                       why="its keys and values come from encoder states, not from the packed row", supported=entry,
                       fix="build the model without cross-attention (add_cross_attention=False), or run it unpatched")
-    _check_text_kwargs(text_models, r, entry)
+    if derived is not None and not derived.softmax_attention:  # mixers alone (Mamba): no kwargs needed either
+        _check_positions_reach(model, r, entry)
+    else:
+        _check_text_kwargs(text_models, r, entry)
     configs: list[Any] = []
     features: list[tuple[torch.nn.Module, ModuleFeatures]] = []
     for attn in attentions:
@@ -499,6 +510,16 @@ def _check_text_kwargs(text_models: list[torch.nn.Module], r: Resolved, entry: s
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             raise r.error(PatchError, f"{type(tm).__name__}.forward takes no **kwargs",
                           why="boundaries cannot reach attention", supported=entry)
+
+
+def _check_positions_reach(model: torch.nn.Module, r: Resolved, entry: str) -> None:
+    """The model given to `patch` takes position ids (by name or in ``**kwargs``): the boundaries of a packed row
+    whose modules run per sequence (the context reaches them from the text model's forward, `ROW_CONTEXT_ATTR`)."""
+    params = inspect.signature(model.forward).parameters
+    if "position_ids" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        raise r.error(PatchError, f"{type(model).__name__}.forward takes no position_ids (nor **kwargs)",
+                      why="a packed row's boundaries come from its position ids", supported=entry,
+                      fix="patch the text model, or run the model unpatched")
 
 
 def _refused_features(model: torch.nn.Module, r: Resolved) -> str:
@@ -562,12 +583,17 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
     def call(ctx: Any, kwargs: dict[str, Any]) -> Any:
         for m in modules:
             m.__dict__[hf_mixers.ROW_CONTEXT_ATTR] = ctx
+        if positionless:  # nor the context: 4.x Bloom refuses unknown kwargs; its modules take it from above
+            kwargs.pop(CONTEXT_KWARG, None)
         try:
-            return original(**kwargs)
+            return original(**(kwargs if var_kw is not None else {k: v for k, v in kwargs.items()
+                                                                   if k in sig.parameters}))
         finally:
             for m in modules:
                 m.__dict__.pop(hf_mixers.ROW_CONTEXT_ATTR, None)
-    var_kw = next(p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD)
+    # None: a text model of per-sequence modules alone that takes no **kwargs (4.x Mamba, GPT-Neo): the context
+    # reaches those modules from `call` only
+    var_kw = next((p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD), None)
 
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:

@@ -270,7 +270,15 @@ def _counted_positions(module: Any, text: type, layers: list[type], holders: lis
                     n.func) == "torch.arange"))]
             if reads:
                 tainted |= {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
-    for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+    loads: dict[str, list[int]] = {}
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            loads.setdefault(n.id, []).append(id(n))
+    # a call whose value only ever reaches the layers cut per sequence (4.x: causal_mask = self._update_causal_mask(
+    # attention_mask, inputs_embeds, cache_position, ...), passed as attention_mask=causal_mask)
+    to_cut = {id(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign) and all(
+        isinstance(t, ast.Name) and all(i in handed for i in loads.get(t.id, [])) for t in n.targets)}
+    for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call) and id(n) not in to_cut):
         for arg in [*call.args, *(k.value for k in call.keywords if k.arg not in cut)]:
             if any(isinstance(n, ast.Name) and n.id in tainted for n in ast.walk(arg)):
                 return f"passes {ast.unparse(arg)}, counted over the row, to {ast.unparse(call.func)}"

@@ -35,7 +35,7 @@ ROLES: dict[str, MixerRole] = {
 # built for the packed row (`MixerRole` "mask"), ALiBi biases, per-layer head masks, encoder states (None)
 LAYER_ROLES: dict[str, MixerRole] = {
     **ROLES,
-    **dict.fromkeys(("attention_mask", "causal_mask", "self_attn_mask"), "mask"),
+    **dict.fromkeys(("attention_mask", "causal_mask", "self_attn_mask", "mask"), "mask"),
     **dict.fromkeys(("alibi", "position_bias", "relative_distance"), "key_bias"),  # (L, L): its diagonal block
     **dict.fromkeys(("head_mask", "layer_head_mask", "self_attn_prompt", "cross_attn_prompt"), "per_layer"),
     **dict.fromkeys(("encoder_hidden_states", "encoder_attention_mask", "encoder_attn_mask",
