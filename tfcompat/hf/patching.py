@@ -598,7 +598,7 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
         a = sig.bind(*args, **kwargs).arguments
-        extra = a.setdefault(var_kw, {})
+        extra = a.setdefault(var_kw, {}) if var_kw is not None else {}  # without: filtered out by `call`
         tokens = a.get("inputs_embeds")
         tokens = a.get("input_ids") if tokens is None else tokens
         ctx = extra.get(CONTEXT_KWARG)
