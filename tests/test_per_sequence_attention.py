@@ -181,3 +181,13 @@ def test_mask_of_the_row_cut_to_its_diagonal_block():
     assert torch.equal(hf_mixers._block(causal, at, "attention_mask"), torch.ones(13, 13).tril().bool()[None, None])
     with pytest.raises(tfcompat.errors.InvalidInputError, match="is not a mask over the packed row"):
         hf_mixers._block(torch.ones(1, 1, 20, 13), at, "attention_mask")
+
+
+def test_positions_counted_over_the_row_without_position_ids_are_refused():
+    """TrOCR's decoder takes no position ids and counts its learned positions over the row: its layers could run per
+    sequence, but their positions would run across sequences."""
+    if "trocr" not in model_types("causal_lm"):
+        pytest.skip("trocr is not a causal LM of this transformers")
+    with pytest.raises(PatchError, match="TrOCRDecoder.forward builds TrOCRLearnedPositionalEmbedding, which may count "
+                       "positions over the row"):
+        tfcompat.resolve("trocr")

@@ -247,17 +247,30 @@ def _softmax_attention(module: Any, lm: type, layers: list[type], refuse: Callab
 
 def _counted_positions(module: Any, text: type, layers: list[type], holders: list[type]) -> str:
     """What ``text.forward`` (a text model without a ``position_ids`` parameter, whose layers run per sequence or hold
-    per-sequence mixers) computes from the row index that a packed row cannot take ("" = nothing): a module it builds
-    besides its layers and their holder that is more than a one-argument, row-blind layer (a norm: not a positions
-    module), or a value computed from ``torch.arange`` / ``cache_position`` reaching anything but a layer argument
-    cut per sequence (`tfcompat.registry.mixers.LAYER_ROLES`: the mask, an ALiBi bias, ``cache_position``)."""
+    per-sequence mixers), or the forward of a holder of its layers, computes from the row index that a packed row
+    cannot take ("" = nothing): a module it builds besides the layers and their holder that is more than a
+    one-argument, row-blind layer (a norm: not a positions module), or a value computed from ``torch.arange`` /
+    ``cache_position`` reaching anything but a layer argument cut per sequence (`tfcompat.registry.mixers
+    .LAYER_ROLES`: the mask, an ALiBi bias, ``cache_position``)."""
     fn = _method(text, "forward")
     if fn is None or "position_ids" in {a.arg for a in fn.args.args + fn.args.kwonlyargs}:
         return ""
-    for _, classes in _assigned_classes(module, text, "__init__"):
+    for owner in (text, *holders):
+        counted = _counted_by(module, owner, layers, holders)
+        if counted:
+            return counted if owner is text else f"calls {owner.__name__}, which {counted}"
+    return ""
+
+
+def _counted_by(module: Any, owner: type, layers: list[type], holders: list[type]) -> str:
+    """`_counted_positions` of one forward."""
+    fn = _method(owner, "forward")
+    if fn is None:
+        return "has no readable forward"
+    for _, classes in _assigned_classes(module, owner, "__init__"):
         for cls in (c for c in classes if c not in layers and c not in holders):
             forward = _method(cls, "forward")
-            if forward is None or len(forward.args.args) != 2 or _row_position_guards(forward):
+            if forward is None or len(forward.args.args) != 2 or _reads_row(cls):
                 return f"builds {cls.__name__}, which may count positions over the row"
     cut = {n for n, role in LAYER_ROLES.items() if role in ("mask", "key_bias", "cache_position")}
     handed = {id(n) for c in ast.walk(fn) if isinstance(c, ast.Call) for k in c.keywords if k.arg in cut
@@ -283,6 +296,22 @@ def _counted_positions(module: Any, text: type, layers: list[type], holders: lis
             if any(isinstance(n, ast.Name) and n.id in tainted for n in ast.walk(arg)):
                 return f"passes {ast.unparse(arg)}, counted over the row, to {ast.unparse(call.func)}"
     return ""
+
+
+def _reads_row(cls: type) -> bool:
+    """Whether ``cls.forward``, or a method of ``self`` it calls (recursively), computes with the row index."""
+    todo, seen = ["forward"], set()
+    while todo:
+        name = todo.pop()
+        fn = _method(cls, name) if name not in seen else None
+        seen.add(name)
+        if fn is None:
+            continue
+        if _row_position_guards(fn):
+            return True
+        todo += [n.func.attr for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"]
+    return False
 
 
 def _layer_calls(layers: list[type]) -> tuple[tuple[MixerCall, ...], str]:
