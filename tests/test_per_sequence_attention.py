@@ -191,3 +191,16 @@ def test_positions_counted_over_the_row_without_position_ids_are_refused():
     with pytest.raises(PatchError, match="TrOCRDecoder.forward builds TrOCRLearnedPositionalEmbedding, which may count "
                        "positions over the row"):
         tfcompat.resolve("trocr")
+
+
+@pytest.mark.parametrize("model_type", ["bloom", "mamba"])
+def test_an_ordinary_call_runs_stock(model_type):
+    """No position ids: the stock forward over the row, as unpatched (the layers' per-sequence forwards step aside)."""
+    model = _model(model_type)
+    ids = torch.cat(sample_sequences(model.config))[None]
+    with torch.no_grad():
+        expected = logits_of(model, input_ids=ids)
+        with tfcompat.patch(model) as handle:
+            assert _per_sequence(handle)
+            got = logits_of(model, input_ids=ids)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
