@@ -628,6 +628,8 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         if visual is not None:
             _take_visual(a, visual, tokens.shape[:2])
         a["position_ids"] = to_text_model_layout(positions, r.entry.text_model_positions)
+        if modules:  # a copy: 4.x XGLM adds its offset to the position ids in place (its stock call counts its own)
+            a["position_ids"] = a["position_ids"].clone()
         if own is not None:  # the model's own default positions (RoBERTa's), per sequence
             a["position_ids"] = own(tokens, ctx.seqs)
         mask = a.get("attention_mask")

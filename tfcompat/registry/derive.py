@@ -160,12 +160,14 @@ def derive(model_type: str, version: str) -> Family:
             raise refuse(f"{owner.__name__}.forward {unpositioned}",
                          "on a packed row, positions must restart per sequence; tfcompat passes them as position_ids",
                          "run the model unpatched")
-    if not softmax:  # a text model of per-sequence layers (or mixers) taking no position ids: what it counts itself
-        row = _counted_positions(module, text, layers, holders)
-        if row:
-            raise refuse(f"{text.__name__}.forward {row}",
-                         "it takes no position_ids, and positions it counts over a packed row run across sequences",
-                         "run the model unpatched")
+    # layers run per sequence take what the text model computed for the row, cut per sequence: what it computed
+    # from the row index must reach them only where it is cut right (the mask, an ALiBi bias, cache_position)
+    row = _counted_positions(module, text, layers, holders) if forced or not softmax or per_sequence else ""
+    if row and (forced or not softmax):
+        raise refuse(f"{text.__name__}.forward {row}",
+                     "its layers run per sequence, and what it counts over a packed row runs across sequences",
+                     "run the model unpatched")
+    per_sequence = () if row else per_sequence  # no fallback at patch() for a layer type the core cannot run
     cache = [p for p in _CACHE_PARAMS if p in inspect.signature(cast(Any, attention).forward).parameters]
     config_cls = _config_class(model_type)
     rope_key: RopeConfigKey = "rope_parameters" if "rope_parameters" in _config_fields(config_cls) else "rope_scaling"
@@ -246,54 +248,75 @@ def _softmax_attention(module: Any, lm: type, layers: list[type], refuse: Callab
 
 
 def _counted_positions(module: Any, text: type, layers: list[type], holders: list[type]) -> str:
-    """What ``text.forward`` (a text model without a ``position_ids`` parameter, whose layers run per sequence or hold
-    per-sequence mixers), or the forward of a holder of its layers, computes from the row index that a packed row
-    cannot take ("" = nothing): a module it builds besides the layers and their holder that is more than a
-    one-argument, row-blind layer (a norm: not a positions module), or a value computed from ``torch.arange`` /
+    """What ``text.forward`` (a text model whose layers run per sequence or hold per-sequence mixers), or the forward
+    of a holder of its layers, computes from the row index that a packed row cannot take ("" = nothing): without a
+    ``position_ids`` parameter, a module it builds besides the layers and their holder that is more than a
+    one-argument, row-blind layer (a norm: not a positions module); a value computed from ``torch.arange`` /
     ``cache_position`` reaching anything but a layer argument cut per sequence (`tfcompat.registry.mixers
     .LAYER_ROLES`: the mask, an ALiBi bias, ``cache_position``)."""
     fn = _method(text, "forward")
-    if fn is None or "position_ids" in {a.arg for a in fn.args.args + fn.args.kwonlyargs}:
-        return ""
+    positioned = fn is not None and "position_ids" in {a.arg for a in fn.args.args + fn.args.kwonlyargs}
     for owner in (text, *holders):
-        counted = _counted_by(module, owner, layers, holders)
+        counted = _counted_by(module, owner, layers, holders, positioned)
         if counted:
             return counted if owner is text else f"calls {owner.__name__}, which {counted}"
     return ""
 
 
-def _counted_by(module: Any, owner: type, layers: list[type], holders: list[type]) -> str:
-    """`_counted_positions` of one forward."""
+def _counted_by(module: Any, owner: type, layers: list[type], holders: list[type], positioned: bool) -> str:
+    """`_counted_positions` of one forward. positioned: the text model takes ``position_ids`` (a packed forward
+    always passes them: its default positions are not computed; its modules take them or the checks of
+    `_position_modules_without_ids` refused them)."""
     fn = _method(owner, "forward")
     if fn is None:
         return "has no readable forward"
-    for _, classes in _assigned_classes(module, owner, "__init__"):
+    defaults = {id(n) for i in ast.walk(fn) if positioned and isinstance(i, ast.If)
+                and ast.unparse(i.test) == "position_ids is None" for b in i.body for n in ast.walk(b)}
+    for _, classes in [] if positioned else _assigned_classes(module, owner, "__init__"):
         for cls in (c for c in classes if c not in layers and c not in holders):
             forward = _method(cls, "forward")
             if forward is None or len(forward.args.args) != 2 or _reads_row(cls):
                 return f"builds {cls.__name__}, which may count positions over the row"
     cut = {n for n, role in LAYER_ROLES.items() if role in ("mask", "key_bias", "cache_position")}
     handed = {id(n) for c in ast.walk(fn) if isinstance(c, ast.Call) for k in c.keywords if k.arg in cut
-              for n in ast.walk(k.value)}  # cut per sequence where it is passed: taints nothing computed from the call
-    tainted: set[str] = set()
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Assign):
-            reads = [n for n in ast.walk(node.value) if id(n) not in handed and ((isinstance(
-                n, ast.Name) and n.id in tainted | {"cache_position"}) or (isinstance(n, ast.Call) and ast.unparse(
-                    n.func) == "torch.arange"))]
-            if reads:
-                tainted |= {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+              for n in ast.walk(k.value)}  # cut per sequence where it is passed
+    passed = {id(n) for c in ast.walk(fn) if isinstance(c, ast.Call)
+              for a in [*c.args, *(k.value for k in c.keywords)] for n in ast.walk(a)}  # checked at the call below
+    tainted: set[str] = {"cache_position"}
+
+    def row(expr: ast.AST, skip: set[int]) -> bool:
+        return any(id(n) not in skip and ((isinstance(n, ast.Name) and n.id in tainted) or (
+            isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.arange")) for n in ast.walk(expr))
+
+    for node in sorted((n for n in ast.walk(fn) if isinstance(n, ast.Assign) and id(n) not in defaults),
+                       key=lambda n: (n.lineno, n.col_offset)):
+        if row(node.value, passed | handed):  # computed from the row index, not by a call given it (checked there)
+            tainted |= {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
     loads: dict[str, list[int]] = {}
     for n in ast.walk(fn):
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
             loads.setdefault(n.id, []).append(id(n))
     # a call whose value only ever reaches the layers cut per sequence (4.x: causal_mask = self._update_causal_mask(
     # attention_mask, inputs_embeds, cache_position, ...), passed as attention_mask=causal_mask)
-    to_cut = {id(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign) and all(
-        isinstance(t, ast.Name) and all(i in handed for i in loads.get(t.id, [])) for t in n.targets)}
-    for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call) and id(n) not in to_cut):
-        for arg in [*call.args, *(k.value for k in call.keywords if k.arg not in cut)]:
-            if any(isinstance(n, ast.Name) and n.id in tainted for n in ast.walk(arg)):
+    to_cut = {id(c) for n in ast.walk(fn) if isinstance(n, ast.Assign) and all(
+        isinstance(t, ast.Name) and all(i in handed for i in loads.get(t.id, [])) for t in n.targets)
+        for c in ast.walk(n.value) if isinstance(c, ast.Call)}
+    calls = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call) and id(n) not in to_cut | defaults),
+                   key=lambda n: (n.lineno, n.col_offset))
+    held = {name for name, classes in _assigned_classes(module, owner, "__init__") if set(classes) & set(layers)}
+    loops = [(loop, loop.iter.args[0] if isinstance(loop.iter, ast.Call) and loop.iter.args else loop.iter)
+             for loop in ast.walk(fn) if isinstance(loop, ast.For)]  # for layer in self.layers / enumerate(...)
+    loop_vars = {t.id for loop, it in loops if (_self_attr(it) or "") in held for t in ast.walk(loop.target)
+                 if isinstance(t, ast.Name)}
+    layer_params = [a.arg for a in (_method(layers[0], "forward") or fn).args.args[1:]]
+    for call in calls:
+        to_layer = ((isinstance(call.func, ast.Name) and call.func.id in loop_vars)
+                    or (_self_attr(call.func) or "") in held)
+        names = layer_params if to_layer else []  # a layer's positional arguments by name: cut as its keywords
+        for i, arg in enumerate([*call.args, *(k.value for k in call.keywords if k.arg not in cut)]):
+            if i < len(call.args) and i < len(names) and names[i] in cut:
+                continue
+            if row(arg, set()):
                 return f"passes {ast.unparse(arg)}, counted over the row, to {ast.unparse(call.func)}"
     return ""
 
