@@ -153,10 +153,15 @@ class Resolved:
             (f"  rotary: {e.rotary.apply} ({e.rotary.layout}); rope config key: {e.rope_config_key}" if e.rotary
              else f"  rotary: the stock attention forward's own; rope config key: {e.rope_config_key}"),
             f"  text model position ids: {_LAYOUTS[e.text_model_positions]}",
-            "  attention: stock attention forward (stock rotary), dispatching to tfcompat's packed core "
-            f"through transformers' AttentionInterface key {ATTENTION_KEY!r}",
-            "  kwargs: " + ("flow from the text model to attention" if e.layer_forwards_kwargs
-                            else "dropped by the decoder layer; a forward pre-hook on each decoder layer bridges them"),
+            *(["  attention: the model's own, in its decoder layers run per sequence (or none: mixers alone); the "
+               "attention implementation is not switched, the masks are the model's own, and the context reaches "
+               "those modules from the text model's forward"]
+              if e.derived is not None and not e.derived.softmax_attention else [
+                  "  attention: stock attention forward (stock rotary), dispatching to tfcompat's packed core "
+                  f"through transformers' AttentionInterface key {ATTENTION_KEY!r}",
+                  "  kwargs: " + ("flow from the text model to attention" if e.layer_forwards_kwargs else
+                                  "dropped by the decoder layer; a forward pre-hook on each decoder layer bridges "
+                                  "them")]),
             *([] if e.linear_attention is None else [
                 f"  linear attention: {e.classes['linear_attention']} at decoder_layer.{e.linear_attention.attr} "
                 f"({e.linear_attention.projections} projections): its forward is replaced per instance by tfcompat's "
