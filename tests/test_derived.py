@@ -49,15 +49,18 @@ TINY: dict[str, dict[str, Any]] = {
     "minimax_m2": dict(num_local_experts=4, **MOE),
 }
 INSTALLED = [t for t in TINY if t in causal_lm_types()]
-# model_type -> what the refusal at resolve() names, on 4.x releases: qwen2_moe picks one of its own attention classes
-# per implementation there (QWEN2MOE_ATTENTION_CLASSES), none dispatching through AttentionInterface
+# model_type -> why its decoder layers run per sequence on 4.x releases (not the packed core: the tests below are the
+# packed core's; tests/test_every_causal_lm.py checks them): qwen2_moe picks one of its own attention classes per
+# implementation there (QWEN2MOE_ATTENTION_CLASSES), none dispatching through AttentionInterface
 REFUSED_ON_4 = {"qwen2_moe": "holds no attention that dispatches through AttentionInterface"}
 # model_type -> what the refusal at resolve() names, on every release where the type exists: token mixers other than
-# softmax attention, attention that does not dispatch through transformers' AttentionInterface
+# softmax attention that keep state on the module, attention that does not dispatch through transformers'
+# AttentionInterface in decoder layers that cannot run per sequence either (tests/test_per_sequence_attention.py),
+# positions counted over the row by a model that takes no position ids
 NOT_DERIVABLE = {
     "recurrent_gemma": r"RecurrentGemmaRecurrentBlock cannot run per sequence",  # state on the module
-    "mamba": r"no softmax attention",
-    "bloom": r"BloomBlock holds no attention that dispatches through AttentionInterface",
+    "roformer": r"(?s)RoFormerLayer holds no attention that dispatches through AttentionInterface.*'sinusoidal_pos'",
+    "trocr": r"TrOCRDecoder.forward builds TrOCRLearnedPositionalEmbedding, which may count positions over the row",
 }
 MAJOR = int(str(tfcompat.registry.versions.installed_transformers()).split(".")[0])
 RESOLVE_REFUSED = REFUSED_ON_4 if MAJOR == 4 else {}
@@ -131,11 +134,11 @@ def test_unknown_type_is_unknown():
 
 
 @pytest.mark.parametrize("model_type", [t for t in INSTALLED if t in RESOLVE_REFUSED])
-def test_refused_at_resolve(model_type):
-    with pytest.raises(PatchError, match=RESOLVE_REFUSED[model_type]):
-        tfcompat.resolve(model_type)
-    with pytest.raises(PatchError, match=RESOLVE_REFUSED[model_type]):
-        tfcompat.patch(tiny(model_type))
+def test_layers_run_per_sequence(model_type):
+    derived = tfcompat.resolve(model_type).entry.derived
+    assert derived is not None and RESOLVE_REFUSED[model_type] in derived.per_sequence_why
+    with tfcompat.patch(tiny(model_type)) as handle:
+        assert not any(r.attr == "_tfcompat_features" for r in handle.records)
 
 
 @pytest.mark.parametrize("model_type", [t for t in INSTALLED if t not in RESOLVE_REFUSED])
