@@ -15,13 +15,13 @@ from tfcompat.selfcheck import TypeCheck
 
 
 def test_doctor_json_resolves_and_self_checks_every_family(capsys):
-    assert main(["doctor", "--json", "--types", "qwen3_moe,roformer,llama,llava"]) == 0
+    assert main(["doctor", "--json", "--types", "qwen3_moe,xlnet,llama,llava"]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = {r["model_type"]: r for r in report["types"]}
-    assert set(rows) == {"qwen3_moe", "roformer", "llava"}  # llama is a written family: checked above, not twice
+    assert set(rows) == {"qwen3_moe", "xlnet", "llava"}  # llama is a written family: checked above, not twice
     assert rows["llava"]["kind"] == "image_text_to_text" and rows["llava"]["status"] == "pass", rows
     assert rows["qwen3_moe"]["status"] == "pass" and rows["qwen3_moe"]["max_rel_diff"] <= 1e-5, rows
-    assert rows["roformer"]["status"] == "refused" and "holds no attention that dispatches" in rows["roformer"][
+    assert rows["xlnet"]["status"] == "refused" and "holds no attention that dispatches" in rows["xlnet"][
         "reason"], rows
     assert report["transformers"] == installed_transformers()
     text_only = {f.text_only.key: parent for parent, f in families().items() if f.text_only is not None}
@@ -45,7 +45,7 @@ def test_doctor_json_resolves_and_self_checks_every_family(capsys):
 
 
 def test_doctor_text_output_in_a_fresh_process():
-    proc = subprocess.run([sys.executable, "-m", "tfcompat", "doctor", "--types", "mistral,roformer"],
+    proc = subprocess.run([sys.executable, "-m", "tfcompat", "doctor", "--types", "mistral,xlnet"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "glm4v" in proc.stdout and "resolved" in proc.stdout and "all self-checks passed" in proc.stdout

@@ -59,7 +59,7 @@ REFUSED_ON_4 = {"qwen2_moe": "holds no attention that dispatches through Attenti
 # positions counted over the row by a model that takes no position ids
 NOT_DERIVABLE = {
     "recurrent_gemma": r"RecurrentGemmaRecurrentBlock cannot run per sequence",  # state on the module
-    "roformer": r"(?s)RoFormerLayer holds no attention that dispatches through AttentionInterface.*'sinusoidal_pos'",
+    "xlnet": r"(?s)XLNetLayer holds no attention that dispatches through AttentionInterface.*'output_g'",
     "trocr": r"TrOCRDecoder.forward builds TrOCRLearnedPositionalEmbedding, which may count positions over the row",
 }
 MAJOR = int(str(tfcompat.registry.versions.installed_transformers()).split(".")[0])

@@ -144,10 +144,10 @@ def test_ulysses_is_refused():
 
 
 def test_an_argument_whose_role_cannot_be_proved_is_refused():
-    if "roformer" not in model_types("causal_lm"):
-        pytest.skip("roformer is not a causal LM of this transformers")
-    with pytest.raises(PatchError, match=r"(?s)nor can its decoder layers run per sequence.*'sinusoidal_pos'"):
-        tfcompat.resolve("roformer")  # positions counted over the row, handed to each layer
+    if "xlnet" not in model_types("causal_lm"):
+        pytest.skip("xlnet is not a causal LM of this transformers")
+    with pytest.raises(PatchError, match=r"(?s)nor can its decoder layers run per sequence.*'output_g'"):
+        tfcompat.resolve("xlnet")  # its query stream, which tfcompat cannot prove per token
 
 
 class _Layer(torch.nn.Module):
@@ -204,3 +204,10 @@ def test_an_ordinary_call_runs_stock(model_type):
             assert _per_sequence(handle)
             got = logits_of(model, input_ids=ids)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_a_table_at_the_row_index_takes_its_first_rows():
+    """RoFormer's sinusoidal positions, counted over the packed row: a sequence takes the rows of 0, 1, ..."""
+    table = torch.randn(1, 1, 20, 8)  # (1, 1, L, D)
+    at = hf_mixers._Span(1, 20, 7, 20, torch.device("cpu"), 1)
+    assert torch.equal(hf_mixers._slice("sinusoidal_pos", "row_prefix", table, at), table[..., :13, :])

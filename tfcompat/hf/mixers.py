@@ -270,6 +270,12 @@ def _slice(name: str, role: MixerRole, value: Any, at: _Span) -> Any:
         return _block(value, at, name)
     if role == "key_bias":
         return _key_bias(value, at, name)
+    if role == "row_prefix":
+        if not isinstance(value, torch.Tensor) or value.ndim < 2 or value.shape[-2] != at.length:
+            raise InvalidInputError(f"{name} is not a table over the packed row of {at.length} tokens",
+                                    why="a per-sequence layer takes its first rows per sequence",
+                                    fix="run the model unpatched")
+        return value[..., :at.end - at.start, :]
     if isinstance(value, torch.Tensor):  # a tensor keyword no role names: per token or not, it cannot be told
         raise InvalidInputError(f"a per-sequence module got the tensor keyword {name!r}",
                                 why="tfcompat cannot tell whether it is per token (to be sliced per sequence)",

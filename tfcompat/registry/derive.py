@@ -154,7 +154,9 @@ def derive(model_type: str, version: str) -> Family:
                 raise refuse(f"{text.__name__}.forward calls its {holder.__name__} without **kwargs",
                              "the packed boundaries travel in the forward's kwargs and could not reach the decoder "
                              "layers")
-    for owner in (text, *holders):
+    # a text model without position ids whose layers run per sequence: what it counts over the row is read below
+    positionless = not softmax and "position_ids" not in inspect.signature(cast(Any, text).forward).parameters
+    for owner in () if positionless else (text, *holders):
         unpositioned = _position_modules_without_ids(module, owner)
         if unpositioned:
             raise refuse(f"{owner.__name__}.forward {unpositioned}",
@@ -263,6 +265,11 @@ def _counted_positions(module: Any, text: type, layers: list[type], holders: lis
     return ""
 
 
+# the parameters of a module a text model without position ids may build besides its layers: it takes tokens (ids,
+# token types, embeddings: BERT-style embeddings without positions, norms), no lengths or positions
+_TOKEN_PARAMS = {"input_ids", "token_type_ids", "inputs_embeds", "input_embeds", "hidden_states", "x", "input"}
+
+
 def _counted_by(module: Any, owner: type, layers: list[type], holders: list[type], positioned: bool) -> str:
     """`_counted_positions` of one forward. positioned: the text model takes ``position_ids`` (a packed forward
     always passes them: its default positions are not computed; its modules take them or the checks of
@@ -272,16 +279,43 @@ def _counted_by(module: Any, owner: type, layers: list[type], holders: list[type
         return "has no readable forward"
     defaults = {id(n) for i in ast.walk(fn) if positioned and isinstance(i, ast.If)
                 and ast.unparse(i.test) == "position_ids is None" for b in i.body for n in ast.walk(b)}
-    for _, classes in [] if positioned else _assigned_classes(module, owner, "__init__"):
-        for cls in (c for c in classes if c not in layers and c not in holders):
-            forward = _method(cls, "forward")
-            if forward is None or len(forward.args.args) != 2 or _reads_row(cls):
-                return f"builds {cls.__name__}, which may count positions over the row"
-    cut = {n for n, role in LAYER_ROLES.items() if role in ("mask", "key_bias", "cache_position")}
-    handed = {id(n) for c in ast.walk(fn) if isinstance(c, ast.Call) for k in c.keywords if k.arg in cut
-              for n in ast.walk(k.value)}  # cut per sequence where it is passed
+    cut = {n for n, role in LAYER_ROLES.items() if role in ("mask", "key_bias", "cache_position", "row_prefix")}
+    held = {name for name, classes in _assigned_classes(module, owner, "__init__") if set(classes) & set(layers)}
+    loops = [(loop, loop.iter.args[0] if isinstance(loop.iter, ast.Call) and loop.iter.args else loop.iter)
+             for loop in ast.walk(fn) if isinstance(loop, ast.For)]  # for layer in self.layers / enumerate(...)
+    loop_vars = {t.id for loop, it in loops if (_self_attr(it) or "") in held for t in ast.walk(loop.target)
+                 if isinstance(t, ast.Name)}
+    layer_params = [a.arg for a in (_method(layers[0], "forward") or fn).args.args[1:]]
+
+    def names(call: ast.Call) -> list[str]:  # a layer's positional arguments by name: cut as its keywords
+        to_layer = ((isinstance(call.func, ast.Name) and call.func.id in loop_vars)
+                    or (_self_attr(call.func) or "") in held)
+        return layer_params if to_layer else []
+
+    handed = {id(n) for c in ast.walk(fn) if isinstance(c, ast.Call)
+              for a in [*(k.value for k in c.keywords if k.arg in cut),
+                        *(a for a, name in zip(c.args, names(c)) if name in cut)]
+              for n in ast.walk(a)}  # cut per sequence where it is passed
     passed = {id(n) for c in ast.walk(fn) if isinstance(c, ast.Call)
               for a in [*c.args, *(k.value for k in c.keywords)] for n in ast.walk(a)}  # checked at the call below
+    loads: dict[str, list[int]] = {}
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            loads.setdefault(n.id, []).append(id(n))
+    # a call whose value only ever reaches the layers cut per sequence (4.x: causal_mask = self._update_causal_mask(
+    # attention_mask, inputs_embeds, cache_position, ...), passed as attention_mask=causal_mask)
+    to_cut = {id(c) for n in ast.walk(fn) if isinstance(n, ast.Assign) and all(
+        isinstance(t, ast.Name) and all(i in handed for i in loads.get(t.id, [])) for t in n.targets)
+        for c in ast.walk(n.value) if isinstance(c, ast.Call)}
+    for attr, classes in [] if positioned else _assigned_classes(module, owner, "__init__"):
+        uses = [c for c in ast.walk(fn) if isinstance(c, ast.Call) and _self_attr(c.func) == attr]
+        if uses and all(id(c) in to_cut for c in uses):
+            continue  # what it computes only reaches the layers cut per sequence (RoFormer's sinusoidal positions)
+        for cls in (c for c in classes if c not in layers and c not in holders):
+            forward = _method(cls, "forward")
+            params = {a.arg for a in forward.args.args[1:] + forward.args.kwonlyargs} if forward is not None else {""}
+            if not params <= _TOKEN_PARAMS or _reads_row(cls):
+                return f"builds {cls.__name__}, which may count positions over the row"
     tainted: set[str] = {"cache_position"}
 
     def row(expr: ast.AST, skip: set[int]) -> bool:
@@ -292,29 +326,12 @@ def _counted_by(module: Any, owner: type, layers: list[type], holders: list[type
                        key=lambda n: (n.lineno, n.col_offset)):
         if row(node.value, passed | handed):  # computed from the row index, not by a call given it (checked there)
             tainted |= {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
-    loads: dict[str, list[int]] = {}
-    for n in ast.walk(fn):
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
-            loads.setdefault(n.id, []).append(id(n))
-    # a call whose value only ever reaches the layers cut per sequence (4.x: causal_mask = self._update_causal_mask(
-    # attention_mask, inputs_embeds, cache_position, ...), passed as attention_mask=causal_mask)
-    to_cut = {id(c) for n in ast.walk(fn) if isinstance(n, ast.Assign) and all(
-        isinstance(t, ast.Name) and all(i in handed for i in loads.get(t.id, [])) for t in n.targets)
-        for c in ast.walk(n.value) if isinstance(c, ast.Call)}
     calls = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call) and id(n) not in to_cut | defaults),
                    key=lambda n: (n.lineno, n.col_offset))
-    held = {name for name, classes in _assigned_classes(module, owner, "__init__") if set(classes) & set(layers)}
-    loops = [(loop, loop.iter.args[0] if isinstance(loop.iter, ast.Call) and loop.iter.args else loop.iter)
-             for loop in ast.walk(fn) if isinstance(loop, ast.For)]  # for layer in self.layers / enumerate(...)
-    loop_vars = {t.id for loop, it in loops if (_self_attr(it) or "") in held for t in ast.walk(loop.target)
-                 if isinstance(t, ast.Name)}
-    layer_params = [a.arg for a in (_method(layers[0], "forward") or fn).args.args[1:]]
     for call in calls:
-        to_layer = ((isinstance(call.func, ast.Name) and call.func.id in loop_vars)
-                    or (_self_attr(call.func) or "") in held)
-        names = layer_params if to_layer else []  # a layer's positional arguments by name: cut as its keywords
+        by_name = names(call)
         for i, arg in enumerate([*call.args, *(k.value for k in call.keywords if k.arg not in cut)]):
-            if i < len(call.args) and i < len(names) and names[i] in cut:
+            if i < len(call.args) and i < len(by_name) and by_name[i] in cut:
                 continue
             if row(arg, set()):
                 return f"passes {ast.unparse(arg)}, counted over the row, to {ast.unparse(call.func)}"

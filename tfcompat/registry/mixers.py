@@ -49,6 +49,7 @@ LAYER_ROLES: dict[str, MixerRole] = {
                     "per_token_lead"),
     "state": "state",
     "layer_idx": "flag",
+    "sinusoidal_pos": "row_prefix",  # RoFormer's sinusoidal table at the row index: a sequence takes its first rows
 }
 # in-place tensor methods (``self.state.copy_(...)``) besides any name ending in ``_``
 _MUTATORS = {"append", "extend", "update", "setdefault", "pop", "clear", "insert", "add"}

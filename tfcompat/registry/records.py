@@ -26,7 +26,7 @@ CacheKwarg = Literal["past_key_value", "past_key_values", "cache", "layer_past"]
 LinearProjections = Literal["qkv_z_b_a", "qkvz_ba"]
 # what a per-sequence token mixer's forward parameter is (`MixerCall`)
 MixerRole = Literal["tokens", "state", "per_token", "cache_position", "position_embeddings", "no_cache", "flag",
-                    "none", "mask", "key_bias", "per_layer", "encoder", "per_token_lead"]
+                    "none", "mask", "key_bias", "per_layer", "encoder", "per_token_lead", "row_prefix"]
 # a vision item of a test/self-check sequence: ("image" | "video", (t, h, w) patch grid before the merge)
 VisionItem = tuple[Literal["image", "video"], tuple[int, int, int]]
 VisionOutput = Literal["tensors", "model_output"]
@@ -131,7 +131,9 @@ class MixerCall:
     sliced at the sequence's keys and re-based to its first key (softmax is invariant to a constant per query row);
     "per_layer" = not per token (a head mask), unchanged; "encoder" = encoder states, None on a packed row;
     "per_token_lead" = a tensor starting with the token dims ``(B, L, ...)`` (what the previous layer returned per
-    token of its sequence: GLM-DSA's top-k indices), sliced per sequence.
+    token of its sequence: GLM-DSA's top-k indices), sliced per sequence; "row_prefix" = a table at the row index
+    ``(..., L, D)`` (RoFormer's sinusoidal positions, counted over the row), of which a sequence takes its first ``n``
+    rows: what the sequence alone counts.
     takes_kwargs: its forward takes ``**kwargs`` (non-tensor keywords pass unchanged, the per-token ones by role).
     """
 
