@@ -211,3 +211,10 @@ def test_a_table_at_the_row_index_takes_its_first_rows():
     table = torch.randn(1, 1, 20, 8)  # (1, 1, L, D)
     at = hf_mixers._Span(1, 20, 7, 20, torch.device("cpu"), 1)
     assert torch.equal(hf_mixers._slice("sinusoidal_pos", "row_prefix", table, at), table[..., :13, :])
+
+
+def test_checkpoint_keep_is_refused():
+    model = _model("gpt_neo")
+    with pytest.raises(PatchError, match="checkpoint_keep where the decoder layers run per sequence"):
+        tfcompat.patch(model, checkpoint_keep="attention")
+    assert not tfcompat.is_patched(model)

@@ -173,6 +173,11 @@ def patch(
     plan = _plan(model, resolved, ulysses_group, linear_backend, backend)
     vision = plan_vision(model, resolved, plan.text_models, [f[0] for f in plan.features], ulysses_group)
     fused_modules = hf_fused.prepare(model, fused, resolved.family, resolved.transformers_version)
+    if keep and plan.mixers.note == hf_mixers.LAYER_NOTE:
+        raise resolved.error(PatchError, "checkpoint_keep where the decoder layers run per sequence",
+                             why="tfcompat replaces those layers' forwards with a loop over the row's sequences; the "
+                             "modules kept from recomputation are the packed path's", supported="checkpoint_keep=()",
+                             fix="patch without checkpoint_keep")
     kept, holders = hf_checkpointing.plan(model, keep, resolved.attention_cls, resolved.error)
 
     handle = PatchHandle(model, resolved, options)
