@@ -279,6 +279,11 @@ def _counted_by(module: Any, owner: type, layers: list[type], holders: list[type
         return "has no readable forward"
     defaults = {id(n) for i in ast.walk(fn) if positioned and isinstance(i, ast.If)
                 and ast.unparse(i.test) == "position_ids is None" for b in i.body for n in ast.walk(b)}
+    from_row = positions_from_row(owner)
+    if from_row is not None:  # the positions it counts are replaced by the row's own (Bart's decoder): a patch hands
+        # that module the packed row's position ids (`tfcompat.hf.patching`)
+        defaults |= {id(n) for b in fn.body if isinstance(b, ast.Assign)
+                     and [ast.unparse(t) for t in b.targets] == ["position_ids"] for n in ast.walk(b)}
     cut = {n for n, role in LAYER_ROLES.items() if role in ("mask", "key_bias", "cache_position", "row_prefix")}
     held = {name for name, classes in _assigned_classes(module, owner, "__init__") if set(classes) & set(layers)}
     loops = [(loop, loop.iter.args[0] if isinstance(loop.iter, ast.Call) and loop.iter.args else loop.iter)
@@ -308,6 +313,8 @@ def _counted_by(module: Any, owner: type, layers: list[type], holders: list[type
         isinstance(t, ast.Name) and all(i in handed for i in loads.get(t.id, [])) for t in n.targets)
         for c in ast.walk(n.value) if isinstance(c, ast.Call)}
     for attr, classes in [] if positioned else _assigned_classes(module, owner, "__init__"):
+        if attr == from_row:
+            continue
         uses = [c for c in ast.walk(fn) if isinstance(c, ast.Call) and _self_attr(c.func) == attr]
         if uses and all(id(c) in to_cut for c in uses):
             continue  # what it computes only reaches the layers cut per sequence (RoFormer's sinusoidal positions)
