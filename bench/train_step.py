@@ -434,6 +434,7 @@ def profile_step(step: Callable[[], Any], device: torch.device) -> dict[str, Any
     head_re = head_markers()
     cats = {"attention": 0.0, "matmul": 0.0, "head": 0.0, "elementwise/other": 0.0}
     kernels: dict[str, float] = {}
+    others: dict[str, float] = {}  # the kernels of "elementwise/other"
     for evt in prof.events():
         if not evt.kernels:
             continue
@@ -454,11 +455,15 @@ def profile_step(step: Callable[[], Any], device: torch.device) -> dict[str, Any
                 cat = "elementwise/other"
             cats[cat] += us
             kernels[k.name] = kernels.get(k.name, 0.0) + us
+            if cat == "elementwise/other":
+                others[k.name] = others.get(k.name, 0.0) + us
     total = sum(cats.values())
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:8]
+    top_other = sorted(others.items(), key=lambda kv: -kv[1])[:10]
     return {"gpu_ms": total / 1e3, "ms": {c: v / 1e3 for c, v in cats.items()},
             "share": {c: (v / total if total else 0.0) for c, v in cats.items()},
-            "top_kernels": [(n[:120], us / 1e3) for n, us in top]}
+            "top_kernels": [(n[:120], us / 1e3) for n, us in top],
+            "top_other_kernels": [(n[:120], us / 1e3) for n, us in top_other]}
 
 
 # --------------------------------------------------------------------------------------------------- main
@@ -659,6 +664,8 @@ def main() -> None:
         for n, r in results.items():
             if r.get("profile"):
                 print(f"top kernels, {n}: " + "; ".join(f"{k} {ms:.0f} ms" for k, ms in r["profile"]["top_kernels"]))
+                print(f"top elementwise/other kernels, {n}: " + "; ".join(
+                    f"{k[:90]} {ms:.1f} ms" for k, ms in r["profile"]["top_other_kernels"]))
     save()
 if __name__ == "__main__":
     main()
