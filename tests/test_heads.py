@@ -400,6 +400,39 @@ class TestKeptLogits:
             grads.append(hidden.grad)
         assert_close(grads[0], grads[1], atol=FP32_TOL, what="grad_hidden")
 
+    def test_model_logprobs_keeps_them(self) -> None:
+        """`model_logprobs(keep_logits=True)` is the recomputing head's result, values and every gradient, and it
+        holds the (T, V) logits between forward and backward (the detector of `TestSavedForBackward`)."""
+        from tests.helpers import pack
+        from tfcompat import heads
+        from tfcompat.selfcheck import sample_sequences, tiny_model
+
+        model = tiny_model("llama", "sdpa")
+        inputs = pack(model, sample_sequences(model, [7, 10], [None, None], seed=3))
+        labels = torch.roll(inputs["input_ids"], -1, dims=1)  # (1, T)
+        labels[0, -1] = IGNORE_INDEX
+        results = []
+        for keep_logits in (False, True):
+            model.zero_grad(set_to_none=True)
+            shapes: list[tuple[int, ...]] = []
+
+            def pack_hook(tensor: torch.Tensor, shapes: list[tuple[int, ...]] = shapes) -> torch.Tensor:
+                shapes.append(tuple(tensor.shape))
+                return tensor
+
+            with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda tensor: tensor):
+                out = heads.model_logprobs(model, labels, 0.7, backend="torch", keep_logits=keep_logits,
+                                           use_cache=False, **inputs)
+            (out.logprobs.sum() + out.entropy.sum()).backward()
+            results.append((out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+            assert ((labels.numel(), model.config.vocab_size) in shapes) == keep_logits
+        (plain, plain_grads), (kept, kept_grads) = results
+        assert_close(kept.logprobs, plain.logprobs, atol=FP32_TOL, what="logprobs")
+        assert_close(kept.entropy, plain.entropy, atol=FP32_TOL, what="entropy")
+        assert kept_grads.keys() == plain_grads.keys() and "lm_head.weight" in kept_grads
+        for name, grad in plain_grads.items():
+            assert_close(kept_grads[name], grad, atol=FP32_TOL * max(1.0, grad.abs().max().item()), what=name)
+
     def test_second_backward_raises(self) -> None:
         """The first backward wrote the gradient over the kept logits: a second one through the same graph
         would read gradients as logits, so it raises; without keep_logits it runs (and doubles the gradient)."""
