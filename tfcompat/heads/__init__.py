@@ -91,13 +91,14 @@ def logprobs_entropy(
     keep_logits: keep the forward's ``(T, V)`` logits in the input dtype (``2 * T * V`` bytes in bf16: 5.6 GiB at
       T = 19,679 and V = 152,064, 20 GiB at T = 70,703) for backward instead of recomputing them: backward is the
       gradient written over them and two whole-matrix matmuls, one lm-head matmul of four less than the
-      recomputing backends. One backward per forward (the gradient overwrites the kept logits; a second
+      recomputing backends (H200, bf16, V = 152,064: 0.70-0.78x the time of ``"triton"`` at 8k-70k tokens,
+      bench/RESULTS.md section 12). One backward per forward (the gradient overwrites the kept logits; a second
       backward through the same graph raises). The reference (``"logits"``) keeps its float32 logits anyway.
     Returns `LogprobsEntropy`, each field float32 and shaped like ``labels``.
 
     Validation reads the labels (and a tensor temperature) on the host once: one device sync per call.
     Raises `InvalidInputError` on a bad shape (no tokens included), dtype, device, label, temperature, softcap,
-    logit scale, backend or chunk size, and
+    logit scale, backend, chunk size or keep_logits, and
     for backend ``"triton"`` without Triton installed or with tensors off CUDA (unless ``TRITON_INTERPRET=1``).
     """
     temperature = _validate(hidden, lm_head_weight, labels, temperature, backend, chunk_size, lm_head_bias)
