@@ -8,11 +8,10 @@ i.e. ``log_softmax`` + ``gather`` and ``-(p * log p).sum(-1)`` on the full logit
 autograd; the recompute scheme follows Liger-Kernel's fused linear cross-entropy and Apple's Cut Cross
 Entropy). With ``keep_logits=True`` they keep the forward's ``(T, V)`` logits for backward instead (one lm-head
 matmul of four less, for ``T * V`` logits of memory). Both run the lm-head matmuls through cuBLAS on 128-aligned
-tiles; ``"torch"`` does the softmax,
-entropy and gradient arithmetic of a tile in float32 torch ops, ``"triton"`` in two Triton kernels that read
-each tile once. ``"auto"`` is ``"triton"`` on CUDA when Triton is installed, else ``"torch"``. This module is the
-API, its validation and the reference; `_tiles` holds what both chunked backends share, `_torch` and `_triton`
-(imported when first used) one backend each.
+tiles; ``"torch"`` does the softmax, entropy and gradient arithmetic of a tile in float32 torch ops, ``"triton"``
+in two Triton kernels that read each tile once. ``"auto"`` is ``"triton"`` on CUDA when Triton is installed,
+else ``"torch"``. This module is the API, its validation and the reference; `_tiles` holds what both chunked
+backends share, `_torch` and `_triton` (imported when first used) one backend each.
 
 Conventions shared by all backends:
 
