@@ -79,9 +79,12 @@ def _tile_stats_kernel(
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * row_stride
     inv_tau = 1.0 / tl.load(temperature_ptr + row * temperature_stride)
-    m = tl.load(max_ptr + row)  # running max of z over the tiles so far (-inf before the first)
-    s = tl.load(sumexp_ptr + row)  # sum exp(z - m)
-    w = tl.load(sumexpz_ptr + row)  # sum exp(z - m) * z
+    m_before = tl.load(max_ptr + row)  # running max of z over the tiles so far (-inf before the first)
+    m = m_before
+    # per lane: sum exp(z - m) and sum exp(z - m) * z, rescaled when m grows; summed across lanes once, after the
+    # loop, so that each block costs one reduction (its max) instead of three
+    s_lanes = tl.zeros([BLOCK], dtype=tl.float32)
+    w_lanes = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -93,12 +96,13 @@ def _tile_stats_kernel(
         m_new = tl.maximum(m, tl.max(z_max, 0))
         scale = tl.exp(m - m_new)
         e = tl.exp(z_max - m_new)  # 0 where masked
-        s = s * scale + tl.sum(e, 0)
-        w = w * scale + tl.sum(e * z, 0)
+        s_lanes = s_lanes * scale + e
+        w_lanes = w_lanes * scale + e * z
         m = m_new
+    carry = tl.exp(m_before - m)  # the earlier tiles' sums (0 before the first), rescaled to the new max
     tl.store(max_ptr + row, m)
-    tl.store(sumexp_ptr + row, s)
-    tl.store(sumexpz_ptr + row, w)
+    tl.store(sumexp_ptr + row, tl.load(sumexp_ptr + row) * carry + tl.sum(s_lanes, 0))  # sum exp(z - m)
+    tl.store(sumexpz_ptr + row, tl.load(sumexpz_ptr + row) * carry + tl.sum(w_lanes, 0))  # sum exp(z - m) * z
     column = tl.load(labels_ptr + row) - first_column  # ignored labels (-100) fall in no tile
     in_tile = (column >= 0) & (column < n_cols)
     x_label = tl.load(base + tl.where(in_tile, column, 0)).to(tl.float32)

@@ -1,4 +1,4 @@
-# the five calls of h20c (2026-12-02), run from /work/main with carry .h20/code .h20/whl .h20/setup.sh and .h20/p1 (calls 2, 4) or .h20/p2 (calls 3, 5); .h20/setup.sh as in ../2026-12-02-h200-ckpt-derived/setup_fa4_liger.sh
+# the six calls of h20c (2026-12-02), run from /work/main with carry .h20/code .h20/whl .h20/setup.sh and .h20/p1 (calls 2, 4) or .h20/p2 (calls 3, 5); .h20/setup.sh as in ../2026-12-02-h200-ckpt-derived/setup_fa4_liger.sh
 # call A (h20c): heads on CUDA: compiled Triton head tests incl. keep_logits; heads bench (tile / keep / Liger mean vs none) + profile at 70,703
 nvidia-smi -L; date
 source .h20/setup.sh || exit 3
@@ -46,4 +46,11 @@ timeout $(( 370 - ($(date +%s) - t0) )) python3 bench/train_step.py --long --rep
 grep "^speed-up" $OUT/train_step_long_repeat.txt | grep -E "/ liger_flex" | head -12
 timeout $(( 540 - ($(date +%s) - t0) )) python3 bench/train_step.py --moe --variants "$T,$T@logits,flex_packed,liger_flex" --profile "$T@logits" --out $OUT/train_step_moe.json 2>&1 | tee $OUT/train_step_moe.txt | grep -v "^speed-up" | tail -12
 grep "^speed-up" $OUT/train_step_moe.txt | head -8
+date
+# call F (h20c, fresh machine, no FA4): the stats kernel with per-lane sums (one reduction per block): CUDA tests, heads at 19,679 and 70,703 with kernel profile
+nvidia-smi -L; date
+source .h20/setup.sh || exit 3
+cd .h20/code
+timeout 100 python3 -m pytest tests/test_heads_triton.py tests/test_model_logprobs.py tests/gpu/test_heads_keep_cuda.py -q -rs -p no:cacheprovider 2>&1 | tee $OUT/gpu_tests_heads.txt | tail -4
+timeout 110 python3 bench/heads.py --tokens 19679 70703 --variants triton triton-keep liger-mean --profile-tokens 70703 --profile-variants triton triton-keep --out $OUT/heads.json 2>&1 | grep -v "^wrote" | tee $OUT/heads.txt | tail -16
 date
