@@ -144,10 +144,18 @@ def test_unknown_type_is_unknown():
         tfcompat.resolve("not_a_model_type")
 
 
-@pytest.mark.parametrize("model_type", [t for t in INSTALLED if t in RESOLVE_REFUSED])
+@pytest.mark.parametrize("model_type", [t for t in INSTALLED if t in UPSTREAM])
+def test_refused_at_resolve(model_type):
+    with pytest.raises(PatchError, match=RESOLVE_REFUSED[model_type]):
+        tfcompat.resolve(model_type)
+    with pytest.raises(PatchError, match=RESOLVE_REFUSED[model_type]):
+        tfcompat.patch(tiny(model_type))
+
+
+@pytest.mark.parametrize("model_type", [t for t in INSTALLED if t in RESOLVE_REFUSED and t not in UPSTREAM])
 def test_layers_run_per_sequence(model_type):
     derived = tfcompat.resolve(model_type).entry.derived
-    assert derived is not None and RESOLVE_REFUSED[model_type] in derived.per_sequence_why
+    assert derived is not None and REFUSED_ON_4[model_type] in derived.per_sequence_why
     with tfcompat.patch(tiny(model_type)) as handle:
         assert not any(r.attr == "_tfcompat_features" for r in handle.records)
 
