@@ -1,10 +1,10 @@
 """Attention the packed core cannot express runs per sequence: the decoder layers, with the model's own attention.
 
 Rule: on a packed row, a derived family whose attention dispatches through no ``AttentionInterface`` (GPT-Neo,
-Bloom's ALiBi), passes what the core does not implement (DeepSeek-V3.2's sparse indexer), or that has no attention at
-all (Mamba: the boundaries come from position ids it does not take) returns per token what the stock model returns on
-each sequence alone, forward and backward (fp32, the tolerances of `tests.every_type`), against the eager and sdpa
-references; control: with the layers' stock forwards back, the packed row differs; under Ulysses, and for a layer
+Bloom's ALiBi, MVP), passes what the core does not implement (DeepSeek-V3.2's sparse indexer), or that has no
+attention at all (Mamba: the boundaries come from position ids it does not take) returns per token what the stock
+model returns on each sequence alone, forward and backward (fp32, the tolerances of `tests.every_type`), against the
+eager and sdpa references; control: with the layers' stock forwards back, the packed row differs; under Ulysses, and for a layer
 argument whose role cannot be proved, `patch()` / `resolve()` refuse, naming it.
 """
 
@@ -36,8 +36,9 @@ from tfcompat.tiny_models import attention_implementations, model_types
 
 pytestmark = pytest.mark.broad  # derived families: CI runs them on its newest release (tests/conftest.py)
 
-# no AttentionInterface (absolute positions), ALiBi, a sparse indexer, no attention and no position ids
-TYPES = ("gpt_neo", "bloom", "deepseek_v32", "mamba")
+# no AttentionInterface (absolute positions), ALiBi, a sparse indexer, no attention and no position ids, learned
+# positions its decoder counts over the row (handed the row's own)
+TYPES = ("gpt_neo", "bloom", "deepseek_v32", "mamba", "mvp")
 
 
 @pytest.fixture(autouse=True)
@@ -55,9 +56,11 @@ def _model(model_type: str, impl: str = "eager") -> torch.nn.Module:
         pytest.skip(f"{model_type} offers no {impl} attention")
     try:
         tfcompat.resolve(model_type)
+        model = build(model_type, impl)
+        tfcompat.patch(model).undo()
     except PatchError as exc:  # refused on this release: tests/test_every_causal_lm.py checks the refusal is typed
         pytest.skip(f"{model_type} is refused on this transformers: {exc.what}")
-    return build(model_type, impl)
+    return model
 
 
 def _per_sequence(handle: tfcompat.PatchHandle) -> list[torch.nn.Module]:

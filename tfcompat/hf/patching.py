@@ -39,7 +39,13 @@ from ..core.packing import PackedSeqs
 from ..core.position_ids import split_positions
 from ..errors import InvalidInputError, PatchedModelError, PatchError
 from ..registry import Resolved, resolve_model
-from ..registry.derive import OwnPositions, cross_attrs, own_positions, positions_from_row
+from ..registry.derive import (
+    OwnPositions,
+    cross_attrs,
+    own_positions,
+    positions_from_row,
+    positions_module_from_row,
+)
 from . import attention as hf_attention
 from . import checkpointing as hf_checkpointing
 from . import fused as hf_fused
@@ -198,7 +204,10 @@ def patch(
         handle._set("config", config, "_attn_implementation", hf_attention.ATTENTION_KEY,
                     f"{config._attn_implementation!r} -> {hf_attention.ATTENTION_KEY!r}")
     own = own_positions(resolved.text_model_cls) if resolved.entry.derived is not None else None
-    from_row = positions_from_row(resolved.text_model_cls) if resolved.entry.derived is not None else None
+    derived = resolved.entry.derived
+    from_row = positions_from_row(resolved.text_model_cls) if derived is not None else None
+    if from_row is None and derived is not None and not derived.softmax_attention:  # layers run per sequence (MVP)
+        from_row = positions_module_from_row(resolved.text_model_cls)
     for text_model in plan.text_models:
         computes = None if own is None else functools.partial(_own_positions, getattr(text_model, own.attr), own)
         row_module = None if from_row is None else getattr(text_model, from_row)
@@ -213,8 +222,7 @@ def patch(
         handle._set("instance", text_model, "forward", forward, "packed position ids -> boundaries once per forward; "
                     "ordinary calls -> the stock attention")
     if all(model is not m for m in plan.text_models) and _takes_kwargs(model.forward):
-        derived = resolved.entry.derived
-        boundaries_only = (derived is not None and not derived.softmax_attention
+        boundaries_only = (derived is not None and not derived.softmax_attention and from_row is None
                            and "position_ids" not in inspect.signature(model.forward).parameters)
         handle._set("instance", model, "forward", _top_forward(model.forward, router, boundaries_only),
                     "packed or stock decided once per forward; labels per sequence on packed rows")
@@ -616,8 +624,11 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
             return _stock(a, extra, ctx)
         if not takes_positions:  # given to the forward's **kwargs (Bart's decoder): handed to row_module below
             a["position_ids"] = extra.pop("position_ids", None)
-        if positionless and a.get("position_ids") is None and tokens is not None:  # boundaries only (Mamba, Bloom)
-            a["position_ids"] = torch.zeros(tokens.shape[:2], dtype=torch.long, device=tokens.device)  # unused
+        if not takes_positions and a.get("position_ids") is None and tokens is not None and ctx.group is None:
+            # the model above took them and passes its text model none (MVP's, Mamba's causal LM): the contract's
+            # (0, 1, ... per sequence, which `Router.decide` checked) from the boundaries it decided
+            a["position_ids"] = torch.cat([torch.arange(n, device=tokens.device) for n in ctx.seqs.lengths]).view(
+                tokens.shape[:2])  # (B L,) -> (B, L)
         if a.get("position_ids") is None or tokens is None:
             raise r.error(InvalidInputError, "a packed forward needs position_ids and input_ids (or inputs_embeds)",
                           why="position_ids is None" if tokens is not None else "no input tokens",

@@ -39,7 +39,7 @@ from .records import AttentionCall, Derivation, Entry, Family, MixerCall, RopeCo
 
 __all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "OwnPositions", "attention_call",
            "causal_lm_types", "cross_attrs", "derive", "guard_holds", "layer_kind", "module_name", "own_positions",
-           "passed_values", "positions_from_row", "temperature_guard"]
+           "passed_values", "positions_from_row", "positions_module_from_row", "temperature_guard"]
 
 # what an attention forward may pass to the attention function, and what the packed path makes of it
 ATTENTION_KEYWORDS = {
@@ -279,7 +279,7 @@ def _counted_by(module: Any, owner: type, layers: list[type], holders: list[type
         return "has no readable forward"
     defaults = {id(n) for i in ast.walk(fn) if positioned and isinstance(i, ast.If)
                 and ast.unparse(i.test) == "position_ids is None" for b in i.body for n in ast.walk(b)}
-    from_row = positions_from_row(owner)
+    from_row = positions_from_row(owner) or positions_module_from_row(owner)
     if from_row is not None:  # the positions it counts are replaced by the row's own (Bart's decoder): a patch hands
         # that module the packed row's position ids (`tfcompat.hf.patching`)
         defaults |= {id(n) for b in fn.body if isinstance(b, ast.Assign)
@@ -312,12 +312,25 @@ def _counted_by(module: Any, owner: type, layers: list[type], holders: list[type
     to_cut = {id(c) for n in ast.walk(fn) if isinstance(n, ast.Assign) and all(
         isinstance(t, ast.Name) and all(i in handed for i in loads.get(t.id, [])) for t in n.targets)
         for c in ast.walk(n.value) if isinstance(c, ast.Call)}
+    # names that may hold something of the row: the forward's parameters and what is computed from them (a value of
+    # constants and the module's attributes alone, MVP's prompt ids ``torch.arange(self.prompt_length)``, is not)
+    dependent = {a.arg for a in fn.args.args[1:] + fn.args.kwonlyargs} | {
+        a.arg for a in (fn.args.vararg, fn.args.kwarg) if a is not None}
+    for node in sorted((n for n in ast.walk(fn) if isinstance(n, ast.Assign)), key=lambda n: (n.lineno, n.col_offset)):
+        if any(isinstance(n, ast.Name) and n.id in dependent for n in ast.walk(node.value)):
+            dependent |= {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+
+    def of_row(expr: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in dependent for n in ast.walk(expr))
+
     for attr, classes in [] if positioned else _assigned_classes(module, owner, "__init__"):
         if attr == from_row:
             continue
         uses = [c for c in ast.walk(fn) if isinstance(c, ast.Call) and _self_attr(c.func) == attr]
-        if uses and all(id(c) in to_cut for c in uses):
-            continue  # what it computes only reaches the layers cut per sequence (RoFormer's sinusoidal positions)
+        if uses and all(id(c) in to_cut or not any(of_row(a) for a in [*c.args, *(k.value for k in c.keywords)])
+                        for c in uses):
+            continue  # it computes nothing of the row, or only for the layers' arguments cut per sequence (RoFormer's
+            # sinusoidal positions)
         for cls in (c for c in classes if c not in layers and c not in holders):
             forward = _method(cls, "forward")
             params = {a.arg for a in forward.args.args[1:] + forward.args.kwonlyargs} if forward is not None else {""}
@@ -327,7 +340,7 @@ def _counted_by(module: Any, owner: type, layers: list[type], holders: list[type
 
     def row(expr: ast.AST, skip: set[int]) -> bool:
         return any(id(n) not in skip and ((isinstance(n, ast.Name) and n.id in tainted) or (
-            isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.arange")) for n in ast.walk(expr))
+            isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.arange" and of_row(n))) for n in ast.walk(expr))
 
     for node in sorted((n for n in ast.walk(fn) if isinstance(n, ast.Assign) and id(n) not in defaults),
                        key=lambda n: (n.lineno, n.col_offset)):
@@ -699,6 +712,41 @@ def positions_from_row(text: type) -> str | None:
     if restore is not None and _self_attr(cast(ast.Call, restore.value).func) not in attrs:
         return None
     return attrs.pop()
+
+
+@functools.cache
+def positions_module_from_row(text: type) -> str | None:
+    """The attribute of the positions module that ``text.forward`` (without a ``position_ids`` parameter) calls once
+    without position ids, so that the module counts them over the row itself, where every class it may hold takes
+    them instead: ``forward(..., position_ids=None)`` reading ``if position_ids is None: <count over the row> else:
+    position_ids = position_ids.unsqueeze(0)`` (MVP's and TrOCR's learned positions); None otherwise. A packed
+    forward hands that module the positions of each token in its sequence (`tfcompat.hf.patching`, as for
+    `positions_from_row`)."""
+    fn = _method(text, "forward")
+    if fn is None or "position_ids" in {a.arg for a in fn.args.args + fn.args.kwonlyargs}:
+        return None
+    module = importlib.import_module(text.__module__)
+    for attr, classes in _assigned_classes(module, text, "__init__"):
+        calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call) and _self_attr(c.func) == attr]
+        if len(calls) != 1 or isinstance(calls[0].func, ast.Subscript) or any(
+                k.arg in ("position_ids", None) for k in calls[0].keywords) or not classes:
+            continue
+        if all(_takes_row_positions(cls) for cls in classes):
+            return attr
+    return None
+
+
+def _takes_row_positions(cls: type) -> bool:
+    fn = _method(cls, "forward")
+    if fn is None:
+        return False
+    params = fn.args.args[1:]
+    defaults = dict(zip([a.arg for a in params][len(params) - len(fn.args.defaults):], fn.args.defaults))
+    if "position_ids" not in defaults or ast.unparse(defaults["position_ids"]) != "None":
+        return False
+    return any(isinstance(n, ast.If) and ast.unparse(n.test) == "position_ids is None"
+               and [ast.unparse(b) for b in n.orelse] == ["position_ids = position_ids.unsqueeze(0)"]
+               for n in fn.body)
 
 
 def cross_attrs(layer: type, attention: type) -> tuple[str, ...]:
