@@ -4,8 +4,8 @@ Rule: on a packed row, a derived family whose attention dispatches through no ``
 Bloom's ALiBi, MVP), passes what the core does not implement (DeepSeek-V3.2's sparse indexer), or that has no
 attention at all (Mamba: the boundaries come from position ids it does not take) returns per token what the stock
 model returns on each sequence alone, forward and backward (fp32, the tolerances of `tests.every_type`), against the
-eager and sdpa references; control: with the layers' stock forwards back, the packed row differs; under Ulysses, and for a layer
-argument whose role cannot be proved, `patch()` / `resolve()` refuse, naming it.
+eager and sdpa references; control: with the layers' stock forwards back, the packed row differs; under Ulysses,
+and for a layer argument whose role cannot be proved, `patch()` / `resolve()` refuse, naming it.
 """
 
 from __future__ import annotations
