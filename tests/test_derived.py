@@ -61,7 +61,7 @@ REFUSED_ON_4 = {"qwen2_moe": "holds no attention that dispatches through Attenti
 NOT_DERIVABLE = {
     "recurrent_gemma": r"RecurrentGemmaRecurrentBlock cannot run per sequence",  # state on the module
     "xlnet": r"(?s)XLNetLayer holds no attention that dispatches through AttentionInterface.*'output_g'",
-    "trocr": r"TrOCRDecoder.forward builds TrOCRLearnedPositionalEmbedding, which may count positions over the row",
+    "cpmant": r"CpmAntModel.forward builds CpmAntSegmentPositionEmbedding, which may count positions over the row",
 }
 MAJOR = int(str(tfcompat.registry.versions.installed_transformers()).split(".")[0])
 INSTALLED_VERSION = str(tfcompat.registry.versions.installed_transformers())
@@ -354,7 +354,8 @@ def test_attention_found_below_the_decoder_layer():
 
 @pytest.mark.skipif(MAJOR < 5, reason="BERT-style attention dispatches through AttentionInterface from 5.0")
 @pytest.mark.parametrize(("change", "what"), [
-    (dict(is_decoder=False), "is not causal"),  # an encoder: its LM head attends both ways
+    # an encoder (is_decoder=False), attending both ways, runs its layers per sequence instead:
+    # tests/test_per_sequence_attention.py
     (dict(add_cross_attention=True), r"holds cross-attention \(BertCrossAttention\)"),
 ])
 def test_bert_style_decoder_refused_where_not_causal_or_cross(change, what):

@@ -10,6 +10,7 @@ and for a layer argument whose role cannot be proved, `patch()` / `resolve()` re
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import pytest
@@ -35,6 +36,7 @@ from tfcompat.registry.mixers import layer_call
 from tfcompat.tiny_models import attention_implementations, model_types
 
 pytestmark = pytest.mark.broad  # derived families: CI runs them on its newest release (tests/conftest.py)
+MAJOR = int(str(tfcompat.registry.versions.installed_transformers()).split(".")[0])
 
 # no AttentionInterface (absolute positions), ALiBi, a sparse indexer, no attention and no position ids, learned
 # positions its decoder counts over the row (handed the row's own)
@@ -64,8 +66,8 @@ def _model(model_type: str, impl: str = "eager") -> torch.nn.Module:
 
 
 def _per_sequence(handle: tfcompat.PatchHandle) -> list[torch.nn.Module]:
-    return [r.target for r in handle.records if r.attr == "forward" and r.note in (hf_mixers.NOTE,
-                                                                                    hf_mixers.LAYER_NOTE)]
+    return [r.target for r in handle.records if r.attr == "forward" and r.note.startswith((hf_mixers.NOTE,
+                                                                                          hf_mixers.LAYER_NOTE))]
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
@@ -187,14 +189,19 @@ def test_mask_of_the_row_cut_to_its_diagonal_block():
 
 
 def test_positions_counted_over_the_row_without_position_ids_are_refused():
-    """TrOCR's decoder takes no position ids and counts its learned positions over the row: its layers could run per
-    sequence, but their positions would run across sequences."""
+    """TrOCR's decoder takes no position ids: its learned positions module takes the row's own (tested with the other
+    types in tests/test_every_causal_lm.py), its sinusoidal one counts them over the row and takes none: refused at
+    patch(); CPM-Ant's segment positions, at resolve()."""
     if "trocr" not in model_types("causal_lm"):
         pytest.skip("trocr is not a causal LM of this transformers")
-    with pytest.raises(PatchError, match="TrOCRDecoder.forward builds TrOCRLearnedPositionalEmbedding, which may count "
-                       "positions over the row"):
-        tfcompat.resolve("trocr")
-
+    model = _model("trocr")
+    config = model.config
+    config.use_learned_position_embeddings = False
+    sinusoidal = type(model)(config)
+    with pytest.raises(PatchError, match=r"TrOCRDecoder\.embed_positions counts positions over the row"):
+        tfcompat.patch(sinusoidal)
+    with pytest.raises(PatchError, match="CpmAntModel.forward builds CpmAntSegmentPositionEmbedding"):
+        tfcompat.resolve("cpmant")
 
 @pytest.mark.parametrize("model_type", ["bloom", "mamba"])
 def test_an_ordinary_call_runs_stock(model_type):
@@ -221,3 +228,22 @@ def test_checkpoint_keep_is_refused():
     with pytest.raises(PatchError, match="checkpoint_keep where the decoder layers run per sequence"):
         tfcompat.patch(model, checkpoint_keep="attention")
     assert not tfcompat.is_patched(model)
+
+
+@pytest.mark.skipif(MAJOR < 5, reason="BERT-style attention dispatches through AttentionInterface from 5.0")
+def test_a_layer_the_core_refuses_runs_per_sequence():
+    """BERT as an encoder (is_decoder=False: not causal, which the packed core refuses): at patch() its decoder
+    layers run per sequence instead, and the packed row equals stock per sequence (attending both ways within each)."""
+    from tfcompat.tiny_models import tiny_config
+
+    config = tiny_config("bert")
+    config.is_decoder = False
+    torch.manual_seed(0)
+    model = importlib.import_module("transformers").BertLMHeadModel(config).eval()
+    seqs = sample_sequences(model.config)
+    with torch.no_grad():
+        expected = stock_per_sequence(model, seqs)
+        with tfcompat.patch(model) as handle:
+            assert _per_sequence(handle) and "is not causal" in handle.explain()
+            diff = compare(logits_of(model, **packed_inputs(seqs)), expected)
+    assert diff <= TOLERANCE, diff

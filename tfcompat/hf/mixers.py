@@ -121,7 +121,8 @@ def plan_layers(model: torch.nn.Module, r: Resolved, group: Any, why: str) -> Mi
                       fix="patch without ulysses_group")
     layers = [m for m in model.modules() if type(m) in calls]
     outer = [m for m in layers if not any(m is not o and any(m is x for x in o.modules()) for o in layers)]
-    return MixerPlan([(m, per_sequence_forward(m, calls[type(m)], LAYER_ROLES)) for m in outer], [], LAYER_NOTE)
+    return MixerPlan([(m, per_sequence_forward(m, calls[type(m)], LAYER_ROLES)) for m in outer], [],
+                     f"{LAYER_NOTE}; why: {why}")
 
 
 def apply(handle: Any, mixers: MixerPlan) -> None:

@@ -45,6 +45,7 @@ from ..registry.derive import (
     own_positions,
     positions_from_row,
     positions_module_from_row,
+    takes_row_positions,
 )
 from . import attention as hf_attention
 from . import checkpointing as hf_checkpointing
@@ -179,7 +180,7 @@ def patch(
     plan = _plan(model, resolved, ulysses_group, linear_backend, backend)
     vision = plan_vision(model, resolved, plan.text_models, [f[0] for f in plan.features], ulysses_group)
     fused_modules = hf_fused.prepare(model, fused, resolved.family, resolved.transformers_version)
-    if keep and plan.mixers.note == hf_mixers.LAYER_NOTE:
+    if keep and plan.mixers.note.startswith(hf_mixers.LAYER_NOTE):
         raise resolved.error(PatchError, "checkpoint_keep where the decoder layers run per sequence",
                              why="tfcompat replaces those layers' forwards with a loop over the row's sequences; the "
                              "modules kept from recomputation are the packed path's", supported="checkpoint_keep=()",
@@ -434,6 +435,14 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
                           why=f"found no {r.text_model_cls.__name__}", fix="pass the model built by transformers for "
                           "this family")
         _check_positions_reach(model, r, entry)
+        attr = positions_module_from_row(r.text_model_cls) if positions_from_row(r.text_model_cls) is None else None
+        held = {type(getattr(tm, attr)) for tm in text_models} if attr is not None else set()
+        if any(not takes_row_positions(cls) for cls in held):
+            raise r.error(PatchError, f"{r.text_model_cls.__name__}.{attr} counts positions over the row",
+                          why=f"it holds {', '.join(c.__name__ for c in held)}, which takes no position ids; the "
+                          "decoder layers run per sequence, but their positions would run across sequences",
+                          supported=entry, fix="build the model with the positions module that takes position ids "
+                          "(TrOCR: use_learned_position_embeddings=True), or run it unpatched")
         return _Plan([], text_models, [], [], [], hf_mixers.plan_layers(model, r, group, why))
     # cross-attention of the self-attention's class (Bart's encoder_attn): called only with encoder states, which a
     # packed forward refuses; left to its stock function

@@ -39,7 +39,8 @@ from .records import AttentionCall, Derivation, Entry, Family, MixerCall, RopeCo
 
 __all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "OwnPositions", "attention_call",
            "causal_lm_types", "cross_attrs", "derive", "guard_holds", "layer_kind", "module_name", "own_positions",
-           "passed_values", "positions_from_row", "positions_module_from_row", "temperature_guard"]
+           "passed_values", "positions_from_row", "positions_module_from_row", "takes_row_positions",
+           "temperature_guard"]
 
 # what an attention forward may pass to the attention function, and what the packed path makes of it
 ATTENTION_KEYWORDS = {
@@ -716,10 +717,12 @@ def positions_from_row(text: type) -> str | None:
 
 @functools.cache
 def positions_module_from_row(text: type) -> str | None:
-    """The attribute of the positions module that ``text.forward`` (without a ``position_ids`` parameter) calls once
+    """The attribute of the positions module that ``text.forward`` (without a ``position_ids`` parameter) calls
     without position ids, so that the module counts them over the row itself, where every class it may hold takes
     them instead: ``forward(..., position_ids=None)`` reading ``if position_ids is None: <count over the row> else:
-    position_ids = position_ids.unsqueeze(0)`` (MVP's and TrOCR's learned positions); None otherwise. A packed
+    position_ids = position_ids.unsqueeze(0)`` (MVP's and TrOCR's learned positions: `takes_row_positions`; where
+    the attribute may hold another class, TrOCR's sinusoidal positions, ``patch()`` checks the module built); None
+    otherwise. A packed
     forward hands that module the positions of each token in its sequence (`tfcompat.hf.patching`, as for
     `positions_from_row`)."""
     fn = _method(text, "forward")
@@ -728,15 +731,17 @@ def positions_module_from_row(text: type) -> str | None:
     module = importlib.import_module(text.__module__)
     for attr, classes in _assigned_classes(module, text, "__init__"):
         calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call) and _self_attr(c.func) == attr]
-        if len(calls) != 1 or isinstance(calls[0].func, ast.Subscript) or any(
-                k.arg in ("position_ids", None) for k in calls[0].keywords) or not classes:
+        if not calls or not classes or any(isinstance(c.func, ast.Subscript) or any(
+                k.arg in ("position_ids", None) for k in c.keywords) for c in calls):
             continue
-        if all(_takes_row_positions(cls) for cls in classes):
+        if any(takes_row_positions(cls) for cls in classes):  # the module a model holds is checked at patch()
             return attr
     return None
 
 
-def _takes_row_positions(cls: type) -> bool:
+def takes_row_positions(cls: type) -> bool:
+    """Whether ``cls.forward`` takes ``position_ids=None`` and then counts them over the row, else reads them as
+    ``position_ids.unsqueeze(0)`` (`positions_module_from_row`)."""
     fn = _method(cls, "forward")
     if fn is None:
         return False
