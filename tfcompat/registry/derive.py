@@ -6,15 +6,20 @@ wrapper that only delegates to it: Bart's ``*DecoderWrapper``); the text model's
 decoder layer's ``__init__`` its attention, up to `_DEPTH` classes down (dbrx's ``norm_attn_norm.attn``, BERT's
 ``attention.self``), with ``**kwargs`` proved passed at each level (else bridged by a pre-hook); and the attention's
 ``forward`` names what it passes to the attention function it takes from ``ALL_ATTENTION_FUNCTIONS``. Each of these
-is read from the source with `ast`, never guessed from names. What tfcompat cannot prove it handles is refused with
-a `PatchError` naming it: a token mixer other than softmax attention that cannot run per sequence (the others do:
-`tfcompat.registry.mixers`, `tfcompat.hf.mixers`), an attention that does not dispatch through
-transformers' ``AttentionInterface``, a keyword the packed core does not know, positions read from the row index
-rather than from ``position_ids``, cross-attention where a model builds it.
+is read from the source with `ast`, never guessed from names. Attention the packed core cannot express (one that
+does not dispatch through transformers' ``AttentionInterface``, passes a keyword or its own mask the core does not
+know, reads positions from the row index, shares its layer with a mixer) makes the decoder layers run once per
+sequence with the model's own attention, where every parameter of theirs has a proved role
+(`tfcompat.registry.mixers.layer_call`) and what the text model computes from the row index reaches them only where
+it is cut right (`_counted_positions`); token mixers other than softmax attention run per sequence as modules of their
+own (`tfcompat.registry.mixers`, `tfcompat.hf.mixers`). What tfcompat cannot prove it handles is refused with a
+`PatchError` naming it: a mixer or layer that could carry state across sequences, a layer parameter of no known role,
+positions counted over the row where a sequence alone counts its own, cross-attention where a model builds it.
 
-Three readings of the row index are recognized and mended instead, each from its exact source: llama4's NoPE
-temperature tuning (`temperature_guard`), a decoder counting ``position_ids`` over the row for its positions module
-(`positions_from_row`), and learned positions counted from a padding index (`own_positions`, RoBERTa).
+Readings of the row index are recognized and mended instead, each from its exact source: llama4's NoPE temperature
+tuning (`temperature_guard`), a decoder counting ``position_ids`` over the row for its positions module
+(`positions_from_row`) or leaving its positions module to count them (`positions_module_from_row`, MVP), and learned
+positions counted from a padding index (`own_positions`, RoBERTa).
 
 `derive` gives the `Family` (one `Entry`, for the installed release line); `attention_call` reads one attention
 class (also for written families, at `patch()`), and `passed_values` evaluates what one attention module passes.
