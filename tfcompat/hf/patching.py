@@ -207,7 +207,8 @@ def patch(
     own = own_positions(resolved.text_model_cls) if resolved.entry.derived is not None else None
     derived = resolved.entry.derived
     from_row = positions_from_row(resolved.text_model_cls) if derived is not None else None
-    if from_row is None and derived is not None and not derived.softmax_attention:  # layers run per sequence (MVP)
+    layered = derived is not None and (bool(derived.per_sequence_why) or not derived.softmax_attention)
+    if from_row is None and layered:  # layers run per sequence (MVP)
         from_row = positions_module_from_row(resolved.text_model_cls)
     for text_model in plan.text_models:
         computes = None if own is None else functools.partial(_own_positions, getattr(text_model, own.attr), own)
@@ -223,7 +224,7 @@ def patch(
         handle._set("instance", text_model, "forward", forward, "packed position ids -> boundaries once per forward; "
                     "ordinary calls -> the stock attention")
     if all(model is not m for m in plan.text_models) and _takes_kwargs(model.forward):
-        boundaries_only = (derived is not None and not derived.softmax_attention and from_row is None
+        boundaries_only = (layered and from_row is None
                            and "position_ids" not in inspect.signature(model.forward).parameters)
         handle._set("instance", model, "forward", _top_forward(model.forward, router, boundaries_only),
                     "packed or stock decided once per forward; labels per sequence on packed rows")
@@ -599,7 +600,9 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
     sig = inspect.signature(original)
     takes_positions = "position_ids" in sig.parameters
     modules = per_sequence or []
-    positionless = (bool(modules) and r.entry.derived is not None and not r.entry.derived.softmax_attention
+    derived = r.entry.derived
+    positionless = (bool(modules) and derived is not None and (bool(derived.per_sequence_why)
+                                                               or not derived.softmax_attention)
                     and not takes_positions and row_module is None)
 
     def call(ctx: Any, kwargs: dict[str, Any]) -> Any:

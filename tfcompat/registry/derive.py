@@ -148,20 +148,20 @@ def derive(model_type: str, version: str) -> Family:
     softmax = attention is not None  # else the layers run per sequence, or hold mixers alone (Mamba)
     call = attention_call(attention) if softmax else AttentionCall(layers[0].__name__, (), False, (), 0, "")
     attention = attention or layers[0]
-    if softmax:  # the boundaries reach the attention in the forwards' kwargs (a mixer or a layer run per
-        # sequence takes them from the text model's forward as well)
-        for owner in (text, *holders):
-            dropped = _layer_calls_without_kwargs(owner)
-            if dropped:
-                raise refuse(f"{owner.__name__}.forward calls its decoder layers without **kwargs ({dropped})",
-                             "the packed boundaries travel in the forward's kwargs and could not reach the attention")
-        for holder in holders:
-            if not _passes_kwargs(text, holder):
-                raise refuse(f"{text.__name__}.forward calls its {holder.__name__} without **kwargs",
-                             "the packed boundaries travel in the forward's kwargs and could not reach the decoder "
-                             "layers")
+    # the boundaries reach the packed core's attention in the forwards' kwargs; where they cannot (4.x Bart's decoder
+    # calls its layers without them), the layers run per sequence, which take them from the text model's forward
+    dropped = [f"{owner.__name__}.forward calls its decoder layers without **kwargs ({d})"
+               for owner in (text, *holders) for d in [_layer_calls_without_kwargs(owner)] if d]
+    dropped += [f"{text.__name__}.forward calls its {holder.__name__} without **kwargs" for holder in holders
+                if not _passes_kwargs(text, holder)]
+    if softmax and not forced and dropped:
+        if unproved:
+            raise refuse(dropped[0], "the packed boundaries travel in the forward's kwargs and could not reach the "
+                         f"attention; nor can its decoder layers run per sequence ({unproved})")
+        forced, mixer_calls = dropped[0], []
     # a text model without position ids whose layers run per sequence: what it counts over the row is read below
-    positionless = not softmax and "position_ids" not in inspect.signature(cast(Any, text).forward).parameters
+    positionless = ((forced or not softmax)
+                    and "position_ids" not in inspect.signature(cast(Any, text).forward).parameters)
     for owner in () if positionless else (text, *holders):
         unpositioned = _position_modules_without_ids(module, owner)
         if unpositioned:
@@ -352,7 +352,8 @@ def _counted_by(module: Any, owner: type, layers: list[type], holders: list[type
                        key=lambda n: (n.lineno, n.col_offset)):
         if row(node.value, passed | handed):  # computed from the row index, not by a call given it (checked there)
             tainted |= {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
-    calls = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call) and id(n) not in to_cut | defaults),
+    calls = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call) and id(n) not in to_cut | defaults
+                    and (from_row is None or _self_attr(n.func) != from_row)),  # given the row's own positions
                    key=lambda n: (n.lineno, n.col_offset))
     for call in calls:
         by_name = names(call)
@@ -723,7 +724,8 @@ def positions_from_row(text: type) -> str | None:
 @functools.cache
 def positions_module_from_row(text: type) -> str | None:
     """The attribute of the positions module that ``text.forward`` (without a ``position_ids`` parameter) calls
-    without position ids, so that the module counts them over the row itself, where every class it may hold takes
+    without position ids (or with the row index, ``position_ids=cache_position``), so that the module counts them
+    over the row itself, where every class it may hold takes
     them instead: ``forward(..., position_ids=None)`` reading ``if position_ids is None: <count over the row> else:
     position_ids = position_ids.unsqueeze(0)`` (MVP's and TrOCR's learned positions: `takes_row_positions`; where
     the attribute may hold another class, TrOCR's sinusoidal positions, ``patch()`` checks the module built); None
@@ -736,8 +738,10 @@ def positions_module_from_row(text: type) -> str | None:
     module = importlib.import_module(text.__module__)
     for attr, classes in _assigned_classes(module, text, "__init__"):
         calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call) and _self_attr(c.func) == attr]
+        # no position ids passed, or the row index (4.57 Bart: position_ids=cache_position): replaced by the hook
         if not calls or not classes or any(isinstance(c.func, ast.Subscript) or any(
-                k.arg in ("position_ids", None) for k in c.keywords) for c in calls):
+                k.arg is None or (k.arg == "position_ids" and ast.unparse(k.value) != "cache_position")
+                for k in c.keywords) for c in calls):
             continue
         if any(takes_row_positions(cls) for cls in classes):  # the module a model holds is checked at patch()
             return attr

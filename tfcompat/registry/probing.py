@@ -125,7 +125,8 @@ def probe(family: Family, entry: Entry, version: str, forward_compatible: bool) 
 
     text_params = inspect.signature(classes["text_model"].forward).parameters
     from_row = positions_from_row(classes["text_model"]) if entry.derived is not None else None
-    positionless = entry.derived is not None and not entry.derived.softmax_attention  # derive read what it counts
+    positionless = entry.derived is not None and (  # layers run per sequence: derive read what it counts
+        bool(entry.derived.per_sequence_why) or not entry.derived.softmax_attention)
     if "position_ids" not in text_params and from_row is None and not positionless:
         raise fail(f"{entry.classes['text_model']}.forward", "has no position_ids parameter")
     probes.append(Probe("text model position_ids", True, entry.text_model_positions if from_row is None else
