@@ -393,6 +393,11 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
         raise r.error(PatchError, f"{type(model).__name__} cannot run sequence parallel",
                       why="it pools one score per sequence from tokens that sit on other ranks", supported=entry,
                       fix="score packed rows without ulysses_group (tfcompat pools one score per sequence there)")
+    if group is not None and r.spec.moe_token_types is not None:
+        raise r.error(PatchError, f"{r.family} cannot run sequence parallel",
+                      why="its MoE sends each token to text or vision experts by moe_mm_token_type_ids, which "
+                      "tfcompat.ulysses.shard_inputs does not slice to a rank's tokens", supported=entry,
+                      fix="patch without ulysses_group (packed rows on one process route every token as stock does)")
     text_models = [m for m in model.modules() if isinstance(m, r.text_model_cls)]
     # cross-attention of the self-attention's class (Bart's encoder_attn): called only with encoder states, which a
     # packed forward refuses; left to its stock function

@@ -265,6 +265,10 @@ class Family:
         builds from a checkpoint of the family): its entries are the text half of the family's, without vision.
         `tfcompat.registry.family` finds it by its key; `tfcompat.families.FAMILIES` does not list it (its tests
         are the parent's). None: the family has none.
+    moe_token_types: ``(config, input_ids (B, L)) -> (B, L)`` int tensor for a family whose MoE routes each token by
+        its modality (ERNIE-4.5-VL's text and vision experts): what the processor passes as
+        ``moe_mm_token_type_ids`` (0 text, 1 image, 2 video, start/end tokens with their kind). `tfcompat.pack`
+        builds it from the ids; sequence parallelism is refused (the ids are not sliced per rank). None: no such MoE.
     """
 
     key: str
@@ -276,6 +280,7 @@ class Family:
     vision_placeholder: Callable[[Any, str, tuple[int, int, int]], list[int]] | None = None
     text_variants: tuple[tuple[str, str], ...] = ()
     text_only: Family | None = None
+    moe_token_types: Callable[[Any, torch.Tensor], torch.Tensor] | None = None
 
     @property
     def is_vision(self) -> bool:
