@@ -200,13 +200,14 @@ def stock_check(model_type: str, attn_implementation: str = "eager", seed: int =
 
 def image_sequence(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
     """One row of text around one fake image: `input_ids (1, L)` with the image's placeholder run, the image kwargs,
-    and `mm_token_type_ids (1, L)` (1 on the image) where the forward takes them."""
+    and `mm_token_type_ids` / `moe_mm_token_type_ids (1, L)` (1 on the image) where the forward takes them."""
     image = tiny_image(model, seed=seed)
     before, after = sample_sequences(model.config, lengths=(5, 4), seed=seed)
     ids = torch.cat([before, torch.full((image.tokens,), image.token_id), after])[None]
     inputs = {"input_ids": ids, **image.inputs}
-    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
-        inputs["mm_token_type_ids"] = (ids == image.token_id).long()
+    for name in ("mm_token_type_ids", "moe_mm_token_type_ids"):  # ERNIE-4.5-VL routes its MoE by the latter
+        if name in inspect.signature(model.forward).parameters:
+            inputs[name] = (ids == image.token_id).long()
     return inputs
 
 
@@ -281,7 +282,7 @@ def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0)
             with torch.no_grad():
                 diff = compare(logits_of(model, **inputs), expected)
                 rest = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids")}
-                per_token = ("tfcompat", "token_type_ids", "mm_token_type_ids")  # the context, token types
+                per_token = ("tfcompat", "token_type_ids", "mm_token_type_ids", "moe_mm_token_type_ids")
                 vision = {k: v for k, v in rest.items() if not k.startswith(per_token)}
                 context = {k: v for k, v in rest.items() if k.startswith(per_token)}
                 try:
@@ -289,7 +290,7 @@ def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0)
                 except InvalidInputError as exc:  # a stock forward that takes no embeddings alone: said, typed
                     diff_embedded, note = 0.0, f"; embed_inputs refused: {_reason(exc)}"
                 else:
-                    diff_embedded, note = compare(logits_of(model, **embedded.model_inputs(), **context,
+                    diff_embedded, note = compare(logits_of(model, **{**context, **embedded.model_inputs()},
                                                             position_ids=inputs["position_ids"]), expected), ""
             got_grads = gradients(model, lambda: (logits_of(model, **inputs) @ w).sum())
         except Exception as exc:  # noqa: BLE001
