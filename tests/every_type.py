@@ -266,12 +266,20 @@ def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0)
         return Outcome(model_type, "skipped", f"the model class offers no {attn_implementation} attention")
     try:
         model = build(model_type, attn_implementation, kind="image_text_to_text", seed=seed)
+    except Exception as exc:  # noqa: BLE001 -- the zoo reports every reason a type cannot be built or run
+        return Outcome(model_type, "unbuildable", _reason(exc))
+    try:
         examples = vlm_examples(model, seed=seed)
         with torch.no_grad():
             expected = [logits_of(model, **ex) for ex in examples]
         w = projection(expected[0].shape[-1])
         expected_grads = gradients(model, lambda: sum((logits_of(model, **ex) @ w).sum() for ex in examples))
-    except Exception as exc:  # noqa: BLE001 -- the zoo reports every reason a type cannot be built or run
+    except Exception as exc:  # noqa: BLE001
+        # no fake image for it: patch() still says whether tfcompat takes the model at all (a refusal needs no image)
+        refusal = _patch(model_type, model)
+        if isinstance(refusal, Outcome):
+            return refusal
+        refusal.undo()
         return Outcome(model_type, "unbuildable", _reason(exc))
     handle = _patch(model_type, model)
     if isinstance(handle, Outcome):
