@@ -198,7 +198,7 @@ def tiny_config(model_type: str, kind: Kind = "causal_lm") -> PretrainedConfig:
         default = config_cls()
     except Exception as exc:  # noqa: BLE001 -- any failure of a foreign constructor is the reason to report
         raise _error(model_type, f"{config_cls.__name__} does not build from its own defaults", cause=exc) from None
-    return _shrunk(model_type, default, _token_map(default), base={})
+    return _with_placeholders(_shrunk(model_type, default, _token_map(default), base={}))
 
 
 def tiny_model(
@@ -445,6 +445,18 @@ def _token_map(config: PretrainedConfig) -> dict[int, int]:
     kept = {i for i in found if 0 <= i < VOCAB}
     free = (i for i in range(VOCAB - 1, -1, -1) if i not in kept)
     return {i: next(free) for i in sorted(found - kept)}
+
+
+def _with_placeholders(config: PretrainedConfig) -> PretrainedConfig:
+    """``config`` with a free id of the tiny vocab for each image / video placeholder id it leaves None (MiniCPM-V,
+    BLIP-2: the processor's tokenizer names them); without one the model has no placeholder to scatter features at."""
+    missing = [k for k, v in config.to_dict().items() if v is None and _is_token_key(k) and
+               any(kind in k for kind in ("image", "video"))]
+    used = special_token_ids(config)
+    free = (i for i in range(VOCAB - 1, -1, -1) if i not in used)
+    for key in missing:
+        setattr(config, key, next(free))
+    return config
 
 
 def _is_token_key(key: str) -> bool:
