@@ -25,6 +25,7 @@ import torch
 
 import tfcompat
 from tfcompat.errors import InvalidInputError, PatchError, UnknownFamilyError, UnsupportedVersionError
+from tfcompat.selfcheck import vision_placeholder
 from tfcompat.tiny_models import Kind, TinyModelError, attention_implementations, tiny_image, tiny_model, tiny_video
 
 TOLERANCE = 1e-5
@@ -203,12 +204,28 @@ def image_sequence(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Ten
     and `mm_token_type_ids` / `moe_mm_token_type_ids (1, L)` (1 on the image) where the forward takes them."""
     image = tiny_image(model, seed=seed)
     before, after = sample_sequences(model.config, lengths=(5, 4), seed=seed)
-    ids = torch.cat([before, torch.full((image.tokens,), image.token_id), after])[None]
+    run = [image.token_id] * image.tokens
+    written = _written_family(model)
+    if written is not None and "image_grid_thw" in image.inputs:  # its processor's layout (start / end tokens)
+        run = vision_placeholder(model.config, "image", tuple(image.inputs["image_grid_thw"][0].tolist()))
+    ids = torch.cat([before, torch.tensor(run), after])[None]
     inputs = {"input_ids": ids, **image.inputs}
     for name in ("mm_token_type_ids", "moe_mm_token_type_ids"):  # ERNIE-4.5-VL routes its MoE by the latter
         if name in inspect.signature(model.forward).parameters:
-            inputs[name] = (ids == image.token_id).long()
+            build_types = None if written is None else (
+                written.mm_token_types if name == "mm_token_type_ids" else written.moe_token_types)
+            inputs[name] = (build_types(model.config, ids) if build_types is not None
+                            else (ids == image.token_id).long())
     return inputs
+
+
+def _written_family(model: torch.nn.Module) -> Any:
+    """The written vision-language family table of ``model``'s type (`tfcompat.registry.records.Family`), or None."""
+    try:
+        fam = tfcompat.registry.family(model.config.model_type)
+    except REFUSALS:
+        return None
+    return fam if fam.is_vision and fam.entries[-1].derived_vision is None else None
 
 
 def image_check(model_type: str, attn_implementation: str = "eager", seed: int = 0) -> Outcome:
@@ -253,8 +270,12 @@ def vlm_examples(model: torch.nn.Module, seed: int = 0) -> list[dict[str, torch.
     except REFUSALS:
         derived = False
     video = video_sequence(model, seed=seed + 3) if derived else None
-    return [image_sequence(model, seed=seed), {"input_ids": text}, image_sequence(model, seed=seed + 2),
-            *([video] if video is not None else [])]
+    examples = [image_sequence(model, seed=seed), {"input_ids": text}, image_sequence(model, seed=seed + 2),
+                *([video] if video is not None else [])]
+    if _written_family(model) is not None:  # as selfcheck.stock_inputs: 4.x mask builders crash on 3-row ids without
+        for ex in examples:
+            ex["attention_mask"] = torch.ones_like(ex["input_ids"])
+    return examples
 
 
 def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> Outcome:
@@ -305,8 +326,10 @@ def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0)
             return Outcome(model_type, "fail", f"patched forward raised {_reason(exc)}")
     with torch.no_grad():  # the control: the same row unpatched, positions running on (stock 5.x finds restarting
         # position ids itself), attends across sequences
-        control = compare(logits_of(model, **{k: v for k, v in inputs.items() if not k.startswith("tfcompat")
-                                              and k != "position_ids"}), expected)
+        unpatched = {k: v for k, v in inputs.items() if not k.startswith("tfcompat") and k != "position_ids"}
+        if _written_family(model) is not None and "input_ids" in unpatched:  # as in vlm_examples
+            unpatched["attention_mask"] = torch.ones_like(unpatched["input_ids"])
+        control = compare(logits_of(model, **unpatched), expected)
     if got_grads.keys() != expected_grads.keys():
         missing = sorted(got_grads.keys() ^ expected_grads.keys())
         return Outcome(model_type, "fail", f"patched gradients reach other parameters: {', '.join(missing[:4])}",
