@@ -253,3 +253,26 @@ def test_llama4_packs_with_images(tuning):
     control = {k: v for k, v in inputs.items() if not k.startswith("tfcompat") and k != "position_ids"}
     with torch.no_grad():
         assert compare(model(**control, use_cache=False).logits[0], expected) > 1e-3
+
+
+def test_video_rows_carry_the_processors_token_types():
+    """Rule: the sweep's video row of a written M-RoPE family is laid out and typed as its processor does. Control:
+    without ``mm_token_type_ids`` the 5.3+ Qwen2.5-VL forward places the video as text (the 6e-3 "difference" of the
+    naive video check was this reference, not tfcompat), so the types change the stock logits."""
+    from tests.every_type import logits_of, video_sequence
+
+    model = _model("qwen2_5_vl")
+    row = video_sequence(model, seed=3)
+    assert row is not None
+    ids = row["input_ids"]
+    video = ids == model.config.video_token_id
+    start = int(video.long().argmax())
+    assert bool(video.any()) and int(ids[0, start - 1]) == model.config.vision_start_token_id
+    if not tfcompat.resolve("qwen2_5_vl").entry.rope_index_mm_token_types:  # 4.x finds videos by vision_start
+        assert "mm_token_type_ids" not in row
+        return
+    assert torch.equal(row["mm_token_type_ids"], 2 * video.long())
+    with torch.no_grad():
+        typed = logits_of(model, **row)
+        untyped = logits_of(model, **{k: v for k, v in row.items() if k != "mm_token_type_ids"})
+    assert float((typed - untyped).abs().max()) > 1e-4
