@@ -198,7 +198,7 @@ def tiny_config(model_type: str, kind: Kind = "causal_lm") -> PretrainedConfig:
         default = config_cls()
         vision_cls = (getattr(config_cls, "sub_configs", None) or {}).get("vision_config")
         if kind == "image_text_to_text" and vision_cls is not None and getattr(default, "vision_config", 0) is None:
-            default = config_cls(**{"vision_config": vision_cls()})  # an optional tower (Gemma 4): an image model has one
+            default = config_cls(**{"vision_config": vision_cls()})  # an optional tower (Gemma 4): an image needs one
     except Exception as exc:  # noqa: BLE001 -- any failure of a foreign constructor is the reason to report
         raise _error(model_type, f"{config_cls.__name__} does not build from its own defaults", cause=exc) from None
     return _with_placeholders(_shrunk(model_type, default, _token_map(default), base={}))
