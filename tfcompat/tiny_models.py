@@ -119,6 +119,8 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "VipLlavaConfig": {"vision_feature_layers": [-2, -1]},
     # the pixel-shuffle adapter's input (hidden 64 / 0.5**2) is the vision `intermediate_size`
     "Llama4VisionConfig": {"intermediate_size": 256},
+    # the projector's query count is keyed by the patch count of the full-size image (35**2, 70**2): the tiny one's 4**2
+    "AriaConfig": {"projector_patch_to_query_dict": {16: 4}},
     # any-resolution tiles of the tiny 32 x 32 image
     "LlavaNextConfig": {"image_grid_pinpoints": [[32, 32]]},
     "LlavaNextVideoConfig": {"image_grid_pinpoints": [[32, 32]]},
@@ -241,8 +243,9 @@ class TinyImage(NamedTuple):
 def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
     """A random image in the patch layout `model` expects, found by trying the layouts transformers' VLMs use.
 
-    Layouts, in order: flattened patches with a `(1, 3)` `image_grid_thw` (Qwen2-VL style, `(t*h*w, C*tp*p*p)`);
-    one `(1, C, S, S)` image (with `image_sizes` where the forward takes them); `(1, 1, C, S, S)` (Idefics3 style).
+    Layouts, in order: flattened patches with a `(1, 3)` `image_grid_thw` (Qwen2-VL style, `(t*h*w, C*tp*p*p)`) or
+    a `(1, 2)` `image_grid_hw`; one `(1, C, S, S)` image (with `image_sizes` where the forward takes them);
+    `(1, 1, C, S, S)` (Idefics3 style). The forward's and `get_image_features`' parameters say which apply.
     The placeholder count is what `get_image_features` returns, in rows of the text hidden size.
     """
     import inspect
@@ -259,7 +262,8 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
     if features is None:
         raise _error(config.model_type, "the model has no get_image_features")
     hidden = config.get_text_config().hidden_size
-    params = inspect.signature(model.forward).parameters
+    # what the forward or the feature function names (a forward taking **kwargs may name no image kwarg itself)
+    params = {**inspect.signature(model.forward).parameters, **inspect.signature(features).parameters}
     g = torch.Generator().manual_seed(seed)
     return _first_fit(config.model_type, "image", features, _layouts(vision, params, g), hidden, token_id,
                       lambda layout: _required_from_config(features, config, layout))
@@ -353,6 +357,9 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
         grid = torch.tensor([[1, h, w]])
         layouts += [{"pixel_values": flat, "image_grid_thw": grid},
                     {"pixel_values": flat.view(h * w, channels * temporal, patch, patch), "image_grid_thw": grid}]
+    if "image_grid_hw" in params:  # flattened 2-D patches and their (h, w) grid (Nemotron-H Omni)
+        flat = torch.randn(16, channels * patch * patch, generator=g)
+        layouts.append({"pixel_values": flat, "image_grid_hw": torch.tensor([[4, 4]])})
     if "spatial_shapes" in params:  # SigLIP2 NaFlex (LFM2-VL): (B, N, C*p*p) patches, their grid, a patch mask
         layouts.append({"pixel_values": torch.randn(1, 16, channels * patch * patch, generator=g),
                         "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16).bool()})
