@@ -117,6 +117,7 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
         "RoFormerConfig", "XLMRobertaConfig", "XLMRobertaXLConfig", "XmodConfig", "BigBirdConfig")},
     # the projector concatenates these vision layers: two of the tiny tower's two
     "VipLlavaConfig": {"vision_feature_layers": [-2, -1]},
+    "Molmo2AdapterConfig": {"vision_feature_layer": [1, 0]},  # full size [24, 18] of 25, indices checked
     # the pixel-shuffle adapter's input (hidden 64 / 0.5**2) is the vision `intermediate_size`
     "Llama4VisionConfig": {"intermediate_size": 256},
     # the projector's query count is keyed by the patch count of the full-size image (35**2, 70**2): the tiny one's 4**2
@@ -563,8 +564,10 @@ def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, 
 
 def _mrope_sections(sections: list[int], values: dict[str, Any]) -> list[int]:
     """M-RoPE's (t, h, w) split of the tiny head's rotary frequencies
-    (head_dim 16 times the rotary fraction, halved)."""
-    total = max(len(sections), round(_SIZES["head_dim"] * values.get("partial_rotary_factor", 1.0) / 2))
+    (head_dim 16, or qk_rope_head_dim 8 where the config has one, times the rotary fraction, halved)."""
+    # the rotary part of the head: MLA rotates qk_rope_head_dim only (HunYuan-VL v4)
+    rotary = _SIZES["qk_rope_head_dim"] if isinstance(values.get("qk_rope_head_dim"), int) else _SIZES["head_dim"]
+    total = max(len(sections), round(rotary * values.get("partial_rotary_factor", 1.0) / 2))
     scaled = [max(1, s * total // sum(sections)) for s in sections]
     scaled[-1] += total - sum(scaled)
     return scaled
