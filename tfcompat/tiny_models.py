@@ -142,6 +142,7 @@ _FILL_NONE: dict[str, dict[str, Any]] = {
     "DbrxAttentionConfig": {"clip_qkv": 8.0},  # clamped by
     "Dots1Config": {"n_shared_experts": 1},  # multiplied by
     "MllamaTextConfig": {"rope_scaling": {"rope_type": "default"}},  # read by the rotary embedding (4.x)
+    "DeepseekOcr2TextConfig": {"mlp_layer_types": ["dense", "sparse"]},  # indexed per layer
 }
 # M-RoPE sections the modeling code assumes where the config has none, and the 4.x rope type, by text config class:
 # scaled to the tiny head like a config's own.
