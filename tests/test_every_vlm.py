@@ -1,11 +1,13 @@
 """Every image-text-to-text type the installed transformers ships (`MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`), as
 a tiny model with one fake image per sequence.
 
-Rule: `tfcompat.patch(model)` either refuses with a typed error (the type passes as "refused", the reason recorded)
-or `tfcompat.pack` of three sequences (text around an image, text alone, text around another image) equals stock
-per sequence per token, forward and backward (fp32, relative 1e-5), also through `tfcompat.embed_inputs`; the
-unpatched packed row must differ (control). Patched and wrong fails. A type whose tiny model cannot be built or run
-with an image is an xfail that names why.
+Rule: `tfcompat.patch(model)` either refuses with a typed error (the type passes as "refused", the reason recorded;
+asked even where the zoo has no fake image for the type) or `tfcompat.pack` of three sequences (text around an image,
+text alone, text around another image; and text around a video where the model takes videos) equals stock per
+sequence per token, forward and backward (fp32, relative 1e-5), also through `tfcompat.embed_inputs`; the unpatched
+packed row must differ (control). Items are laid out and typed as the processor does (`mm_token_type_ids`; a written
+M-RoPE family's start/end tokens). Patched and wrong fails. A type whose tiny model cannot be built or run with an
+image is an xfail that names why.
 
 `python -m tests.every_type_report --kind image_text_to_text` prints the counts per release.
 """
