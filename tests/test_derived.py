@@ -401,3 +401,58 @@ def test_decoders_with_cross_attention_and_row_positions():
             with pytest.raises(InvalidInputError, match="encoder_hidden_states with packed inputs"):
                 model(**inputs, encoder_hidden_states=torch.randn(1, 5, model.config.d_model))
     assert rel_diff(got, expected) <= 1e-5 < rel_diff(control, expected)
+
+
+# -- the structure above the text model -------------------------------------------------------------------------------
+
+def _installed(model_type: str) -> bool:
+    return model_type in causal_lm_types()
+
+
+@pytest.mark.skipif(not _installed("gemma4"), reason="transformers has no gemma4 on this release")
+def test_owner_hands_its_language_model_per_token_inputs_the_text_model_computes():
+    """Gemma 4's owner passes per_layer_inputs (a per-token lookup) to its language model: accepted because the text
+    model's own forward computes the same keyword from the same method (`_text_model_computes`); the composite packs,
+    forward and backward; control: the stock composite on the packed row with a mask of ones attends across
+    sequences. An owner passing anything else under that keyword is refused."""
+    from tests.every_type import build, check, logits_of, packed_inputs, sample_sequences, stock_per_sequence
+    from tfcompat.registry.derive_vision import _forwards_to
+
+    entry = tfcompat.resolve("gemma4").entry
+    assert entry.derived_vision is not None and ("Gemma4Model", "language_model") in entry.derived_vision.hops
+    outcome = check("gemma4", "sdpa")
+    assert outcome.status == "pass", outcome.reason
+    model = build("gemma4", "sdpa")
+    seqs = sample_sequences(model.config)
+    inputs = packed_inputs(seqs)
+    with torch.no_grad():
+        expected = stock_per_sequence(model, seqs)
+        control = logits_of(model, **inputs, attention_mask=torch.ones_like(inputs["input_ids"]))
+    assert rel_diff(control, expected) > 1e-3
+    text_model = importlib.import_module(entry.module_of("text_model")).Gemma4TextModel
+    assert _forwards_to(_OwnPerLayerInputs, "language_model", text_model) == (
+        "_OwnPerLayerInputs.forward passes per_layer_inputs to its language model")
+
+
+class _OwnPerLayerInputs(torch.nn.Module):
+    """An owner computing per_layer_inputs its own way (not the text model's method): read from this source."""
+
+    def forward(self, inputs_embeds, position_ids=None, **kwargs):  # pragma: no cover - only its source is read
+        per_layer_inputs = self.mix_over_the_row(inputs_embeds)
+        return self.language_model(inputs_embeds=inputs_embeds, position_ids=position_ids,
+                                   per_layer_inputs=per_layer_inputs, **kwargs)
+
+
+@pytest.mark.parametrize("model_type", [t for t in ("gemma4_assistant", "gemma4_unified_assistant") if _installed(t)])
+def test_causal_lm_needing_another_models_states_is_refused(model_type):
+    """Gemma 4's assistant (a drafter) raises without shared_kv_states, its target model's keys and values."""
+    with pytest.raises(PatchError, match=r"forward requires shared_kv_states"):
+        tfcompat.resolve(model_type)
+
+
+@pytest.mark.skipif(not _installed("gemma3n"), reason="transformers has no gemma3n on this release")
+def test_language_model_is_the_one_built_from_the_text_config_alone():
+    """Gemma 3n's owner builds its vision and audio projectors from the text config too: the language model is the
+    attribute built from it alone (the model itself needs timm for its vision tower, which the test env lacks)."""
+    derived = tfcompat.resolve("gemma3n").entry.derived_vision
+    assert derived is not None and derived.language_model_attr == "language_model"

@@ -111,6 +111,11 @@ def derive(model_type: str, version: str) -> Family:
     lm = _local_class(module, lms[model_type])
     if lm is None:
         raise refuse(f"{lms[model_type]} is not defined in {where}", "the causal LM comes from another module")
+    required = _inputs_required(lm)
+    if required:
+        raise refuse(f"{lm.__name__}.forward requires {', '.join(required)}",
+                     "it raises unless they are given: inputs that a packed row (token ids or embeddings, position "
+                     "ids) does not carry", "run it unpatched, fed as its forward requires")
     prefix = getattr(lm, "base_model_prefix", "model")
     text = _single(_built_classes(module, lm, "__init__", attr=prefix)) or _local_class(
         module, _auto_name("MODEL_MAPPING_NAMES", model_type))
@@ -459,6 +464,21 @@ def _dispatch_call(cls: type) -> tuple[ast.FunctionDef, ast.Call] | None:
     same = {(ast.unparse(c.func), *(ast.unparse(a) for i, a in enumerate(c.args) if i != 3),
              *(ast.unparse(k) for k in c.keywords)) for c in calls}
     return (fn, calls[0]) if calls and len(same) == 1 else None
+
+
+def _inputs_required(lm: type) -> tuple[str, ...]:
+    """Parameters of ``lm.forward`` besides the tokens (``input_ids``, ``inputs_embeds``) that it raises without: a
+    top-level ``if <p> is None [or ...]: raise`` (Gemma 4's assistant: ``shared_kv_states``)."""
+    fn = _method(lm, "forward")
+    params = {a.arg for a in fn.args.args + fn.args.kwonlyargs} - {"input_ids", "inputs_embeds"} if fn else set()
+    found: list[str] = []
+    for node in fn.body if fn is not None else ():
+        if isinstance(node, ast.If) and any(isinstance(b, ast.Raise) for b in node.body):
+            tests = node.test.values if isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.Or) else [
+                node.test]
+            found += [t.left.id for t in tests if isinstance(t, ast.Compare) and isinstance(t.left, ast.Name)
+                      and t.left.id in params and ast.unparse(t).endswith(" is None")]
+    return tuple(dict.fromkeys(found))
 
 
 def _layer_calls_without_kwargs(text: type) -> str:

@@ -136,8 +136,9 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
             raise refuse(f"{owner.__name__}.{lm_attr} is a {built[0].__name__}, which holds no "
                          f"{text.classes['text_model']}", f"{text_type}'s text model is not found inside it")
         hops.append((built[0], inner_attr))
+    text_cls = getattr(importlib.import_module(text.module_of("text_model")), text.classes["text_model"])
     for cls, attr in hops:
-        gap = _forwards_to(cls, attr, to_language_model=cls is owner)
+        gap = _forwards_to(cls, attr, text_cls if cls is owner else None)
         if gap:
             raise refuse(gap, "without position_ids it numbers a sequence otherwise than 0, 1, ... (an offset), so the "
                          "per-sequence positions of a packed row would differ from the stock model's"
@@ -192,11 +193,15 @@ def _self_assignments(cls: type) -> list[tuple[str, ast.expr]]:
 
 
 def _text_config_attr(cls: type) -> str | None:
-    """The one attribute ``cls.__init__`` builds from ``config.text_config`` (a call taking it), else None."""
-    found = [a for a, v in _self_assignments(cls) if isinstance(v, ast.Call) and any(
-        ast.unparse(x) in ("config.text_config", "config.get_text_config()") for x in (*v.args, *(k.value for k in
-                                                                                                v.keywords)))]
-    return found[0] if len(set(found)) == 1 else None
+    """The one attribute ``cls.__init__`` builds from ``config.text_config`` (a call taking it; of several, the one
+    call taking nothing else: Gemma 3n's projectors take the vision or audio config too), else None."""
+    texts = ("config.text_config", "config.get_text_config()")
+    calls = [(a, [ast.unparse(x) for x in (*v.args, *(k.value for k in v.keywords))])
+             for a, v in _self_assignments(cls) if isinstance(v, ast.Call)]
+    found = {a for a, given in calls if any(g in texts for g in given)}
+    if len(found) > 1:
+        found = {a for a, given in calls if a in found and len(given) == 1}
+    return found.pop() if len(found) == 1 else None
 
 
 def _submodules(module: Any, owner: type, lm_attr: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -212,10 +217,11 @@ def _submodules(module: Any, owner: type, lm_attr: str) -> tuple[tuple[str, ...]
     return tuple(dict.fromkeys(towers)), tuple(dict.fromkeys(others))
 
 
-def _forwards_to(cls: type, attr: str, *, to_language_model: bool) -> str:
+def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
     """Why ``cls.forward`` may not hand a packed row on to ``self.attr`` ("" when it does): every call of it passes
-    ``position_ids=position_ids`` and the forward's ``**kwargs``, the forward assigns no ``position_ids``, and (to a
-    language model) passes nothing but `LANGUAGE_MODEL_KEYWORDS`."""
+    ``position_ids=position_ids`` and the forward's ``**kwargs``, the forward assigns no ``position_ids``, and to a
+    language model (``text_model`` given: its class) passes nothing but `LANGUAGE_MODEL_KEYWORDS` and what the text
+    model computes itself (`_text_model_computes`)."""
     fn = _method(cls, "forward")
     if fn is None:
         return f"{cls.__name__}.forward cannot be read"
@@ -229,8 +235,9 @@ def _forwards_to(cls: type, attr: str, *, to_language_model: bool) -> str:
             return f"{cls.__name__}.forward passes position_ids={keywords.get('position_ids')} to self.{attr}"
         if var_kw is None or not any(k.arg is None and ast.unparse(k.value) == var_kw for k in call.keywords):
             return f"{cls.__name__}.forward calls self.{attr} without its **kwargs"
-        extra = sorted(k for k, v in keywords.items() if k not in LANGUAGE_MODEL_KEYWORDS and v != "None")
-        if to_language_model and extra:
+        extra = sorted(k for k, v in keywords.items() if k not in LANGUAGE_MODEL_KEYWORDS and v != "None"
+                       and not (text_model is not None and _text_model_computes(fn, attr, k, v, text_model)))
+        if text_model is not None and extra:
             return f"{cls.__name__}.forward passes {', '.join(extra)} to its language model"
     defaults = {id(n) for g in ast.walk(fn) if isinstance(g, ast.If) and ast.unparse(g.test) == "position_ids is None"
                 for n in g.body if _counts_the_row(n)}
@@ -240,6 +247,28 @@ def _forwards_to(cls: type, attr: str, *, to_language_model: bool) -> str:
         if any(isinstance(t, ast.Name) and t.id == "position_ids" for t in targets) and id(node) not in defaults:
             return f"{cls.__name__}.forward computes its own position_ids ({ast.unparse(node)[:80]})"
     return ""
+
+
+def _text_model_computes(fn: ast.FunctionDef, attr: str, keyword: str, value: str, text_model: type) -> bool:
+    """Whether ``fn`` (an owner's forward) passes its language model ``self.attr`` as ``keyword`` only what the text
+    model's own forward computes for it when not given: the value is a name (``per_layer_inputs``) that ``fn`` takes
+    as a parameter (the caller's own) or assigns only as ``self.attr.<method>(...)``, and ``text_model.forward`` takes
+    ``keyword`` and assigns it from ``self.<method>(...)`` itself (Gemma 3n's and Gemma 4's per-layer inputs: a
+    lookup of each token). Such a value is what the patched text model computes on a packed row, token by token."""
+    text_fn = _method(text_model, "forward")
+    if text_fn is None or keyword not in {a.arg for a in text_fn.args.args + text_fn.args.kwonlyargs}:
+        return False
+    own = {ast.unparse(n.value.func)[len("self."):] for n in ast.walk(text_fn) if isinstance(n, ast.Assign)
+           and [ast.unparse(t) for t in n.targets] == [keyword] and isinstance(n.value, ast.Call)
+           and ast.unparse(n.value.func).count(".") == 1 and ast.unparse(n.value.func).startswith("self.")}
+    assigns = [n for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+               and any(isinstance(t, ast.Name) and t.id == value
+                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+    params = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+    return value.isidentifier() and (bool(assigns) or value in params) and all(
+        isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.value, ast.Call)
+        and ast.unparse(n.value.func).rsplit(".", 1)[0] == f"self.{attr}"
+        and ast.unparse(n.value.func).rsplit(".", 1)[-1] in own for n in assigns)
 
 
 def _counts_the_row(node: ast.stmt) -> bool:
