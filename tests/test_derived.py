@@ -456,3 +456,25 @@ def test_language_model_is_the_one_built_from_the_text_config_alone():
     attribute built from it alone (the model itself needs timm for its vision tower, which the test env lacks)."""
     derived = tfcompat.resolve("gemma3n").entry.derived_vision
     assert derived is not None and derived.language_model_attr == "language_model"
+
+
+@pytest.mark.skipif(MAJOR < 5, reason="Fuyu's forward calls its language model without **kwargs on 4.x (refused)")
+def test_default_positions_counted_after_the_cache_are_the_contract():
+    """Fuyu numbers a row without position_ids as ``torch.arange(cache_length, seq_len + cache_length)``: the usual
+    default (0, 1, ... after the cache), so given position ids it hands them on and the composite packs (the sweep
+    compares it); PaliGemma's offset (``+ 1``) stays refused."""
+    assert tfcompat.resolve("fuyu").entry.derived_vision is not None
+    if "paligemma" in causal_lm_types() or tfcompat.registry.derive_vision.vision_key("paligemma"):
+        with pytest.raises(PatchError, match=r"computes its own position_ids \(position_ids = position_ids"):
+            tfcompat.resolve("paligemma")
+
+
+@pytest.mark.parametrize("model_type", [t for t in ("musicgen", "musicgen_melody") if _installed(t)])
+def test_positions_from_the_row_length_alone_are_refused_naming_where(model_type):
+    """MusicGen's decoder adds sinusoidal positions counted from the row's length (its positions module takes no
+    position ids): a packed row's positions cannot restart per sequence. 4.x refuses earlier (its decoder layers
+    get no **kwargs)."""
+    with pytest.raises(PatchError, match=r"forward takes no position_ids|calls its decoder layers without \*\*kwargs"
+                       ) as info:
+        tfcompat.resolve(model_type)
+    assert MAJOR < 5 or "SinusoidalPositionalEmbedding" in info.value.why

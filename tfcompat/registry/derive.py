@@ -181,6 +181,14 @@ def derive(model_type: str, version: str) -> Family:
         if not _passes_kwargs(text, holder):
             raise refuse(f"{text.__name__}.forward calls its {holder.__name__} without **kwargs",
                          "the packed boundaries travel in the forward's kwargs and could not reach the decoder layers")
+    takes_ids = "position_ids" in inspect.signature(cast(Any, text).forward).parameters
+    if not takes_ids and positions_from_row(text) is None:
+        counted = next((f"{o.__name__}.{attr} ({c[0].__name__})" for o in (text, *holders)
+                        for attr, c in _assigned_classes(module, o, "__init__") if "position" in attr and c), "")
+        raise refuse(f"{text.__name__}.forward takes no position_ids",
+                     "it numbers the row's tokens itself" + (f", in {counted}," if counted else "") + " from the row's "
+                     "length; a packed row's positions restart per sequence only through position_ids",
+                     "run one sequence per row, unpatched")
     for owner in (text, *holders):
         unpositioned = _position_modules_without_ids(module, owner)
         if unpositioned:

@@ -252,8 +252,8 @@ def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
 def _text_model_computes(fn: ast.FunctionDef, attr: str, keyword: str, value: str, text_model: type) -> bool:
     """Whether ``fn`` (an owner's forward) passes its language model ``self.attr`` as ``keyword`` only what the text
     model's own forward computes for it when not given: the value is a name (``per_layer_inputs``) that ``fn`` takes
-    as a parameter (the caller's own) or assigns only as ``self.attr.<method>(...)``, and ``text_model.forward`` takes
-    ``keyword`` and assigns it from ``self.<method>(...)`` itself (Gemma 3n's and Gemma 4's per-layer inputs: a
+    as a parameter (the caller's own) or assigns only as None or ``self.attr.<method>(...)``, and ``text_model.forward``
+    takes ``keyword`` and assigns it from ``self.<method>(...)`` itself (Gemma 3n's and Gemma 4's per-layer inputs: a
     lookup of each token). Such a value is what the patched text model computes on a packed row, token by token."""
     text_fn = _method(text_model, "forward")
     if text_fn is None or keyword not in {a.arg for a in text_fn.args.args + text_fn.args.kwonlyargs}:
@@ -266,26 +266,35 @@ def _text_model_computes(fn: ast.FunctionDef, attr: str, keyword: str, value: st
                        for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
     params = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
     return value.isidentifier() and (bool(assigns) or value in params) and all(
-        isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.value, ast.Call)
-        and ast.unparse(n.value.func).rsplit(".", 1)[0] == f"self.{attr}"
-        and ast.unparse(n.value.func).rsplit(".", 1)[-1] in own for n in assigns)
+        isinstance(n, ast.Assign) and len(n.targets) == 1 and (ast.unparse(n.value) == "None" or (  # none: its own
+            isinstance(n.value, ast.Call) and ast.unparse(n.value.func).rsplit(".", 1)[0] == f"self.{attr}"
+            and ast.unparse(n.value.func).rsplit(".", 1)[-1] in own)) for n in assigns)
 
 
 def _counts_the_row(node: ast.stmt) -> bool:
     """Whether ``node`` (inside ``if position_ids is None:``) sets the default positions every text model takes
     without them: the row counted from 0 after the cache (``torch.arange(...) + past_seen_tokens``,
-    ``cache_position``), reshaped (``.unsqueeze``, ``.expand``, ``.view``). An offset (PaliGemma's ``+ 1``) is not."""
+    ``torch.arange(cache_length, seq_len + cache_length)`` (Fuyu), ``cache_position``), reshaped (``.unsqueeze``,
+    ``.expand``, ``.view``). An offset (PaliGemma's ``+ 1``) is not."""
     if not (isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["position_ids"]):
         return False
 
+    def cached(e: ast.expr) -> bool:  # the cache's length, by its name
+        return isinstance(e, ast.Name) and ("past" in e.id or e.id == "cache_length")
+
     def plain(e: ast.expr) -> bool:
         if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Add):
-            return plain(e.left) and isinstance(e.right, ast.Name) and "past" in e.right.id
+            return plain(e.left) and cached(e.right)
         if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute):
             if e.func.attr in ("unsqueeze", "expand", "view", "to"):
                 return plain(e.func.value)
-            return ast.unparse(e.func) == "torch.arange" and bool(e.args) and not isinstance(e.args[0], ast.Constant) \
-                and len(e.args) == 1
+            if ast.unparse(e.func) != "torch.arange" or not e.args or isinstance(e.args[0], ast.Constant):
+                return False
+            if len(e.args) == 2:  # arange(start, stop + start): start the cache length
+                stop = e.args[1]
+                return cached(e.args[0]) and isinstance(stop, ast.BinOp) and isinstance(stop.op, ast.Add) and (
+                    ast.unparse(stop.right) == ast.unparse(e.args[0])) and not isinstance(stop.left, ast.Constant)
+            return len(e.args) == 1
         return isinstance(e, ast.Name) and e.id in ("cache_position", "position_ids")
 
     return plain(node.value)
