@@ -478,3 +478,21 @@ def test_positions_from_the_row_length_alone_are_refused_naming_where(model_type
                        ) as info:
         tfcompat.resolve(model_type)
     assert MAJOR < 5 or "SinusoidalPositionalEmbedding" in info.value.why
+
+
+@pytest.mark.skipif(not _installed("xlm"), reason="transformers has no xlm causal LM on this release")
+def test_parallel_lists_of_layer_parts_are_refused_naming_them():
+    """XLM's model holds lists of attentions, norms and FFNs that its forward calls in turn: no decoder layer."""
+    with pytest.raises(PatchError, match=r"XLMModel keeps its layers' parts in parallel lists, no decoder layer class "
+                       r"\(attentions: MultiHeadAttention; ffns: TransformerFFN\)"):
+        tfcompat.resolve("xlm")
+
+
+@pytest.mark.skipif(not _installed("moss_transcribe_diarize"), reason="transformers has no moss_transcribe_diarize")
+def test_causal_lm_around_a_text_model_of_another_type_derives_as_a_composite():
+    """MossTranscribeDiarize: an audio tower in front of a Qwen3 text model, built from config.text_config, the
+    positions in **kwargs all the way down: derived as a composite (the sweep compares it packed with stock)."""
+    derived = tfcompat.resolve("moss_transcribe_diarize").entry.derived_vision
+    assert derived is not None and derived.text_family == "qwen3"
+    assert derived.hops == (("MossTranscribeDiarizeForConditionalGeneration", "model"),
+                            ("MossTranscribeDiarizeModel", "language_model"))

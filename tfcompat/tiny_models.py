@@ -104,6 +104,8 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     # per-layer overrides are keyed by layer index: the one full-attention layer of 6 keeps a larger head
     "Gemma4TextConfig": {"per_layer_config": {"05": {"head_dim": 32}}},
     "Gemma4UnifiedTextConfig": {"per_layer_config": {"05": {"head_dim": 32}}},
+    # the cross-attention layers (to image states) are indices, not a per-layer pattern: one of the two layers
+    "MllamaTextConfig": {"cross_attention_layers": [1]},
     # the shared transformer block is tied across hybrid layers: it needs two of them
     "ZambaConfig": {"attn_layer_period": 2, "attn_layer_offset": 1, "num_hidden_layers": 6},
     # sliding layers' head_dim is their q/k head (per-layer qk_nope_head_dim + qk_rope_head_dim)

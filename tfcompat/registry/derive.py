@@ -117,6 +117,8 @@ def derive(model_type: str, version: str) -> Family:
                      "it raises unless they are given: inputs that a packed row (token ids or embeddings, position "
                      "ids) does not carry", "run it unpatched, fed as its forward requires")
     prefix = getattr(lm, "base_model_prefix", "model")
+    if not _built_classes(module, lm, "__init__", attr=prefix) and _built_classes(module, lm, "__init__", attr="model"):
+        prefix = "model"  # MllamaForCausalLM: prefix "language_model", the text model at self.model
     text = _single(_built_classes(module, lm, "__init__", attr=prefix)) or _local_class(
         module, _auto_name("MODEL_MAPPING_NAMES", model_type))
     if text is None:
@@ -133,6 +135,13 @@ def derive(model_type: str, version: str) -> Family:
     if not layers:
         raise refuse(f"no decoder layers found in {text.__name__}",
                      f"{text.__name__}.__init__ builds no nn.ModuleList of {where}'s classes")
+    lists = [(a, cs) for h in (text, *holders) for a, cs in _assigned_classes(module, h, "__init__", lists_only=True)
+             if cs]
+    if len(lists) > 1 and not any(_attention_chains(module, c) for _, cs in lists for c in cs):
+        raise refuse(f"{text.__name__} keeps its layers' parts in parallel lists, no decoder layer class ("
+                     + "; ".join(f"{a}: {', '.join(c.__name__ for c in cs)}" for a, cs in lists) + ")",
+                     "tfcompat finds a model's attention inside its decoder layers; here the text model's forward "
+                     "calls each part itself")
     mixer_calls: list[MixerCall] = []  # every layer class first: a hybrid is named by its mixer
     mixing = [layer for layer in layers if _per_sequence_mixers(module, layer, lm, refuse, mixer_calls)]
     chains: dict[type, list[tuple[type, ...]]] = {}  # decoder layer -> its chains (layer, ..., attention)
@@ -361,12 +370,20 @@ def _assigned_classes(module: Any, cls: type, method: str, *, lists_only: bool =
         on_self = [t for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
                    and t.value.id == "self"]
         value = node.value
+        if lists_only and isinstance(value, ast.Call) and not value.args and isinstance(value.func, ast.Attribute) \
+                and ast.unparse(value.func.value) == "self" and _method(cls, value.func.attr) is not None:
+            built = _returned_list(module, cls, value.func.attr)  # self.layers = self.get_layers() (Zamba2)
+            out += [(t.attr, built) for t in on_self] if built else []
+            continue
         if not on_self or (lists_only and not (isinstance(value, ast.Call)
                                                and ast.unparse(value.func).endswith("ModuleList"))):
             continue
         names: list[str] = []
         for sub in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
-            if isinstance(sub.func, ast.Name):
+            if (isinstance(sub.func, ast.Attribute) and sub.func.attr in ("_from_config", "from_config")
+                    and isinstance(sub.func.value, ast.Name)):  # MllamaTextModel._from_config(config)
+                names.append(sub.func.value.id)
+            elif isinstance(sub.func, ast.Name):
                 names.append(sub.func.id)
                 if sub.func.id in local and not lists_only:  # a local naming the class: cls = A if cross else B
                     names += [n.id for n in ast.walk(local[sub.func.id]) if isinstance(n, ast.Name)]
@@ -376,14 +393,17 @@ def _assigned_classes(module: Any, cls: type, method: str, *, lists_only: bool =
         if lists_only and isinstance(value, ast.Call):  # nn.ModuleList(layers): what was appended to the local list
             for arg in (a for a in value.args if isinstance(a, ast.Name)):
                 names += _appended(fn, module, arg.id)
+            if not value.args:  # nn.ModuleList(), then self.layers.append(...) (XLM, Inkling 2 Loop)
+                names += [n for t in on_self for n in _appended(fn, module, f"self.{t.attr}")]
         classes = [c for c in dict.fromkeys(_local_class(module, n) for n in names) if c is not None and _is_module(c)]
         out += [(t.attr, classes) for t in on_self]
     return out
 
 
 def _appended(fn: ast.FunctionDef, module: Any, var: str) -> list[str]:
-    """Names of the classes ``fn`` appends instances of to its local list ``var``: ``var.append(C(...))``, an
-    appended local assigned from ``C(...)``, or ``C`` read from a dict of the module (``TYPES[kind](...)``)."""
+    """Names of the classes ``fn`` appends instances of to its list ``var`` (a local, or ``self.attr``):
+    ``var.append(C(...))``, an appended local assigned from ``C(...)``, or ``C`` read from a dict of the module or a
+    local dict (``TYPES[kind](...)``)."""
     assigned = {t.id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets
                 if isinstance(t, ast.Name)}
 
@@ -394,13 +414,27 @@ def _appended(fn: ast.FunctionDef, module: Any, var: str) -> list[str]:
             return [n.func.id for n in ast.walk(expr) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
                     and n.func.id not in assigned] + (classes(expr.func) if isinstance(expr.func, ast.Name) else [])
         if isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Name):
+            local = assigned.get(expr.value.id)
+            if isinstance(local, ast.Dict):  # layer_classes = {...}; layer_classes[kind](...)
+                return [v.id for v in local.values if isinstance(v, ast.Name)]
             table = getattr(module, expr.value.id, None)
             return [v.__name__ for v in table.values() if isinstance(v, type)] if isinstance(table, dict) else []
         return []
 
     return [name for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-            and n.func.attr == "append" and isinstance(n.func.value, ast.Name) and n.func.value.id == var
+            and n.func.attr == "append" and ast.unparse(n.func.value) == var
             for arg in n.args for name in classes(arg)]
+
+
+def _returned_list(module: Any, cls: type, method: str) -> list[type]:
+    """The module classes of the ``nn.ModuleList(layers)`` that ``cls.method`` returns (see `_appended`)."""
+    fn = _method(cls, method)
+    returned = [n.value for n in ast.walk(fn) if isinstance(n, ast.Return)] if fn is not None else []
+    if fn is None or len(returned) != 1 or not (isinstance(returned[0], ast.Call)
+                                                 and ast.unparse(returned[0].func).endswith("ModuleList")):
+        return []
+    names = [n for a in returned[0].args if isinstance(a, ast.Name) for n in _appended(fn, module, a.id)]
+    return [c for c in dict.fromkeys(_local_class(module, n) for n in names) if c is not None and _is_module(c)]
 
 
 def _is_module(cls: type) -> bool:

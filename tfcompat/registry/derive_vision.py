@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import PatchError, TfcompatError, UnknownFamilyError
 from . import versions
-from .derive import _built_classes, _method
+from .derive import _built_classes, _method, causal_lm_types
 from .records import TEXT_ROLES, Entry, Family, VisionDerivation
 
 __all__ = ["LANGUAGE_MODEL_KEYWORDS", "default_text_type", "derive", "vision_key", "vision_types"]
@@ -70,11 +70,16 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
     """The family of the vision-language ``model_type`` whose language model is ``text_type`` (its config's
     ``text_config.model_type``), on the installed transformers (reported as ``version``); not cached.
 
+    A causal LM that is not image-text-to-text but holds a text model of another type (an audio tower in front of
+    it: MossTranscribeDiarize) derives alike, from its causal-LM class.
+
     text_entry: the installed release's entry of a text family (raises a tfcompat error where there is none).
-    Raises `UnknownFamilyError` for a type that is not image-text-to-text, `PatchError` naming what is missing.
+    Raises `UnknownFamilyError` for a type that is neither, `PatchError` naming what is missing.
     """
     names = vision_types()
     key = vision_key(model_type)
+    if key is None and model_type in causal_lm_types():
+        names, key = causal_lm_types(), model_type
     if key is None:
         raise UnknownFamilyError(
             f"unknown model family {model_type!r}", family=model_type, transformers_version=version,
@@ -94,7 +99,7 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
     if text_type is None:
         raise refuse("its config names no text model", "the default config has no text_config.model_type",
                      fix="patch a model built from a config with a text_config")
-    if text_type in (model_type, key) or text_type in names:
+    if text_type in (model_type, key) or text_type in vision_types():
         raise refuse(f"its language model is {text_type}, a vision-language type itself",
                      "the text model is not built from a separate text family's config")
     try:
@@ -219,7 +224,8 @@ def _submodules(module: Any, owner: type, lm_attr: str) -> tuple[tuple[str, ...]
 
 def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
     """Why ``cls.forward`` may not hand a packed row on to ``self.attr`` ("" when it does): every call of it passes
-    ``position_ids=position_ids`` and the forward's ``**kwargs``, the forward assigns no ``position_ids``, and to a
+    ``position_ids=position_ids`` (or, where the forward names no such parameter, leaves them in) the forward's
+    ``**kwargs``, the forward assigns no ``position_ids``, and to a
     language model (``text_model`` given: its class) passes nothing but `LANGUAGE_MODEL_KEYWORDS` and what the text
     model computes itself (`_text_model_computes`)."""
     fn = _method(cls, "forward")
@@ -231,7 +237,8 @@ def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
         return f"{cls.__name__}.forward does not call self.{attr}"
     for call in calls:
         keywords = {k.arg: ast.unparse(k.value) for k in call.keywords if k.arg is not None}
-        if keywords.get("position_ids") != "position_ids":
+        named = "position_ids" in {a.arg for a in fn.args.args + fn.args.kwonlyargs}  # else they travel in **kwargs
+        if keywords.get("position_ids") != "position_ids" and (named or "position_ids" in keywords):
             return f"{cls.__name__}.forward passes position_ids={keywords.get('position_ids')} to self.{attr}"
         if var_kw is None or not any(k.arg is None and ast.unparse(k.value) == var_kw for k in call.keywords):
             return f"{cls.__name__}.forward calls self.{attr} without its **kwargs"
