@@ -496,3 +496,28 @@ def test_causal_lm_around_a_text_model_of_another_type_derives_as_a_composite():
     assert derived is not None and derived.text_family == "qwen3"
     assert derived.hops == (("MossTranscribeDiarizeForConditionalGeneration", "model"),
                             ("MossTranscribeDiarizeModel", "language_model"))
+
+
+@pytest.mark.skipif(not _installed("zamba2") or MAJOR < 5, reason="transformers has no zamba2, or (4.x) hands its "
+                    "layers their blocks through iterators (next(...)), which are not read")
+def test_layers_a_builder_method_returns_and_blocks_handed_to_a_layer_are_found():
+    """Zamba2's model builds its layers in ``get_layers`` and hands each hybrid layer its shared attention block and
+    its Mamba layer (constructor arguments): both are read (what it then needs is the mixers' business)."""
+    from tfcompat.registry.derive import _built_classes
+
+    zamba2 = importlib.import_module("transformers.models.zamba2.modeling_zamba2")
+    layers = _built_classes(zamba2, zamba2.Zamba2Model, "__init__", lists_only=True)
+    assert set(layers) == {zamba2.Zamba2HybridLayer, zamba2.Zamba2MambaDecoderLayer}
+    assert set(_built_classes(zamba2, zamba2.Zamba2HybridLayer, "__init__")) == {
+        zamba2.Zamba2AttentionDecoderLayer, zamba2.Zamba2MambaDecoderLayer}
+    with pytest.raises(PatchError) as info:
+        tfcompat.resolve("zamba2")
+    assert "no decoder layers found" not in info.value.what and "holds no attention" not in info.value.what
+
+
+@pytest.mark.skipif(not _installed("blt"), reason="transformers has no blt on this release")
+def test_several_stacks_of_layers_are_refused_naming_them():
+    """BLT runs a local encoder over bytes, a global transformer over patches and a local decoder: no one stack."""
+    with pytest.raises(PatchError, match=r"BltModel holds several stacks of layers \(BltLocalEncoder, "
+                       r"BltGlobalTransformer, BltLocalDecoder"):
+        tfcompat.resolve("blt")

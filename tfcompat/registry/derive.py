@@ -124,19 +124,22 @@ def derive(model_type: str, version: str) -> Family:
     if text is None:
         raise refuse(f"no text model found in {lm.__name__}.{prefix}",
                      f"{lm.__name__}.__init__ does not build a class of {where} at self.{prefix}")
-    layers = _built_classes(module, text, "__init__", lists_only=True)
+    layers = _layer_classes(module, text)
     holders: list[type] = []  # the class between the text model and its layers: OPTModel.decoder, BertModel.encoder
-    for holder in [] if layers else _built_classes(module, text, "__init__"):
-        if not layers:
-            layers = _built_classes(module, holder, "__init__", lists_only=True)
-            holders += [holder] if layers else []
+    stacks = [] if layers else [h for h in _built_classes(module, text, "__init__") if _layer_classes(module, h)]
+    if len(stacks) > 1:  # BLT: a local encoder, a global transformer and a local decoder
+        raise refuse(f"{text.__name__} holds several stacks of layers ({', '.join(c.__name__ for c in stacks)})",
+                     "tfcompat patches one decoder stack over the packed row's tokens; these run over different "
+                     "sequences (bytes and patches) that the row's position ids do not describe")
+    for holder in stacks:
+        layers = _layer_classes(module, holder)
+        holders.append(holder)
     if len(holders) == 1 and _delegates(text, holders[0]):  # BartDecoderWrapper.forward: self.decoder(*a, **kw)
         text, holders = holders[0], []
     if not layers:
         raise refuse(f"no decoder layers found in {text.__name__}",
                      f"{text.__name__}.__init__ builds no nn.ModuleList of {where}'s classes")
-    lists = [(a, cs) for h in (text, *holders) for a, cs in _assigned_classes(module, h, "__init__", lists_only=True)
-             if cs]
+    lists = [item for h in (text, *holders) for item in _layer_lists(module, h)]
     if len(lists) > 1 and not any(_attention_chains(module, c) for _, cs in lists for c in cs):
         raise refuse(f"{text.__name__} keeps its layers' parts in parallel lists, no decoder layer class ("
                      + "; ".join(f"{a}: {', '.join(c.__name__ for c in cs)}" for a, cs in lists) + ")",
@@ -339,6 +342,18 @@ def _single(classes: list[type]) -> type | None:
     return classes[0] if len(classes) == 1 else None
 
 
+def _layer_lists(module: Any, cls: type) -> list[tuple[str, list[type]]]:
+    """``(attribute, classes)`` of each ``nn.ModuleList`` of module classes that ``cls.__init__`` builds; lists it
+    fills by ``self.attr.append(...)`` only where it builds no other (XLM's; GraniteSWA's per-window rotary modules
+    beside its layers are not layers)."""
+    return [(a, cs) for a, cs in _assigned_classes(module, cls, "__init__", lists_only=True) if cs] or [
+        (a, cs) for a, cs in _assigned_classes(module, cls, "__init__", lists_only=True, appended=True) if cs]
+
+
+def _layer_classes(module: Any, cls: type) -> list[type]:
+    return list(dict.fromkeys(c for _, cs in _layer_lists(module, cls) for c in cs))
+
+
 def _built_classes(module: Any, cls: type, method: str, *, attr: str | None = None,
                    lists_only: bool = False) -> list[type]:
     """The classes of ``module`` that ``cls.method`` instantiates (in order, once each).
@@ -351,12 +366,14 @@ def _built_classes(module: Any, cls: type, method: str, *, attr: str | None = No
     return list(dict.fromkeys(c for name, classes in built if attr is None or name == attr for c in classes))
 
 
-def _assigned_classes(module: Any, cls: type, method: str, *, lists_only: bool = False
+def _assigned_classes(module: Any, cls: type, method: str, *, lists_only: bool = False, appended: bool = False
                       ) -> list[tuple[str, list[type]]]:
     """``(attribute, classes)`` for each assignment to an attribute of ``self`` in ``cls.method``: the module
     classes the assigned value instantiates (a class may be named directly, through a local variable assigned from
-    class names, ``cls = A if cross else B; self.x = cls(...)``, or read from a dict of the module). lists_only: only
-    values that are an ``nn.ModuleList(...)`` (see `_built_classes`)."""
+    class names, ``cls = A if cross else B; self.x = cls(...)``, or read from a dict of the module, or handed to
+    ``__init__`` by its builder, `_handed`). lists_only: only values that are an ``nn.ModuleList(...)`` (see
+    `_built_classes`), or that a method of ``cls`` returns as one (``self.layers = self.get_layers()``); appended:
+    with lists_only, also an empty ``nn.ModuleList()`` filled by ``self.attr.append(...)``."""
     fn = _method(cls, method)
     if fn is None:
         return []
@@ -379,6 +396,8 @@ def _assigned_classes(module: Any, cls: type, method: str, *, lists_only: bool =
                                                and ast.unparse(value.func).endswith("ModuleList"))):
             continue
         names: list[str] = []
+        if isinstance(value, ast.Name) and method == "__init__" and value.id in {a.arg for a in fn.args.args[1:]}:
+            names += _handed(module.__name__, cls.__name__).get(value.id, ())  # a module its builder hands it
         for sub in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
             if (isinstance(sub.func, ast.Attribute) and sub.func.attr in ("_from_config", "from_config")
                     and isinstance(sub.func.value, ast.Name)):  # MllamaTextModel._from_config(config)
@@ -393,11 +412,35 @@ def _assigned_classes(module: Any, cls: type, method: str, *, lists_only: bool =
         if lists_only and isinstance(value, ast.Call):  # nn.ModuleList(layers): what was appended to the local list
             for arg in (a for a in value.args if isinstance(a, ast.Name)):
                 names += _appended(fn, module, arg.id)
-            if not value.args:  # nn.ModuleList(), then self.layers.append(...) (XLM, Inkling 2 Loop)
+            if not value.args and appended:  # nn.ModuleList(), then self.layers.append(...) (XLM, Inkling 2 Loop)
                 names += [n for t in on_self for n in _appended(fn, module, f"self.{t.attr}")]
         classes = [c for c in dict.fromkeys(_local_class(module, n) for n in names) if c is not None and _is_module(c)]
         out += [(t.attr, classes) for t in on_self]
     return out
+
+
+@functools.cache
+def _handed(module_name: str, cls_name: str) -> dict[str, tuple[str, ...]]:
+    """The classes that builders in ``module_name`` hand ``cls_name.__init__`` instances of, by parameter: in each
+    call ``cls_name(a, ...)``, an argument assigned from ``C(...)`` in the same function (Zamba2's
+    ``Zamba2HybridLayer(attn_block, linear_layer, mamba_layer)``, its blocks built in ``get_layers``)."""
+    module = importlib.import_module(module_name)
+    init = _method(getattr(module, cls_name), "__init__")
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    params = [a.arg for a in init.args.args[1:]] if init is not None else []
+    out: dict[str, list[str]] = {}
+    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+        assigned = {t.id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets
+                    if isinstance(t, ast.Name)}
+        for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == cls_name):
+            for param, arg in [*zip(params, call.args), *((k.arg, k.value) for k in call.keywords if k.arg)]:
+                value = assigned.get(arg.id) if isinstance(arg, ast.Name) else arg
+                if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+                    out.setdefault(param, []).append(value.func.id)
+    return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
 
 
 def _appended(fn: ast.FunctionDef, module: Any, var: str) -> list[str]:
