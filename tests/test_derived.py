@@ -414,7 +414,8 @@ def test_owner_hands_its_language_model_per_token_inputs_the_text_model_computes
     """Gemma 4's owner passes per_layer_inputs (a per-token lookup) to its language model: accepted because the text
     model's own forward computes the same keyword from the same method (`_text_model_computes`); the composite packs,
     forward and backward; control: the stock composite on the packed row with a mask of ones attends across
-    sequences. An owner passing anything else under that keyword is refused."""
+    sequences. An owner passing anything else under that keyword is refused; `embed_inputs` (embeddings without the
+    ids the per-layer inputs are read from) is refused, typed."""
     from tests.every_type import build, check, logits_of, packed_inputs, sample_sequences, stock_per_sequence
     from tfcompat.registry.derive_vision import _forwards_to
 
@@ -432,6 +433,10 @@ def test_owner_hands_its_language_model_per_token_inputs_the_text_model_computes
     text_model = importlib.import_module(entry.module_of("text_model")).Gemma4TextModel
     assert _forwards_to(_OwnPerLayerInputs, "language_model", text_model) == (
         "_OwnPerLayerInputs.forward passes per_layer_inputs to its language model")
+    # embeddings computed outside the forward lack the per-layer inputs read from the ids: refused, typed
+    assert entry.derived_vision.token_inputs == ("per_layer_inputs",)
+    with pytest.raises(tfcompat.InvalidInputError, match="also hands its language model per_layer_inputs"):
+        tfcompat.embed_inputs(model, inputs["input_ids"])
 
 
 class _OwnPerLayerInputs(torch.nn.Module):

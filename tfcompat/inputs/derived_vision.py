@@ -79,6 +79,12 @@ def embed_derived(r: Resolved, model: torch.nn.Module, input_ids: Any, vision: d
                       why=f"{v.model}'s forward on this release raises for inputs_embeds without input_ids",
                       fix="pass input_ids and the vision inputs to the model (the tower runs inside its forward); "
                       "Ulysses with images needs a release whose forward takes inputs_embeds")
+    if v is not None and v.token_inputs:
+        raise r.error(InvalidInputError, f"{r.family} cannot take embeddings computed outside its forward",
+                      why=f"{v.owner} also hands its language model {', '.join(v.token_inputs)}, computed from the "
+                      "token ids (image tokens read as padding); embeddings holding image features cannot be read "
+                      "back into ids", fix="pass input_ids and the vision inputs to the model (the tower runs inside "
+                      "its forward); packed rows with images work so, Ulysses rows with images do not")
     owner, language_model = owner_of(r, model)
     params = inspect.signature(owner.forward).parameters
     unknown = sorted(k for k in vision if k not in params or k in _NOT_VISION)

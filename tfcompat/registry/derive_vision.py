@@ -160,7 +160,8 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
         model=top.__name__, hops=tuple((c.__name__, a) for c, a in hops), owner=owner.__name__,
         language_model_attr=lm_attr, tower_attrs=towers, projector_attrs=projectors, text_family=text_type,
         placeholder=placeholder, owner_mask=owner_mask, mask_inputs=mask_inputs, batched_images=_batched(owner),
-        embeds_need_ids=any(_refuses_embeds_alone(c) for c, _ in hops))
+        embeds_need_ids=any(_refuses_embeds_alone(c) for c, _ in hops),
+        token_inputs=_token_inputs(owner, lm_attr, text_cls))
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
@@ -276,6 +277,16 @@ def _text_model_computes(fn: ast.FunctionDef, attr: str, keyword: str, value: st
         isinstance(n, ast.Assign) and len(n.targets) == 1 and (ast.unparse(n.value) == "None" or (  # none: its own
             isinstance(n.value, ast.Call) and ast.unparse(n.value.func).rsplit(".", 1)[0] == f"self.{attr}"
             and ast.unparse(n.value.func).rsplit(".", 1)[-1] in own)) for n in assigns)
+
+
+def _token_inputs(owner: type, attr: str, text_model: type) -> tuple[str, ...]:
+    """The keywords ``owner.forward`` hands its language model ``self.attr`` that the text model computes itself
+    (`_text_model_computes`): Gemma 4's ``per_layer_inputs``."""
+    fn = _method(owner, "forward")
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == f"self.{attr}"] if fn else []
+    return tuple(dict.fromkeys(k.arg for c in calls for k in c.keywords if k.arg is not None and fn is not None
+                               and k.arg not in LANGUAGE_MODEL_KEYWORDS and ast.unparse(k.value) != "None"
+                               and _text_model_computes(fn, attr, k.arg, ast.unparse(k.value), text_model)))
 
 
 def _counts_the_row(node: ast.stmt) -> bool:

@@ -172,7 +172,8 @@ def _vision_lines(v: VisionDerivation) -> list[str]:
         "  images: the model's own forward (tower, projector, placeholders); pixel values "
         + ("(B, images, ...) per row" if v.batched_images else "(images, ...)")
         + ("; its forward refuses inputs_embeds without input_ids (no embed_inputs, no Ulysses)"
-           if v.embeds_need_ids else ""),
+           if v.embeds_need_ids else "")
+        + (f"; it computes {', '.join(v.token_inputs)} from the token ids (no embed_inputs)" if v.token_inputs else ""),
         *([] if v.owner_mask == "attention_mask" else [
             f"  mask: {v.owner} builds its own ({v.owner_mask}); on packed rows the boundaries replace it"
             + (f"; rows whose {', '.join(v.mask_inputs)} mark images (bidirectional within each) run the stock "
