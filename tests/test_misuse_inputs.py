@@ -88,6 +88,7 @@ def test_refuses_an_empty_row_in_the_heads(backend):
         heads.logprobs_entropy(hidden, model.lm_head.weight, torch.zeros(1, 0, dtype=torch.long), backend=backend)
 
 
+@pytest.mark.broad  # one family's compile: dynamo's trace of tfcompat's boundaries, not an entry's tables
 def test_refuses_compile_fullgraph_of_a_raw_packed_call_naming_pack():
     """fullgraph=True cannot trace boundaries read on the host; the error (dynamo's, at the one graph break of a
     raw packed call) says to pass tfcompat.pack's inputs, which trace whole (tests/test_misuse.py)."""
@@ -99,6 +100,7 @@ def test_refuses_compile_fullgraph_of_a_raw_packed_call_naming_pack():
         torch.compile(model, fullgraph=True)(input_ids=ids, position_ids=position_ids)
 
 
+@pytest.mark.broad  # as above; the slowest test of a per-entry release (~10 s of compiling)
 def test_answers_compile_of_a_raw_packed_call_with_graph_breaks():
     """Without fullgraph the raw packed call compiles with graph breaks and answers what eager answers."""
     model = tiny_model(FAMILY, "sdpa")

@@ -5,6 +5,9 @@ The oracle is the stock model of the installed transformers, on the same tiny ra
 
 from __future__ import annotations
 
+import copy
+import gc
+
 import pytest
 import torch
 
@@ -158,6 +161,20 @@ class TestPatchLifecycle:
         hb.undo()
         assert hf_attention._users == users
         assert (ATTENTION_KEY in interface._global_mapping) == (users > 0)
+
+    def test_a_dropped_copy_releases_its_use_of_the_key(self):
+        users = hf_attention._users
+        model = tiny_model(FAMILY, "sdpa")
+        handle = tfcompat.patch(model)
+        clone = copy.deepcopy(model)
+        assert tfcompat.is_patched(clone) and hf_attention._users == users + 2
+        del clone
+        gc.collect()  # the copy and its handle hold each other
+        assert hf_attention._users == users + 1
+        handle.undo()
+        del model, handle
+        gc.collect()  # undone: collecting the model releases nothing twice
+        assert hf_attention._users == users
 
     def test_unknown_backend_fails_at_patch_time(self):
         model = tiny_model(FAMILY, "sdpa")

@@ -43,7 +43,10 @@ DERIVED = ("qwen3_moe", "gpt_oss", "deepseek_v3", "gemma3_text")
 
 
 def load_verl_ulysses() -> ModuleType:
-    """``verl.utils.ulysses`` of the installed verl, without executing ``verl/__init__.py``."""
+    """``verl.utils.ulysses`` of the installed verl, without executing ``verl/__init__.py`` (loaded once per
+    process: a kept gloo world runs several tests)."""
+    if "verl.utils.ulysses" in sys.modules:
+        return sys.modules["verl.utils.ulysses"]
     spec = importlib.util.find_spec("verl")
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError("verl is not installed")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast, get_args
@@ -176,10 +177,13 @@ def patch(
 
     handle = PatchHandle(model, resolved, options)
     hf_attention.register()
+    # the use ends at undo() or when the model is collected (a dropped deepcopy is never undone)
+    release = weakref.finalize(model, hf_attention.unregister)
+    release.atexit = False
     handle._add(
         Record("process", hf_attention, "AttentionInterface", None, hf_attention.ATTENTION_KEY, True,
                f"registered attention key {hf_attention.ATTENTION_KEY!r} (reference counted)"),
-        hf_attention.unregister,
+        release,
     )
     router = Router(resolved, hf_attention.ATTENTION_KEY, [(c, c._attn_implementation) for c in plan.configs],
                     getattr(resolved.module, "eager_attention_forward", None), ulysses_group,

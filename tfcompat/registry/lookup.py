@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 import torch
 
 from ..errors import PatchError, TfcompatError, UnknownFamilyError, UnsupportedVersionError
-from . import derive, derive_vision, versions
+from . import derive, derive_vision, upstream, versions
 from .probing import Probe, probe
 from .records import TEXT_ROLES, Entry, Family, VisionDerivation
 from .rotary import ApplyRotary, rope_config, uniform_rotary
@@ -265,7 +265,13 @@ def family(key: str) -> Family:
 
 @functools.cache
 def _derived(key: str, version: str) -> Family:
-    return derive.derive(key, version)
+    derived = derive.derive(key, version)
+    bug = upstream.bug_in(derived.entries[-1].module, version)
+    if bug is not None:
+        raise PatchError(f"{key} on transformers {version} has an upstream bug packing cannot reproduce ({bug.name})",
+                         family=key, transformers_version=version, why=bug.what,
+                         supported=f"{key} outside transformers {bug.versions}", fix=bug.fix)
+    return derived
 
 
 @functools.cache
