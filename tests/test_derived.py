@@ -551,3 +551,58 @@ def test_several_stacks_of_layers_are_refused_naming_them():
     with pytest.raises(PatchError, match=r"BltModel holds several stacks of layers \(BltLocalEncoder, "
                        r"BltGlobalTransformer, BltLocalDecoder"):
         tfcompat.resolve("blt")
+
+
+def _gemma4_with_vision(impl: str, bidirectional: str | None) -> torch.nn.Module:
+    """The zoo's tiny gemma4 with a tiny vision tower (its config has none by default): 4 x 4 patches of 4 x 4
+    pixels, pooled 2 x 2 into 4 soft tokens per image."""
+    from tfcompat.tiny_models import tiny_config
+
+    transformers = importlib.import_module("transformers")
+    config = tiny_config("gemma4")
+    config.vision_config = transformers.Gemma4VisionConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        head_dim=16, pooling_kernel_size=2, patch_size=4, position_embedding_size=64)
+    config.text_config.use_bidirectional_attention = bidirectional
+    torch.manual_seed(0)
+    model = transformers.Gemma4ForConditionalGeneration._from_config(config, attn_implementation=impl)
+    return model.float().eval()
+
+
+@pytest.mark.skipif(not _installed("gemma4"), reason="transformers has no gemma4 on this release")
+@pytest.mark.parametrize("bidirectional", [None, "vision"])
+def test_gemma4_packs_with_images(bidirectional):
+    """Rule: Gemma 4 with images (its per-layer inputs read from the ids, image tokens as padding), packed by
+    `tfcompat.pack` and patched, equals stock per sequence, forward and backward (sdpa; with "vision", attention is
+    bidirectional within each image: the token-typed row runs transformers' mask of the packed row); control: the
+    unpatched row with positions running on differs."""
+    from tests.every_type import compare, compare_gradients, gradients, logits_of, projection, sample_sequences
+
+    model = _gemma4_with_vision("sdpa", bidirectional)
+    token = model.config.image_token_id
+    gen = torch.Generator().manual_seed(0)
+    side = 4
+    grid = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1).reshape(1, -1, 2)
+
+    def with_image(seed: int) -> dict[str, torch.Tensor]:
+        before, after = sample_sequences(model.config, lengths=(5, 4), seed=seed)
+        ids = torch.cat([before, torch.full((4,), token), after])[None]
+        return {"input_ids": ids, "pixel_values": torch.randn(1, side * side, 48, generator=gen),
+                "image_position_ids": grid, "mm_token_type_ids": (ids == token).long()}
+
+    examples = [with_image(1), {"input_ids": sample_sequences(model.config, lengths=(6,), seed=2)[0][None]},
+                with_image(3)]
+    with torch.no_grad():
+        expected = [logits_of(model, **ex) for ex in examples]
+    w = projection(expected[0].shape[-1])
+    expected_grads = gradients(model, lambda: sum((logits_of(model, **ex) @ w).sum() for ex in examples))
+    with tfcompat.patch(model):
+        inputs = tfcompat.pack(model, examples).model_inputs
+        with torch.no_grad():
+            diff = compare(logits_of(model, **inputs), expected)
+        got_grads = gradients(model, lambda: (logits_of(model, **inputs) @ w).sum())
+    with torch.no_grad():
+        control = compare(logits_of(model, **{k: v for k, v in inputs.items() if not k.startswith("tfcompat")
+                                              and k != "position_ids"}), expected)
+    assert diff <= 1e-5 and compare_gradients(got_grads, expected_grads) <= 2e-5  # every_type's tolerances
+    assert control > 1e-3
