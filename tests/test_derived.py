@@ -553,41 +553,49 @@ def test_several_stacks_of_layers_are_refused_naming_them():
         tfcompat.resolve("blt")
 
 
-def _gemma4_with_vision(impl: str, bidirectional: str | None) -> torch.nn.Module:
-    """The zoo's tiny gemma4 with a tiny vision tower (its config has none by default): 4 x 4 patches of 4 x 4
-    pixels, pooled 2 x 2 into 4 soft tokens per image."""
-    from tfcompat.tiny_models import tiny_config
+# model_type -> (vision config class, its tiny sizes, patches per side, values per patch): 4 soft tokens per image
+_GEMMA4_VISION = {
+    "gemma4": ("Gemma4VisionConfig", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                                          pooling_kernel_size=2, patch_size=4, position_embedding_size=64), 4, 48),
+    "gemma4_unified": ("Gemma4UnifiedVisionConfig", dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=64,
+                                                         mm_posemb_size=16, output_proj_dims=64), 2, 192),
+}
+
+
+def _gemma4_with_vision(model_type: str, impl: str, bidirectional: str | None) -> torch.nn.Module:
+    """The zoo's tiny ``model_type`` with a tiny vision tower (its config has none by default; `_GEMMA4_VISION`)."""
+    from tfcompat.tiny_models import model_class_name, tiny_config
 
     transformers = importlib.import_module("transformers")
-    config = tiny_config("gemma4")
-    config.vision_config = transformers.Gemma4VisionConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-        head_dim=16, pooling_kernel_size=2, patch_size=4, position_embedding_size=64)
+    config = tiny_config(model_type)
+    name, sizes, _, _ = _GEMMA4_VISION[model_type]
+    config.vision_config = getattr(transformers, name)(**sizes)
     config.text_config.use_bidirectional_attention = bidirectional
     torch.manual_seed(0)
-    model = transformers.Gemma4ForConditionalGeneration._from_config(config, attn_implementation=impl)
+    model = getattr(transformers, model_class_name(model_type))._from_config(config, attn_implementation=impl)
     return model.float().eval()
 
 
-@pytest.mark.skipif(not _installed("gemma4"), reason="transformers has no gemma4 on this release")
+@pytest.mark.parametrize("model_type", [t for t in _GEMMA4_VISION if _installed(t)])
 @pytest.mark.parametrize("bidirectional", [None, "vision"])
-def test_gemma4_packs_with_images(bidirectional):
-    """Rule: Gemma 4 with images (its per-layer inputs read from the ids, image tokens as padding), packed by
-    `tfcompat.pack` and patched, equals stock per sequence, forward and backward (sdpa; with "vision", attention is
-    bidirectional within each image: the token-typed row runs transformers' mask of the packed row); control: the
-    unpatched row with positions running on differs."""
+def test_gemma4_packs_with_images(model_type, bidirectional):
+    """Rule: Gemma 4 (and its unified tower) with images, packed by `tfcompat.pack` and patched, equals stock per
+    sequence, forward and backward (sdpa; Gemma 4 reads its per-layer inputs from the ids, image tokens as padding;
+    with "vision", attention is bidirectional within each image: the token-typed row runs transformers' mask of the
+    packed row); control: the unpatched row with positions running on differs."""
     from tests.every_type import compare, compare_gradients, gradients, logits_of, projection, sample_sequences
 
-    model = _gemma4_with_vision("sdpa", bidirectional)
+    model = _gemma4_with_vision(model_type, "sdpa", bidirectional)
     token = model.config.image_token_id
     gen = torch.Generator().manual_seed(0)
-    side = 4
+    _, _, side, values = _GEMMA4_VISION[model_type]
     grid = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1).reshape(1, -1, 2)
 
     def with_image(seed: int) -> dict[str, torch.Tensor]:
         before, after = sample_sequences(model.config, lengths=(5, 4), seed=seed)
         ids = torch.cat([before, torch.full((4,), token), after])[None]
-        return {"input_ids": ids, "pixel_values": torch.randn(1, side * side, 48, generator=gen),
+        return {"input_ids": ids, "pixel_values": torch.randn(1, side * side, values, generator=gen),
                 "image_position_ids": grid, "mm_token_type_ids": (ids == token).long()}
 
     examples = [with_image(1), {"input_ids": sample_sequences(model.config, lengths=(6,), seed=2)[0][None]},
