@@ -215,6 +215,8 @@ def _submodules(module: Any, owner: type, lm_attr: str) -> tuple[tuple[str, ...]
     towers: list[str] = []
     others: list[str] = []
     for attr, value in _self_assignments(owner):
+        if isinstance(value, ast.IfExp):  # an optional tower: X(...) if config.vision_config is not None else None
+            value = value.body
         if attr == lm_attr or not isinstance(value, ast.Call):
             continue
         builds = "from_config" in ast.unparse(value.func) or _built_classes(module, owner, "__init__", attr=attr)
