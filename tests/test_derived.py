@@ -614,3 +614,24 @@ def test_gemma4_packs_with_images(model_type, bidirectional):
                                               and k != "position_ids"}), expected)
     assert diff <= 1e-5 and compare_gradients(got_grads, expected_grads) <= 2e-5  # every_type's tolerances
     assert control > 1e-3
+
+
+@pytest.mark.skipif(not _installed("mllama"), reason="transformers has no mllama on this release")
+@torch.no_grad()
+def test_cross_attention_layers_skipped_without_states_are_left_stock():
+    """Mllama's text model skips its cross-attention layers (to image states) when given none: the causal LM packs
+    (the tiny model holds one such layer; the sweep compares forward and backward), and a packed row with cross
+    states is refused, typed; the cross-attention modules are never patched."""
+    from tests.every_type import build, compare, logits_of, packed_inputs, sample_sequences, stock_per_sequence
+
+    model = build("mllama", "sdpa")
+    assert any(type(m).__name__ == "MllamaTextCrossAttention" for m in model.modules())
+    seqs = sample_sequences(model.config)
+    expected = stock_per_sequence(model, seqs)
+    inputs = packed_inputs(seqs)
+    with tfcompat.patch(model):
+        assert compare(logits_of(model, **inputs), expected) <= 1e-5
+        with pytest.raises(tfcompat.InvalidInputError, match="cross_attention_states with packed inputs"):
+            model.model(**inputs, cross_attention_states=torch.randn(1, 4, model.config.hidden_size))
+    control = logits_of(model, **inputs, attention_mask=torch.ones_like(inputs["input_ids"]))
+    assert compare(control, expected) > 1e-3

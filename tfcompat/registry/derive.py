@@ -165,6 +165,11 @@ def derive(model_type: str, version: str) -> Family:
         raise refuse(f"several attention classes: {', '.join(c.__name__ for c in found)}",
                      "one attention class per model is supported (besides cross-attention, refused where built)")
     attention = attentions[0]
+    holding = [c for c in layers if any(ch[-1] in cross for ch in chains[c])]
+    if cross and _skips_cross_layers(module, text, holding):
+        # Mllama's cross-attention layers: skipped without cross states, which a packed forward refuses; the decoder
+        # layer class is the other one
+        cross, layers = [], [c for c in layers if c not in holding] + holding
     call = attention_call(attention)
     unknown = sorted(set(dict(call.keywords)) - ATTENTION_KEYWORDS.keys())
     if unknown:
@@ -686,6 +691,39 @@ def _attention_chains(module: Any, layer: type) -> list[tuple[type, ...]]:
 
     walk((layer,))
     return chains
+
+
+def _skips_cross_layers(module: Any, text: type, holding: list[type]) -> bool:
+    """Whether ``text.forward`` skips every layer of the ``holding`` classes (those holding cross-attention) when it
+    is given no cross states: its layer loop ``continue``s under ``<i> in self.<list> and <cross param> is None``
+    (and terms on the cache, empty in a packed forward), and ``text.__init__`` builds the ``holding`` classes only
+    under ``<i> in self.<list>`` (Mllama: ``idx in self.cross_attention_layers``)."""
+    init, fn = _method(text, "__init__"), _method(text, "forward")
+    if init is None or fn is None or not holding:
+        return False
+    params = {a.arg for a in fn.args.args + fn.args.kwonlyargs} & set(_CROSS_PARAMS)
+    names = {c.__name__ for c in holding}
+    built = [n for n in ast.walk(init) if isinstance(n, ast.If) and any(
+        isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in names for b in n.body
+        for c in ast.walk(b))]
+    lists = {ast.unparse(n.test.comparators[0]) for n in built if isinstance(n.test, ast.Compare)
+             and isinstance(n.test.ops[0], ast.In) and ast.unparse(n.test.comparators[0]).startswith("self.")}
+    if len(lists) != 1 or not all(isinstance(n.test, ast.Compare) and isinstance(n.test.ops[0], ast.In) for n in built):
+        return False
+    listed = lists.pop()
+    local = {t.id: ast.unparse(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets
+             if isinstance(t, ast.Name)}
+    for node in ast.walk(fn):
+        if not (isinstance(node, ast.If) and [type(b) for b in node.body] == [ast.Continue]
+                and isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And)):
+            continue
+        terms = [local.get(ast.unparse(v), ast.unparse(v)) if isinstance(v, ast.Name) else ast.unparse(v)
+                 for v in node.test.values]
+        member = [t for t in terms if t.endswith(f" in {listed}")]
+        unset = [t for t in terms if t in {f"{p} is None" for p in params}]
+        if member and unset and all(t in member or t in unset or any(c in t for c in _CACHE_PARAMS) for t in terms):
+            return True
+    return False
 
 
 def _is_cross_attention(cls: type) -> bool:
