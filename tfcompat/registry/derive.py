@@ -10,7 +10,10 @@ is read from the source with `ast`, never guessed from names. What tfcompat cann
 a `PatchError` naming it: a token mixer other than softmax attention that cannot run per sequence (the others do:
 `tfcompat.registry.mixers`, `tfcompat.hf.mixers`), an attention that does not dispatch through
 transformers' ``AttentionInterface``, a keyword the packed core does not know, positions read from the row index
-rather than from ``position_ids``, cross-attention where a model builds it.
+rather than from ``position_ids``, cross-attention where a model builds it (left stock where the text model skips its
+layers without cross states: Mllama), several stacks of layers (BLT), a forward that requires inputs a packed row
+does not carry (Gemma 4's assistant). Layers are found in ``nn.ModuleList`` s built in ``__init__`` or by a builder
+method (Zamba2's ``get_layers``), with the blocks a builder hands a layer's ``__init__`` (`_handed`).
 
 Three readings of the row index are recognized and mended instead, each from its exact source: llama4's NoPE
 temperature tuning (`temperature_guard`), a decoder counting ``position_ids`` over the row for its positions module
@@ -166,7 +169,7 @@ def derive(model_type: str, version: str) -> Family:
                      "one attention class per model is supported (besides cross-attention, refused where built)")
     attention = attentions[0]
     holding = [c for c in layers if any(ch[-1] in cross for ch in chains[c])]
-    if cross and _skips_cross_layers(module, text, holding):
+    if cross and _skips_cross_layers(text, holding):
         # Mllama's cross-attention layers: skipped without cross states, which a packed forward refuses; the decoder
         # layer class is the other one
         cross, layers = [], [c for c in layers if c not in holding] + holding
@@ -693,7 +696,7 @@ def _attention_chains(module: Any, layer: type) -> list[tuple[type, ...]]:
     return chains
 
 
-def _skips_cross_layers(module: Any, text: type, holding: list[type]) -> bool:
+def _skips_cross_layers(text: type, holding: list[type]) -> bool:
     """Whether ``text.forward`` skips every layer of the ``holding`` classes (those holding cross-attention) when it
     is given no cross states: its layer loop ``continue``s under ``<i> in self.<list> and <cross param> is None``
     (and terms on the cache, empty in a packed forward), and ``text.__init__`` builds the ``holding`` classes only

@@ -5,9 +5,12 @@ What a packed row of such a model needs is what its text model needs, plus proof
 the forward context reach the text model: each forward from the vision-language class down to the text model (read
 with `ast`, as `tfcompat.registry.derive` reads a causal LM) must pass ``position_ids`` and ``**kwargs`` on to the
 next one and compute no positions of its own; the owner of the language model must hand it only the embeddings,
-the mask, the positions and the usual flags. Everything family-specific about images (where the tower is, how
-features land in the embeddings, image sizes, patch masks) stays in the model's own forward, which runs unchanged.
-What tfcompat cannot prove is refused with a `PatchError` naming it.
+the mask, the positions and the usual flags, or what the text model computes itself from the tokens (Gemma 4's
+per-layer inputs; `embed_inputs` then refuses, as embeddings alone do not carry them). A causal LM that holds a text
+model of another type without being image-text-to-text (an audio tower in front) derives alike. Everything
+family-specific about images (where the tower is, how features land in the embeddings, image sizes, patch masks)
+stays in the model's own forward, which runs unchanged. What tfcompat cannot prove is refused with a `PatchError`
+naming it.
 """
 
 from __future__ import annotations
