@@ -7,12 +7,20 @@ weight; bf16, V = 152064, H = 3584, temperature 0.7, 10% of the labels ignored; 
 Variants (each peer optional: skipped with a note when its package is absent):
 
 - ``logits``: tfcompat's reference (full float32 logits, autograd), the baseline of every ratio;
-- ``torch``, ``triton``: tfcompat's chunked backends at their default tiles (``torch``: 1024 * V float32 logits,
+- ``torch``, ``triton``: tfcompat's chunked backends at their default tiles (``torch``: 2048 * V float32 logits,
   ``triton``: T * H logits in bf16); ``torch-c512``, ``torch-c2048``: backend ``torch`` with chunk_size 512 and
   2048; ``triton-c256``, ``triton-c512``, ``triton-c1024``: backend ``triton`` with tiles of about 256 * V,
-  512 * V and 1024 * V logits;
+  512 * V and 1024 * V logits; ``triton-t8k``, ``triton-t32k``: backend ``triton`` with token blocks of at most
+  8192 / 32768 rows (default 16384);
+- ``triton-keep``, ``torch-keep``: those backends with ``keep_logits=True`` (the forward's (T, V) bf16 logits
+  kept for backward: three lm-head matmuls instead of four, ``2 * T * V`` bytes more);
 - ``liger``: Liger-Kernel's ``LigerFusedLinearCrossEntropyFunction`` with ``reduction="none"`` on
-  ``hidden / temperature``: per-token loss = -logprob, no entropy (it computes less);
+  ``hidden / temperature``: per-token loss = -logprob, no entropy (it computes less); a per-token upstream
+  gradient is known only in backward, so Liger recomputes the logits there, as tfcompat does;
+- ``liger-mean``: the same with ``reduction="mean"``, what a Liger user's SFT loss runs (and ``bench/train_step.py``'s
+  ``liger_flex``): the upstream gradient of a mean is known in the forward, so Liger computes the gradients there
+  (three lm-head matmuls, no recompute); its loss is the mean cross-entropy, not the PPO sum (no per-token
+  values: no errors reported);
 - ``verl-triton``: verl's ``verl.utils.kernel.linear_cross_entropy`` (Triton, logprobs and entropy);
 - ``verl-torch``: verl's ``verl.utils.experimental.torch_functional.FusedLinearForPPO`` (torch, chunk 512); it
   has no ignore index, so it gets the labels clamped to >= 0 (same work; its errors are read at the kept tokens).
@@ -36,13 +44,15 @@ Measured per variant and token count:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import importlib
 import importlib.util
+import re
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -53,10 +63,11 @@ from tfcompat import heads
 from tfcompat.heads import IGNORE_INDEX, logprobs_entropy
 
 TOKENS = (1024, 4095, 8191, 8192, 16383, 20205, 32768, 65535)
+VARIANTS = ("logits", "torch", "torch-c512", "torch-c2048", "torch-keep", "triton", "triton-c256", "triton-c512",
+            "triton-c1024", "triton-t8k", "triton-t32k", "triton-keep", "liger", "liger-mean", "verl-triton",
+            "verl-torch")
 VOCAB, HIDDEN, TEMPERATURE = 152064, 3584, 0.7
 SMOKE = dict(tokens=(100, 127, 128), vocab=1000, hidden=64)
-VARIANTS = ("logits", "torch", "torch-c512", "torch-c2048", "triton", "triton-c256", "triton-c512", "triton-c1024",
-            "liger", "verl-triton", "verl-torch")
 # the reference holds about 5 float32 (T, V) tensors at its peak (measured: 22.1 GiB at T=8192)
 REFERENCE_BYTES_PER_LOGIT = 20
 TARGETS = dict(triton_vs_liger=0.9, torch_vs_logits=1.05, logprob_error=1e-3)
@@ -74,8 +85,9 @@ class Inputs(NamedTuple):
 
 
 class Out(NamedTuple):
-    logprobs: torch.Tensor  # (T,) float32
+    logprobs: torch.Tensor | None  # (T,) float32; None where the variant returns only a loss
     entropy: torch.Tensor | None  # (T,), None where the variant computes none
+    loss: torch.Tensor | None = None  # a scalar loss to differentiate instead of the per-token sums
 
 
 Head = Callable[[Inputs], Out]
@@ -94,23 +106,41 @@ def make_inputs(tokens: int, weight: torch.Tensor, seed: int) -> Inputs:
 # ------------------------------------------------------------------------------------------------ variants
 
 
-def tfcompat_head(backend: str, chunk_size: int | None = None) -> Head:
+def tfcompat_head(backend: str, chunk_size: int | None = None, keep_logits: bool = False,
+                  token_block: int | None = None) -> Head:
+    """token_block: backend triton's most rows per tile (`_triton.TOKEN_BLOCK`) during the call, when given."""
     def head(x: Inputs) -> Out:
-        out = logprobs_entropy(x.hidden, x.weight, x.labels, TEMPERATURE, backend=backend, chunk_size=chunk_size)
+        with override_token_block(token_block):
+            out = logprobs_entropy(x.hidden, x.weight, x.labels, TEMPERATURE, backend=backend, chunk_size=chunk_size,
+                                   keep_logits=keep_logits)
         return Out(out.logprobs, out.entropy)
 
     return head
 
 
-def liger_head() -> Head:
+@contextlib.contextmanager
+def override_token_block(rows: int | None) -> Iterator[None]:
+    if rows is None:
+        yield
+        return
+    from tfcompat.heads import _triton
+
+    saved, _triton.TOKEN_BLOCK = _triton.TOKEN_BLOCK, rows
+    try:
+        yield
+    finally:
+        _triton.TOKEN_BLOCK = saved
+
+
+def liger_head(reduction: str = "none") -> Head:
     from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
 
     def head(x: Inputs) -> Out:
         # (input, weight, target, bias, ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction)
         loss = LigerFusedLinearCrossEntropyFunction.apply(
-            x.hidden / TEMPERATURE, x.weight, x.labels, None, None, IGNORE_INDEX, 0.0, 0.0, "none"
+            x.hidden / TEMPERATURE, x.weight, x.labels, None, None, IGNORE_INDEX, 0.0, 0.0, reduction
         )[0]
-        return Out(-loss, None)
+        return Out(-loss, None) if reduction == "none" else Out(None, None, loss)
 
     return head
 
@@ -167,18 +197,22 @@ def available_variants(wanted: tuple[str, ...], device: torch.device, verl_src: 
     for name in wanted:
         if name in ("logits", "torch"):
             found[name] = tfcompat_head(name)
+        elif name == "torch-keep":
+            found[name] = tfcompat_head("torch", keep_logits=True)
         elif name.startswith("torch-c"):
             found[name] = tfcompat_head("torch", int(name[len("torch-c"):]))
         elif name.startswith("triton"):
             if triton_ok:
-                found[name] = tfcompat_head("triton", int(name[len("triton-c"):]) if "-c" in name else None)
+                found[name] = tfcompat_head(
+                    "triton", int(name[len("triton-c"):]) if "-c" in name else None, keep_logits=name.endswith("-keep"),
+                    token_block=int(name[len("triton-t"):-1]) * 1024 if name.startswith("triton-t") else None)
             else:
                 notes[name] = "skipped: needs triton, and CUDA or TRITON_INTERPRET=1"
         elif device.type != "cuda":
             notes[name] = "skipped: the peers' kernels run on CUDA only"
-        elif name == "liger":
+        elif name in ("liger", "liger-mean"):
             try:
-                found[name] = liger_head()
+                found[name] = liger_head("mean" if name == "liger-mean" else "none")
             except ImportError as exc:
                 notes[name] = f"skipped: liger-kernel not importable ({exc})"
         elif name.startswith("verl"):
@@ -199,11 +233,16 @@ def clear_grads(x: Inputs) -> None:
 def step(head: Head, x: Inputs) -> Out:
     clear_grads(x)
     out = head(x)
-    loss = (x.grad_logprobs * out.logprobs).sum()
-    if out.entropy is not None:
-        loss = loss + (x.grad_entropy * out.entropy.float()).sum()
+    if out.loss is not None:
+        loss = out.loss
+    else:
+        assert out.logprobs is not None
+        loss = (x.grad_logprobs * out.logprobs).sum()
+        if out.entropy is not None:
+            loss = loss + (x.grad_entropy * out.entropy.float()).sum()
     loss.backward()
-    return Out(out.logprobs.detach(), None if out.entropy is None else out.entropy.detach().float())
+    return Out(None if out.logprobs is None else out.logprobs.detach(),
+               None if out.entropy is None else out.entropy.detach().float())
 
 
 @torch.no_grad()
@@ -221,8 +260,9 @@ def reference(x: Inputs, rows: int = 4096) -> Out:
 
 def errors(out: Out, ref: Out, labels: torch.Tensor) -> dict[str, float | None]:
     keep = labels != IGNORE_INDEX
+    assert ref.logprobs is not None
     return dict(
-        logprob_max_abs=(out.logprobs - ref.logprobs)[keep].abs().max().item(),
+        logprob_max_abs=None if out.logprobs is None else (out.logprobs - ref.logprobs)[keep].abs().max().item(),
         entropy_max_abs=None if out.entropy is None else (out.entropy - ref.entropy)[keep].abs().max().item(),
     )
 
@@ -282,14 +322,19 @@ def measure_tokens(tokens: int, weight: torch.Tensor, variants: dict[str, Head],
     return results
 
 
+MATMUL_KERNELS = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm90_|sm80_", re.I)
+
+
 def profile(tokens: int, weight: torch.Tensor, variants: dict[str, Head], names: list[str],
-            device: torch.device) -> dict[str, list[dict[str, Any]]]:
-    """The GPU kernels of one step of each named variant, longest first (align-1 kernels show up by name)."""
+            device: torch.device) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, float]]]:
+    """The GPU kernels of one step of each named variant, longest first (align-1 kernels show up by name), and
+    per variant the kernel ms of matmuls (cuBLAS) and of everything else (the Triton kernels, elementwise)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     x = make_inputs(tokens, weight, seed=tokens)
-    found = {}
+    found: dict[str, list[dict[str, Any]]] = {}
+    split: dict[str, dict[str, float]] = {}
     for name in names:
         if name not in variants:
             continue
@@ -302,8 +347,11 @@ def profile(tokens: int, weight: torch.Tensor, variants: dict[str, Head], names:
                 for e in prof.key_averages() if e.device_time_total > 0]
         rows.sort(key=lambda r: -r["ms"])
         found[name] = rows[:12]
+        matmul = sum(r["ms"] for r in rows if MATMUL_KERNELS.search(r["kernel"]))
+        split[name] = dict(total=sum(r["ms"] for r in rows), matmul=matmul,
+                           other=sum(r["ms"] for r in rows) - matmul)
     clear_grads(x)
-    return found
+    return found, split
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -317,25 +365,29 @@ def print_tables(report: dict[str, Any]) -> None:
     for tokens, results in report["results"].items():
         ref_time = results.get("logits", {}).get("time_ms")
         liger_time = results.get("liger", {}).get("time_ms")
+        mean_time = results.get("liger-mean", {}).get("time_ms")
         rows = []
         for name, r in results.items():
             if "time_ms" not in r:
-                rows.append([name, r.get("note", "n/a"), "", "", "", "", "", ""])
+                rows.append([name, r.get("note", "n/a"), "", "", "", "", "", "", ""])
                 continue
             rows.append([
                 name, f"{r['time_ms']:.1f}",
                 f"{r['time_ms'] / ref_time:.2f}" if ref_time else "n/a",
                 f"{r['time_ms'] / liger_time:.2f}" if liger_time else "n/a",
+                f"{r['time_ms'] / mean_time:.2f}" if mean_time else "n/a",
                 gib(r["peak_extra_bytes"]), gib(r["beyond_grads_bytes"]),
-                f"{r['logprob_max_abs']:.1e}",
+                "none" if r["logprob_max_abs"] is None else f"{r['logprob_max_abs']:.1e}",
                 "none" if r["entropy_max_abs"] is None else f"{r['entropy_max_abs']:.1e}",
             ])
         print(f"\nT = {tokens}")
-        print(_common.table(["variant", "ms", "/ logits", "/ liger", "peak extra GiB", "beyond grads GiB",
-                             "logprob err", "entropy err"], rows))
+        print(_common.table(["variant", "ms", "/ logits", "/ liger", "/ liger-mean", "peak extra GiB",
+                             "beyond grads GiB", "logprob err", "entropy err"], rows))
     for name, rows in report.get("profile", {}).items():
-        print(f"\nprofile, {name}, T = {report['profile_tokens']}: " + "; ".join(
-            f"{r['kernel'][:70]} {r['ms']:.1f} ms x{r['calls']}" for r in rows[:8]))
+        split = report["profile_split"][name]
+        print(f"\nprofile, {name}, T = {report['profile_tokens']}: kernels {split['total']:.1f} ms = matmuls "
+              f"{split['matmul']:.1f} + other {split['other']:.1f}; " + "; ".join(
+                  f"{r['kernel'][:70]} {r['ms']:.1f} ms x{r['calls']}" for r in rows[:8]))
 
 
 def main() -> None:
@@ -345,6 +397,8 @@ def main() -> None:
     parser.add_argument("--verl-src", type=Path, help="folder holding an unpacked verl wheel (its verl/ folder)")
     parser.add_argument("--profile-tokens", type=int, default=20205,
                         help="profile the tfcompat variants at this T (0: no profile; CUDA only)")
+    parser.add_argument("--profile-variants", nargs="+", default=["torch", "triton"],
+                        help="the variants profiled at --profile-tokens (default torch triton)")
     args = parser.parse_args()
     device = _common.device_for(args.smoke)
     if args.smoke:
@@ -372,7 +426,8 @@ def main() -> None:
         _common.write_json(args.out, report)  # what is measured so far survives a run cut short
     if device.type == "cuda" and args.profile_tokens:
         report["profile_tokens"] = args.profile_tokens
-        report["profile"] = profile(args.profile_tokens, weight, variants, ["torch", "triton"], device)
+        report["profile"], report["profile_split"] = profile(args.profile_tokens, weight, variants,
+                                                             args.profile_variants, device)
     print_tables(report)
     _common.write_json(args.out, report)
 

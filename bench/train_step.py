@@ -28,7 +28,9 @@ Liger's monkey patch cannot be undone: the three liger variants run last, on the
 
 A suffix sets a variant's gradient checkpointing: ``@none`` turns it off for the variant; ``@attention``,
 ``@mlp``, ``@attention+mlp`` keep those modules' outputs out of the recompute (``patch(checkpoint_keep=...)``; a
-stock variant gets the same through `tfcompat.hf.checkpointing` alone), e.g. ``liger_flex_tfhead@attention+mlp``.
+stock variant gets the same through `tfcompat.hf.checkpointing` alone), e.g. ``liger_flex_tfhead@attention+mlp``;
+``logits`` among them (``@logits``, ``@attention+logits``, ``@none+logits``) keeps the head's logits for its
+backward (tfcompat's head, ``keep_logits=True``: one lm-head matmul less, ``2 * T * V`` bytes more).
 
 Reported per variant: ms per step (median of ``--reps`` after ``--warmup``, CUDA events), real tokens/s, peak
 memory, loss (a check: the variants agree to bf16 rounding), speed-up over padded, and model FLOPs utilization
@@ -266,20 +268,24 @@ class Batch:
         self.n_labels = int((labels != IGNORE_INDEX).sum())
 
 
-def head_loss(hidden: torch.Tensor, model: torch.nn.Module, batch: Batch, head: str) -> torch.Tensor:
+def head_loss(hidden: torch.Tensor, model: torch.nn.Module, batch: Batch, head: str,
+              keep_logits: bool = False) -> torch.Tensor:
     """hidden: ``(T, H)`` last hidden states of the real tokens in packed order. Returns the scalar loss.
-    head "liger": Liger-Kernel's fused linear cross entropy (mean over labelled tokens), else a tfcompat backend."""
+    head "liger": Liger-Kernel's fused linear cross entropy (mean over labelled tokens), else a tfcompat backend
+    (``keep_logits``: keep its logits for backward)."""
     with torch.profiler.record_function("bench_head"):
         if head == "liger":
             from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
             return liger_fused_linear_cross_entropy(hidden, model.lm_head.weight, batch.labels,
                                                     ignore_index=IGNORE_INDEX, reduction="mean")
-        lp, ent = logprobs_entropy(hidden, model.lm_head.weight, batch.labels, TEMPERATURE, backend=head)
+        lp, ent = logprobs_entropy(hidden, model.lm_head.weight, batch.labels, TEMPERATURE, backend=head,
+                                   keep_logits=keep_logits)
     return -(lp * batch.advantage).sum() / batch.n_labels - ENTROPY_COEF * ent.sum() / batch.n_labels
 
 
-def make_step(model: torch.nn.Module, batch: Batch, kind: str, head: str) -> Callable[[], torch.Tensor]:
+def make_step(model: torch.nn.Module, batch: Batch, kind: str, head: str,
+              keep_logits: bool = False) -> Callable[[], torch.Tensor]:
     def step() -> torch.Tensor:
         model.zero_grad(set_to_none=True)
         stack = stack_of(model)
@@ -289,7 +295,7 @@ def make_step(model: torch.nn.Module, batch: Batch, kind: str, head: str) -> Cal
         else:
             hidden = stack(input_ids=batch.packed_ids, position_ids=batch.packed_pos, use_cache=False)
             hidden = hidden.last_hidden_state[0]  # (1, T, H) -> (T, H)
-        loss = head_loss(hidden, model, batch, head)
+        loss = head_loss(hidden, model, batch, head, keep_logits)
         loss.backward()
         return loss.detach()
 
@@ -345,6 +351,7 @@ def variant(model: torch.nn.Module, name: str, stock_attention: str, fused: Any)
     """Put the model in the variant's configuration, and back to stock attention afterwards (Liger's monkey patch,
     applied before the first liger variant, stays)."""
     base, _, mode = name.partition("@")
+    mode = "+".join(k for k in mode.split("+") if k != "logits")  # the head's, not the checkpointing's
     tf = base.startswith(("tfcompat", "liger_tfcompat"))
     with checkpointing(model, mode, stock=not tf) as keep:
         if tf:
@@ -427,6 +434,7 @@ def profile_step(step: Callable[[], Any], device: torch.device) -> dict[str, Any
     head_re = head_markers()
     cats = {"attention": 0.0, "matmul": 0.0, "head": 0.0, "elementwise/other": 0.0}
     kernels: dict[str, float] = {}
+    others: dict[str, float] = {}  # the kernels of "elementwise/other"
     for evt in prof.events():
         if not evt.kernels:
             continue
@@ -447,11 +455,15 @@ def profile_step(step: Callable[[], Any], device: torch.device) -> dict[str, Any
                 cat = "elementwise/other"
             cats[cat] += us
             kernels[k.name] = kernels.get(k.name, 0.0) + us
+            if cat == "elementwise/other":
+                others[k.name] = others.get(k.name, 0.0) + us
     total = sum(cats.values())
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:8]
+    top_other = sorted(others.items(), key=lambda kv: -kv[1])[:10]
     return {"gpu_ms": total / 1e3, "ms": {c: v / 1e3 for c, v in cats.items()},
             "share": {c: (v / total if total else 0.0) for c, v in cats.items()},
-            "top_kernels": [(n[:120], us / 1e3) for n, us in top]}
+            "top_kernels": [(n[:120], us / 1e3) for n, us in top],
+            "top_other_kernels": [(n[:120], us / 1e3) for n, us in top_other]}
 
 
 # --------------------------------------------------------------------------------------------------- main
@@ -509,8 +521,12 @@ def main() -> None:
     for full in names:
         n, at, mode = full.partition("@")  # @none: no checkpointing; @attention+mlp: kept out of the recompute
         suffix = at + mode
-        if mode and mode != "none" and not set(mode.split("+")) <= {"attention", "mlp"}:
-            raise SystemExit(f"unknown checkpointing {mode!r} in {full!r}: none, attention, mlp, attention+mlp")
+        kinds = set(mode.split("+")) - {"logits"} if mode else set()
+        if kinds and kinds != {"none"} and not kinds <= {"attention", "mlp"}:
+            raise SystemExit(f"unknown checkpointing {mode!r} in {full!r}: none, attention, mlp, attention+mlp, "
+                             "each with +logits")
+        if n == "liger_flex" and "logits" in mode:
+            raise SystemExit(f"{full!r}: Liger's own head keeps no logits (+logits is for tfcompat's head)")
         if n.endswith("]") and n[:n.index("[")] in ("tfcompat", "tfcompat_fused", "liger_tfcompat"):
             variants.append(n + suffix)  # one backend named: tfcompat_fused[sdpa]
         elif n in ("tfcompat", "tfcompat_fused", "liger_tfcompat"):
@@ -587,7 +603,8 @@ def main() -> None:
         kind = "padded" if base == "padded" else "packed"
         if base.startswith("liger") and liger_version is None:
             liger_version = apply_liger(model, args.moe)
-        step = make_step(model, batch, kind, "liger" if base == "liger_flex" else args.head)
+        keep_logits = "logits" in name.partition("@")[2].split("+")
+        step = make_step(model, batch, kind, "liger" if base == "liger_flex" else args.head, keep_logits)
         with variant(model, name, stock_attention, fused):
             gc.collect()
             if device.type == "cuda":
@@ -647,6 +664,8 @@ def main() -> None:
         for n, r in results.items():
             if r.get("profile"):
                 print(f"top kernels, {n}: " + "; ".join(f"{k} {ms:.0f} ms" for k, ms in r["profile"]["top_kernels"]))
+                print(f"top elementwise/other kernels, {n}: " + "; ".join(
+                    f"{k[:90]} {ms:.1f} ms" for k, ms in r["profile"]["top_other_kernels"]))
     save()
 if __name__ == "__main__":
     main()

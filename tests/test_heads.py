@@ -72,8 +72,8 @@ class Run(NamedTuple):
     grad_bias: torch.Tensor | None
 
 
-def run(case: Case, backend: str, chunk_size: int = 1024, **transform: float | None) -> Run:
-    """transform: ``softcap`` and ``logit_scale`` of `logprobs_entropy`, as given."""
+def run(case: Case, backend: str, chunk_size: int = 1024, **transform: float | bool | None) -> Run:
+    """transform: ``softcap``, ``logit_scale`` and ``keep_logits`` of `logprobs_entropy`, as given."""
     hidden = case.hidden.detach().requires_grad_()
     weight = case.weight.detach().requires_grad_()
     bias = None if case.bias is None else case.bias.detach().requires_grad_()
@@ -326,7 +326,7 @@ class TestSavedForBackward:
 
     TOKENS, VOCAB, HIDDEN, CHUNK = 64, 512, 16, 16
 
-    def saved_numels(self, backend: str) -> list[int]:
+    def saved_numels(self, backend: str, keep_logits: bool = False) -> list[int]:
         case = make_case((self.TOKENS,), self.VOCAB, self.HIDDEN, seed=0)
         hidden = case.hidden.clone().requires_grad_()
         weight = case.weight.clone().requires_grad_()
@@ -338,7 +338,7 @@ class TestSavedForBackward:
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             out = logprobs_entropy(hidden, weight, case.labels, case.temperature, backend=backend,
-                                   chunk_size=self.CHUNK)
+                                   chunk_size=self.CHUNK, keep_logits=keep_logits)
         (out.logprobs.sum() + out.entropy.sum()).backward()
         assert hidden.grad is not None and weight.grad is not None
         return numels
@@ -352,6 +352,106 @@ class TestSavedForBackward:
         assert max(self.saved_numels("logits")) >= self.TOKENS * self.VOCAB
 
 
+@pytest.mark.usefixtures("unaligned_tiles")
+class TestKeptLogits:
+    """``keep_logits=True``: the forward's (T, V) logits are kept and backward uses them (no recompute); values
+    and gradients are the reference's, and one backward consumes them."""
+
+    @pytest.mark.parametrize(
+        ("shape", "vocab", "chunk_size", "transform"),
+        [
+            ((37,), 301, 5, {}),
+            ((2, 19), 300, 7, {}),
+            ((150,), 97, 32, {}),
+            ((150,), 97, 1024, {}),
+            ((40,), 300, 7, dict(softcap=1.5, logit_scale=2.0)),
+            ((300,), 40, 7, dict(logit_scale=0.125)),
+        ],
+        ids=["few-tokens", "batched", "many-tokens", "one-chunk", "softcap", "scale"],
+    )
+    @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+    def test_matches_reference(self, shape, vocab, chunk_size, transform, bias) -> None:
+        case = make_case(shape, vocab, 12, seed=vocab + len(shape), bias=bias, ignored=0.3)
+        assert_runs_close(run(case, "torch", chunk_size, keep_logits=True, **transform),
+                          run(case, "logits", **transform), forward_tol=FP32_TOL, grad_tol=FP32_TOL)
+
+    def test_bf16_within_stated_tolerance(self) -> None:
+        case = make_case((4, 48), 256, 32, seed=5, dtype=torch.bfloat16)
+        kept, reference = run(case, "torch", chunk_size=20, keep_logits=True), run(case, "logits")
+        assert kept.grad_hidden.dtype == kept.grad_weight.dtype == kept.grad_bias.dtype == torch.bfloat16
+        assert_runs_close(kept, reference, forward_tol=BF16_FORWARD_TOL, grad_tol=BF16_GRAD_TOL)
+
+    def test_saves_the_logits(self) -> None:
+        """The (T, V) logits are what is kept (`TestSavedForBackward`'s detector), where the default keeps none."""
+        saved = TestSavedForBackward()
+        tokens, vocab = saved.TOKENS, saved.VOCAB
+        assert max(saved.saved_numels("torch", keep_logits=True)) == tokens * vocab
+        assert max(saved.saved_numels("torch")) < tokens * vocab
+
+    def test_frozen_weight_and_one_output(self) -> None:
+        case = make_case((20,), 50, 8, seed=4)
+        grads = []
+        for keep_logits, backend in ((True, "torch"), (False, "logits")):
+            hidden = case.hidden.clone().requires_grad_()
+            weight = case.weight.clone()
+            logprobs_entropy(hidden, weight, case.labels, case.temperature, backend=backend, chunk_size=6,
+                             keep_logits=keep_logits).entropy.sum().backward()
+            assert weight.grad is None
+            grads.append(hidden.grad)
+        assert_close(grads[0], grads[1], atol=FP32_TOL, what="grad_hidden")
+
+    def test_model_logprobs_keeps_them(self) -> None:
+        """`model_logprobs(keep_logits=True)` is the recomputing head's result, values and every gradient, and it
+        holds the (T, V) logits between forward and backward (the detector of `TestSavedForBackward`)."""
+        from tests.helpers import pack
+        from tfcompat import heads
+        from tfcompat.selfcheck import sample_sequences, tiny_model
+
+        model = tiny_model("llama", "sdpa")
+        inputs = pack(model, sample_sequences(model, [7, 10], [None, None], seed=3))
+        labels = torch.roll(inputs["input_ids"], -1, dims=1)  # (1, T)
+        labels[0, -1] = IGNORE_INDEX
+        results = []
+        for keep_logits in (False, True):
+            model.zero_grad(set_to_none=True)
+            shapes: list[tuple[int, ...]] = []
+
+            def pack_hook(tensor: torch.Tensor, shapes: list[tuple[int, ...]] = shapes) -> torch.Tensor:
+                shapes.append(tuple(tensor.shape))
+                return tensor
+
+            with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda tensor: tensor):
+                out = heads.model_logprobs(model, labels, 0.7, backend="torch", keep_logits=keep_logits,
+                                           use_cache=False, **inputs)
+            (out.logprobs.sum() + out.entropy.sum()).backward()
+            results.append((out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+            assert ((labels.numel(), model.config.vocab_size) in shapes) == keep_logits
+        (plain, plain_grads), (kept, kept_grads) = results
+        assert_close(kept.logprobs, plain.logprobs, atol=FP32_TOL, what="logprobs")
+        assert_close(kept.entropy, plain.entropy, atol=FP32_TOL, what="entropy")
+        assert kept_grads.keys() == plain_grads.keys() and "lm_head.weight" in kept_grads
+        for name, grad in plain_grads.items():
+            assert_close(kept_grads[name], grad, atol=FP32_TOL * max(1.0, grad.abs().max().item()), what=name)
+
+    def test_second_backward_raises(self) -> None:
+        """The first backward wrote the gradient over the kept logits: a second one through the same graph
+        would read gradients as logits, so it raises; without keep_logits it runs (and doubles the gradient)."""
+        case = make_case((16,), 40, 8, seed=6)
+        for keep_logits in (False, True):
+            hidden = case.hidden.clone().requires_grad_()
+            out = logprobs_entropy(hidden, case.weight, case.labels, case.temperature, backend="torch",
+                                   keep_logits=keep_logits)
+            loss = (case.grad_logprobs * out.logprobs).sum()
+            loss.backward(retain_graph=True)
+            once = hidden.grad.clone()
+            if keep_logits:
+                with pytest.raises(InvalidInputError, match=r"(?s)one backward per forward.*keep_logits=False"):
+                    loss.backward()
+            else:
+                loss.backward()
+                assert_close(hidden.grad, 2 * once, atol=FP32_TOL, what="grad_hidden")
+
+
 def valid_inputs() -> dict:
     return dict(hidden=torch.randn(4, 8), lm_head_weight=torch.randn(10, 8), labels=torch.tensor([1, 2, -100, 9]))
 
@@ -363,6 +463,7 @@ class TestInvalidInput:
         ("change", "match"),
         [
             (dict(backend="fused"), r"unknown logprobs/entropy backend 'fused'"),
+            (dict(keep_logits=1), r"(?s)keep_logits must be a bool.*got 1"),
             (dict(chunk_size=0), r"(?s)chunk_size must be a positive int or None.*got 0"),
             (dict(chunk_size=True), r"(?s)chunk_size must be a positive int.*got True"),
             (dict(hidden=torch.randn(4, 6)), r"hidden \(4, 6\) vs lm_head_weight \(10, 8\)"),

@@ -131,6 +131,42 @@ class TestTritonMatchesReference:
         assert_close(grads[0], grads[1], atol=FP32_TOL, what="grad_hidden")
 
 
+class TestTritonKeptLogits:
+    """``keep_logits=True``: one (T, V) tile kept from the forward, the gradient written over it, then one
+    matmul per gradient; values and gradients are the reference's."""
+
+    @pytest.mark.parametrize(
+        ("shape", "vocab", "transform"),
+        [((37,), 301, {}), ((2, 19), 300, {}), ((150,), 97, {}), ((1,), 3000, {}),
+         ((37,), 301, dict(softcap=2.0, logit_scale=3.0))],
+        ids=["few-tokens", "batched", "many-tokens", "long-row", "softcap"],
+    )
+    def test_matches_reference(self, shape, vocab, transform) -> None:
+        case = on_device(make_case(shape, vocab, 12, seed=vocab, ignored=0.3))
+        assert_runs_close(run(case, "triton", keep_logits=True, **transform), run(case, "logits", **transform),
+                          forward_tol=FP32_TOL, grad_tol=FP32_TOL)
+
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+    def test_half_precision_within_stated_tolerance(self, dtype: torch.dtype) -> None:
+        case = make_case((129,), 700, 32, seed=129, dtype=dtype)
+        kept, reference = run(on_device(case), "triton", keep_logits=True), run(on_device(case), "logits")
+        assert kept.grad_hidden.dtype == kept.grad_weight.dtype == kept.grad_bias.dtype == dtype
+        forward_tol, grad_tol = BF16_FORWARD_TOL, BF16_GRAD_TOL
+        if CUDA:  # as in TestTritonHalfPrecision
+            logits = (case.hidden.float() @ case.weight.float().T + case.bias.float()) / case.temperature[:, None]
+            forward_tol, grad_tol = 2 * torch.finfo(dtype).eps * logits.abs().max().item(), 2.5 * BF16_GRAD_TOL
+        assert_runs_close(kept, reference, forward_tol=forward_tol, grad_tol=grad_tol)
+
+    def test_second_backward_raises(self) -> None:
+        case = on_device(make_case((16,), 40, 8, seed=6))
+        hidden = case.hidden.clone().requires_grad_()
+        out = logprobs_entropy(hidden, case.weight, case.labels, case.temperature, backend="triton", keep_logits=True)
+        loss = (case.grad_logprobs * out.logprobs).sum()
+        loss.backward(retain_graph=True)
+        with pytest.raises(InvalidInputError, match=r"(?s)one backward per forward.*keep_logits=False"):
+            loss.backward()
+
+
 class TestTritonHalfPrecision:
     """bf16 and fp16 inputs: the kernels read the logits as the matmul rounded them to the input dtype, as the
     reference does. On CPU both round identically, so the values agree to float32 rounding; cuBLAS may round a

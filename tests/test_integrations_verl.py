@@ -22,6 +22,7 @@ def model() -> torch.nn.Module:
     ({"use_fused_kernels": True}, "unknown fused_kernels_backend None"),
     ({"use_fused_kernels": True, "fused_kernels_backend": "cuda"}, "unknown fused_kernels_backend 'cuda'"),
     ({"ulysses_sp_size": 0}, "positive int"),
+    ({"keep_logits": True}, "keep_logits=True keeps the fused head's logits"),
 ])
 def test_bad_options_raise_patch_error(model, kwargs, match):
     with pytest.raises(tfcompat.PatchError, match=match):
@@ -56,3 +57,25 @@ def test_idempotent_then_undo_restores_the_forward(model):
         assert "forward" not in vars(model) and "_tfcompat_verl" not in vars(model)
         first = model(input_ids=ids[:, :4], use_cache=False).logits
     assert float((packed[:, :4] - first).abs().max()) <= 1e-5
+
+
+def test_kept_logits_give_the_recomputing_heads_logprobs_and_gradients(model):
+    """The fused forward with keep_logits=True: the same log-probs, entropies and gradients as the head that
+    recomputes its logits in the backward."""
+    ids, pos = torch.randint(0, 100, (1, 9)), torch.cat([torch.arange(4), torch.arange(5)])[None]
+    labels = torch.roll(ids, -1, -1)
+    runs = []
+    for keep in (False, True):
+        model.zero_grad()
+        with apply_monkey_patch(model, use_fused_kernels=True, fused_kernels_backend="torch", keep_logits=keep):
+            out = model(input_ids=ids, position_ids=pos, temperature=0.7, shift_labels=labels)
+            loss = out.log_probs.sum() + 0.1 * out.entropy.sum()
+            loss.backward(retain_graph=True)
+            if keep:  # the kept logits were overwritten by their gradient: the head really kept them
+                with pytest.raises(tfcompat.InvalidInputError, match="backward"):
+                    loss.backward()
+        runs.append((out.log_probs.detach(), out.entropy.detach(), model.lm_head.weight.grad.clone(),
+                     model.model.embed_tokens.weight.grad.clone()))
+    for got, want in zip(runs[1], runs[0]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+

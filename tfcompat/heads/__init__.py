@@ -6,11 +6,12 @@ alive for backward; at ``T = 8192`` tokens and a 152k vocabulary that is tens of
 statistics for backward, where they recompute each tile's logits (reference: backend ``"logits"`` below,
 i.e. ``log_softmax`` + ``gather`` and ``-(p * log p).sum(-1)`` on the full logits, differentiated by
 autograd; the recompute scheme follows Liger-Kernel's fused linear cross-entropy and Apple's Cut Cross
-Entropy). Both run the lm-head matmuls through cuBLAS on 128-aligned tiles; ``"torch"`` does the softmax,
-entropy and gradient arithmetic of a tile in float32 torch ops, ``"triton"`` in two Triton kernels that read
-each tile once. ``"auto"`` is ``"triton"`` on CUDA when Triton is installed, else ``"torch"``. This module is the
-API, its validation and the reference; `_tiles` holds what both chunked backends share, `_torch` and `_triton`
-(imported when first used) one backend each.
+Entropy). With ``keep_logits=True`` they keep the forward's ``(T, V)`` logits for backward instead (one lm-head
+matmul of four less, for ``T * V`` logits of memory). Both run the lm-head matmuls through cuBLAS on 128-aligned
+tiles; ``"torch"`` does the softmax, entropy and gradient arithmetic of a tile in float32 torch ops, ``"triton"``
+in two Triton kernels that read each tile once. ``"auto"`` is ``"triton"`` on CUDA when Triton is installed,
+else ``"torch"``. This module is the API, its validation and the reference; `_tiles` holds what both chunked
+backends share, `_torch` and `_triton` (imported when first used) one backend each.
 
 Conventions shared by all backends:
 
@@ -68,6 +69,7 @@ def logprobs_entropy(
     lm_head_bias: torch.Tensor | None = None,
     softcap: float | None = None,
     logit_scale: float = 1.0,
+    keep_logits: bool = False,
 ) -> LogprobsEntropy:
     """Log-probability of each label and entropy of each token's distribution under the lm head.
 
@@ -85,14 +87,23 @@ def logprobs_entropy(
     lm_head_bias: ``(V,)`` or None.
     softcap, logit_scale: the logits are ``c * tanh(s * x / c)`` with ``c = softcap`` (``s * x`` when None) and
       ``s = logit_scale``, ``x`` the lm head's output; both finite and > 0, constants.
+    keep_logits: keep the forward's ``(T, V)`` logits in the input dtype (``2 * T * V`` bytes in bf16: 5.6 GiB at
+      T = 19,679 and V = 152,064, 20 GiB at T = 70,703) for backward instead of recomputing them: backward is the
+      gradient written over them and two whole-matrix matmuls, one lm-head matmul of four less than the
+      recomputing backends (H200, bf16, V = 152,064: 0.70-0.78x the time of ``"triton"`` at 8k-70k tokens,
+      bench/RESULTS.md section 12). One backward per forward (the gradient overwrites the kept logits; a second
+      backward through the same graph raises). The reference (``"logits"``) keeps its float32 logits anyway.
     Returns `LogprobsEntropy`, each field float32 and shaped like ``labels``.
 
     Validation reads the labels (and a tensor temperature) on the host once: one device sync per call.
     Raises `InvalidInputError` on a bad shape (no tokens included), dtype, device, label, temperature, softcap,
-    logit scale, backend or chunk size, and
+    logit scale, backend, chunk size or keep_logits, and
     for backend ``"triton"`` without Triton installed or with tensors off CUDA (unless ``TRITON_INTERPRET=1``).
     """
     temperature = _validate(hidden, lm_head_weight, labels, temperature, backend, chunk_size, lm_head_bias)
+    if not isinstance(keep_logits, bool):
+        raise InvalidInputError("keep_logits must be a bool", why=f"got {keep_logits!r}",
+                                fix="pass keep_logits=True to keep the forward's logits for backward")
     _check_positive("softcap", softcap, "pass the model's config.final_logit_softcapping, or None")
     _check_positive("logit_scale", logit_scale, "pass 1.0 for none")
     backend = _resolve_backend(backend, hidden)
@@ -111,7 +122,8 @@ def logprobs_entropy(
     column = column / (logit_scale if softcap is None else softcap)  # (T, 1)
     if backend == "torch":
         logprobs, entropy = _ChunkedLogprobsEntropy.apply(
-            tokens, lm_head_weight, lm_head_bias, flat_labels, column, chunk_size or _TORCH_CHUNK_SIZE, pre
+            tokens, lm_head_weight, lm_head_bias, flat_labels, column, chunk_size or _TORCH_CHUNK_SIZE, pre,
+            keep_logits,
         )
     else:
         from ._triton import TritonLogprobsEntropy, _triton_tiles
@@ -119,7 +131,7 @@ def logprobs_entropy(
         token_count, hidden_size = tokens.shape
         tile_rows, tile_columns = _triton_tiles(token_count, hidden_size, lm_head_weight.shape[0], chunk_size)
         logprobs, entropy = TritonLogprobsEntropy.apply(
-            tokens, lm_head_weight, lm_head_bias, flat_labels, column, tile_rows, tile_columns, pre
+            tokens, lm_head_weight, lm_head_bias, flat_labels, column, tile_rows, tile_columns, pre, keep_logits
         )
     return LogprobsEntropy(logprobs.view(labels.shape), entropy.view(labels.shape))
 
@@ -131,6 +143,7 @@ def model_logprobs(
     *,
     backend: str = "auto",
     chunk_size: int | None = None,
+    keep_logits: bool = False,
     **inputs: Any,
 ) -> LogprobsEntropy:
     """`logprobs_entropy` of a causal LM instead of its logits: the backbone runs, the lm head never does.
@@ -139,7 +152,8 @@ def model_logprobs(
     as ``self.lm_head(backbone(...))``, then possibly a logit scale and a final-logit softcap (cohere, granite,
     falcon_h1, gemma2/3, ...): both are read from that forward and the model's config (`final_logits`), so the
     log-probs are those of the model's own logits. labels: ``(B, L)`` next-token ids aligned with the input
-    tokens (already shifted; under Ulysses, ``shard.labels``). inputs: what the model's forward takes.
+    tokens (already shifted; under Ulysses, ``shard.labels``). backend, chunk_size, keep_logits: as in
+    `logprobs_entropy`. inputs: what the model's forward takes.
     Raises `InvalidInputError` for a model whose forward does more to its logits (e.g. masks columns, runs a
     module on them) or has no single backbone: the chunked head could not reproduce them.
     """
@@ -148,7 +162,8 @@ def model_logprobs(
     out = cast(torch.nn.Module, getattr(model, applied.backbone))(**inputs)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     return logprobs_entropy(hidden, head.weight, labels, temperature, backend=backend, chunk_size=chunk_size,
-                            lm_head_bias=head.bias, softcap=applied.softcap, logit_scale=applied.logit_scale)
+                            lm_head_bias=head.bias, softcap=applied.softcap, logit_scale=applied.logit_scale,
+                            keep_logits=keep_logits)
 
 
 # ------------------------------------------------------------------------------------------- validation

@@ -1,9 +1,12 @@
-"""What both chunked backends of `tfcompat.heads` share: the ignored label, tile alignment and spans, and the
-float32 accumulation of a tile's matmul (`_accumulate_mm`)."""
+"""What both chunked backends of `tfcompat.heads` share: the ignored label, tile alignment and spans, the
+float32 accumulation of a tile's matmul (`_accumulate_mm`), and the error of a second backward through kept
+logits."""
 
 from __future__ import annotations
 
 import torch
+
+from ..errors import InvalidInputError
 
 IGNORE_INDEX = -100
 
@@ -34,3 +37,12 @@ def _accumulate_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         torch.addmm(out, a, b, out_dtype=out.dtype, out=out)
     else:
         out += a @ b
+
+
+def kept_logits_consumed() -> InvalidInputError:
+    """The error of a second backward through a head that kept its logits (``keep_logits=True``)."""
+    return InvalidInputError(
+        "keep_logits=True allows one backward per forward",
+        why="the first backward wrote the gradient over the kept logits",
+        fix="run the head's forward again before another backward, or pass keep_logits=False",
+    )

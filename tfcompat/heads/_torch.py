@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ._tiles import IGNORE_INDEX, _accumulate_mm, _aligned, _spans
+from ._tiles import IGNORE_INDEX, _accumulate_mm, _aligned, _spans, kept_logits_consumed
 
 # Backend "torch"'s default tile, chunk_size * V logits: on an H200 (bf16, V = 152064, H = 3584) fwd+bwd took
 # 0.94-0.97x the reference's time at 1k-33k tokens with 2048, 0.96-1.01x with 1024 (same run, interleaved),
@@ -122,12 +122,15 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
     written once, grad_hidden ``(T, H)`` accumulated in float32), else the tokens (tiles ``(R, V)``,
     grad_hidden rows written once, grad_weight ``(V, H)`` accumulated in float32). Every tile's row and column
     counts are multiples of `_ALIGN` (or the whole axis). Gradients come back in the dtype of their inputs.
+
+    ``keep``: the forward computes the ``(T, V)`` logits in one matmul and keeps them (saved for backward); backward
+    writes the gradient over them in token chunks and runs one matmul per gradient over all of V.
     """
 
     @staticmethod
     def forward(
         ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-        temperature: torch.Tensor, chunk_size: int, pre: float | None = None,
+        temperature: torch.Tensor, chunk_size: int, pre: float | None = None, keep: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden ``(T, H)``, weight ``(V, H)``, bias ``(V,)`` or None, labels ``(T,)`` int64, temperature
         ``(T, 1)`` float32; with a softcap the logits are ``tanh(pre * x) / temperature`` (see `_capped`).
@@ -137,20 +140,25 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
         entropy = hidden.new_empty(tokens, dtype=torch.float32)
         logprobs = hidden.new_empty(tokens, dtype=torch.float32)
         label_columns = labels.clamp(min=0)  # (T,), ignored tokens read column 0
+        kept = [F.linear(hidden, weight, bias)] if keep else []  # (T, V) in the input dtype
         for rows in _spans(tokens, _aligned(chunk_size, tokens)):
-            logits = _capped(F.linear(hidden[rows], weight, bias), pre)  # (R, V) in the input dtype or float32
+            raw = kept[0][rows] if keep else F.linear(hidden[rows], weight, bias)  # (R, V)
+            logits = _capped(raw, pre)  # (R, V) in the input dtype or float32
             lse[rows], logprobs[rows], entropy[rows] = _torch_row_stats(logits, label_columns[rows], temperature[rows])
-            del logits
-        ctx.save_for_backward(hidden, weight, bias, labels, temperature, lse.unsqueeze(1), entropy.unsqueeze(1))
-        ctx.chunk_size, ctx.pre = chunk_size, pre
+            del raw, logits
+        ctx.save_for_backward(hidden, weight, bias, labels, temperature, lse.unsqueeze(1), entropy.unsqueeze(1),
+                              *kept)
+        ctx.chunk_size, ctx.pre, ctx.keep, ctx.consumed = chunk_size, pre, keep, False
         valid = labels != IGNORE_INDEX
         return torch.where(valid, logprobs, 0.0), torch.where(valid, entropy, 0.0)
 
     @staticmethod
     def backward(ctx, grad_logprobs: torch.Tensor, grad_entropy: torch.Tensor):
         """grad_logprobs, grad_entropy ``(T,)``. Returns grad_hidden ``(T, H)``, grad_weight ``(V, H)``,
-        grad_bias ``(V,)`` (None where not needed) and None for labels, temperature and chunk_size."""
-        hidden, weight, bias, labels, temperature, lse, entropy = ctx.saved_tensors
+        grad_bias ``(V,)`` (None where not needed) and None for the other inputs."""
+        if ctx.keep and ctx.consumed:  # before autograd unpacks the overwritten logits
+            raise kept_logits_consumed()
+        hidden, weight, bias, labels, temperature, lse, entropy, *kept = ctx.saved_tensors
         valid = (labels != IGNORE_INDEX).unsqueeze(1)  # (T, 1)
         label_coef = grad_logprobs.unsqueeze(1) * valid / temperature  # (T, 1)
         entropy_coef = grad_entropy.unsqueeze(1) * valid / temperature  # (T, 1)
@@ -158,6 +166,17 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
         stats = _RowStats(temperature, lse.neg(), label_coef, entropy_coef.neg(), shift.neg_())
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         tokens, vocab = hidden.shape[0], weight.shape[0]
+        if ctx.keep:
+            ctx.consumed = True
+            for rows in _spans(tokens, _aligned(ctx.chunk_size, tokens)):  # (R, V) gradients over the kept logits
+                _grad_raw_logits(kept[0][rows], stats.rows(rows), labels[rows], 0, ctx.pre)
+            grad = kept[0]  # (T, V)
+            return (
+                grad @ weight if need_hidden else None,
+                grad.T @ hidden if need_weight else None,
+                grad.sum(0, dtype=torch.float32).to(weight.dtype) if need_bias else None,
+                None, None, None, None, None,
+            )
         grad_bias = weight.new_zeros(vocab, dtype=torch.float32) if need_bias else None
         if tokens < vocab:
             grad_hidden = hidden.new_zeros(hidden.shape, dtype=torch.float32) if need_hidden else None
@@ -190,6 +209,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
             None if grad_hidden is None else grad_hidden.to(hidden.dtype),
             None if grad_weight is None else grad_weight.to(weight.dtype),
             None if grad_bias is None else grad_bias.to(weight.dtype),
+            None,
             None,
             None,
             None,

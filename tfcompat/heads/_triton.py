@@ -22,6 +22,10 @@ vocabulary tiles in the outer loop and the token blocks in the inner one:
   once when one token block covers T, else summed in a float32 ``(C, H)`` buffer) and
   ``grad_hidden[R] += grad @ weight[C]`` into a float32 ``(T, H)`` accumulator (cuBLAS adds in float32).
 
+With ``keep_logits`` there is one tile, the whole ``(T, V)``: the forward's logits are kept, and backward is
+`_grad_logits_kernel` over them and ``grad @ weight`` and ``grad.T @ hidden`` over all of V: three lm-head
+matmuls instead of four, each one cuBLAS call on the whole matrices.
+
 The kernels scale by ``1 / tau`` (a multiply, within an ulp of the reference's division). Why cuBLAS and not
 one fused ``tl.dot`` kernel: on an H200 at T = 20205 (bf16, V = 152064, H = 3584) the matmuls take 124 of the
 146 ms of a forward + backward and both kernels together 6.9 ms; a fused kernel could save at most the tiles'
@@ -37,7 +41,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._tiles import _ALIGN, IGNORE_INDEX, _accumulate_mm, _aligned, _spans
+from ._tiles import _ALIGN, IGNORE_INDEX, _accumulate_mm, _aligned, _spans, kept_logits_consumed
 
 TOKEN_BLOCK = 16384  # the most tokens in a tile: bounds its size when T is large
 COLUMN_BLOCK = 1024  # columns per step of both kernels; tile widths are multiples of it, so no lane idles
@@ -75,9 +79,12 @@ def _tile_stats_kernel(
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * row_stride
     inv_tau = 1.0 / tl.load(temperature_ptr + row * temperature_stride)
-    m = tl.load(max_ptr + row)  # running max of z over the tiles so far (-inf before the first)
-    s = tl.load(sumexp_ptr + row)  # sum exp(z - m)
-    w = tl.load(sumexpz_ptr + row)  # sum exp(z - m) * z
+    m_before = tl.load(max_ptr + row)  # running max of z over the tiles so far (-inf before the first)
+    m = m_before
+    # per lane: sum exp(z - m) and sum exp(z - m) * z, rescaled when m grows; summed across lanes once, after the
+    # loop, so that each block costs one reduction (its max) instead of three
+    s_lanes = tl.zeros([BLOCK], dtype=tl.float32)
+    w_lanes = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -89,12 +96,13 @@ def _tile_stats_kernel(
         m_new = tl.maximum(m, tl.max(z_max, 0))
         scale = tl.exp(m - m_new)
         e = tl.exp(z_max - m_new)  # 0 where masked
-        s = s * scale + tl.sum(e, 0)
-        w = w * scale + tl.sum(e * z, 0)
+        s_lanes = s_lanes * scale + e
+        w_lanes = w_lanes * scale + e * z
         m = m_new
+    carry = tl.exp(m_before - m)  # the earlier tiles' sums (0 before the first), rescaled to the new max
     tl.store(max_ptr + row, m)
-    tl.store(sumexp_ptr + row, s)
-    tl.store(sumexpz_ptr + row, w)
+    tl.store(sumexp_ptr + row, tl.load(sumexp_ptr + row) * carry + tl.sum(s_lanes, 0))  # sum exp(z - m)
+    tl.store(sumexpz_ptr + row, tl.load(sumexpz_ptr + row) * carry + tl.sum(w_lanes, 0))  # sum exp(z - m) * z
     column = tl.load(labels_ptr + row) - first_column  # ignored labels (-100) fall in no tile
     in_tile = (column >= 0) & (column < n_cols)
     x_label = tl.load(base + tl.where(in_tile, column, 0)).to(tl.float32)
@@ -162,36 +170,45 @@ def _grad_logits(logits: torch.Tensor, first_column: int, labels: torch.Tensor, 
 class TritonLogprobsEntropy(torch.autograd.Function):
     """hidden ``(T, H)``, weight ``(V, H)``, bias ``(V,)`` or None, labels ``(T,)`` int64, temperature ``(T, 1)``
     float32, tiles of ``tile_rows`` x ``tile_columns``; with a softcap the logits are ``tanh(pre * x) /
-    temperature``. Returns logprobs and entropy ``(T,)`` float32.
+    temperature``; ``keep``: one ``(T, V)`` tile, kept for backward. Returns logprobs and entropy ``(T,)`` float32.
 
-    Saved for backward: the inputs and the ``(T,)`` logsumexp and entropy. Gradients come back in the dtype of
-    their inputs; the temporaries are one tile in the input dtype, a ``(T, H)`` float32 grad_hidden
-    accumulator, and a ``(C, H)`` float32 grad_weight buffer when T spans several token blocks.
+    Saved for backward: the inputs and the ``(T,)`` logsumexp and entropy (and the kept logits). Gradients come
+    back in the dtype of their inputs; the temporaries are one tile in the input dtype, a ``(T, H)`` float32
+    grad_hidden accumulator, and a ``(C, H)`` float32 grad_weight buffer when T spans several token blocks. With
+    ``keep``, backward writes the gradient over the kept logits and runs one matmul per gradient over all of V
+    (cuBLAS sums in float32 and rounds once): no temporaries.
     """
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, temperature, tile_rows: int, tile_columns: int,
-                pre: float | None = None):
+                pre: float | None = None, keep: bool = False):
         tokens, vocab = hidden.shape[0], weight.shape[0]
         # (4, T) float32: running max, sum of exponentials, sum of exp * z, label logit
         running = torch.zeros(4, tokens, dtype=torch.float32, device=hidden.device)
         running[0] = float("-inf")
-        for columns in _spans(vocab, tile_columns):
-            tile_weight, tile_bias = weight[columns], None if bias is None else bias[columns]
-            for rows in _spans(tokens, tile_rows):
-                logits = F.linear(hidden[rows], tile_weight, tile_bias)  # (R, C) in the input dtype
-                _tile_stats(logits, columns.start, labels[rows], temperature[rows], running[:, rows], pre)
-                del logits
+        kept = []
+        if keep:  # one tile: the whole (T, V) logits in the input dtype, kept for backward
+            kept.append(F.linear(hidden, weight, bias))
+            _tile_stats(kept[0], 0, labels, temperature, running, pre)
+        else:
+            for columns in _spans(vocab, tile_columns):
+                tile_weight, tile_bias = weight[columns], None if bias is None else bias[columns]
+                for rows in _spans(tokens, tile_rows):
+                    logits = F.linear(hidden[rows], tile_weight, tile_bias)  # (R, C) in the input dtype
+                    _tile_stats(logits, columns.start, labels[rows], temperature[rows], running[:, rows], pre)
+                    del logits
         lse = running[0] + running[1].log()  # (T,)
         entropy = lse - running[2] / running[1]
         valid = labels != IGNORE_INDEX
-        ctx.save_for_backward(hidden, weight, bias, labels, temperature, lse, entropy)
-        ctx.tile_rows, ctx.tile_columns, ctx.pre = tile_rows, tile_columns, pre
+        ctx.save_for_backward(hidden, weight, bias, labels, temperature, lse, entropy, *kept)
+        ctx.tile_rows, ctx.tile_columns, ctx.pre, ctx.keep, ctx.consumed = tile_rows, tile_columns, pre, keep, False
         return torch.where(valid, running[3] - lse, 0.0), torch.where(valid, entropy, 0.0)
 
     @staticmethod
     def backward(ctx, grad_logprobs: torch.Tensor, grad_entropy: torch.Tensor):
-        hidden, weight, bias, labels, temperature, lse, entropy = ctx.saved_tensors
+        if ctx.keep and ctx.consumed:  # before autograd unpacks the overwritten logits
+            raise kept_logits_consumed()
+        hidden, weight, bias, labels, temperature, lse, entropy, *kept = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         tokens, vocab = hidden.shape[0], weight.shape[0]
         valid = labels != IGNORE_INDEX
@@ -201,6 +218,16 @@ class TritonLogprobsEntropy(torch.autograd.Function):
         torch.div(grad_logprobs * valid, tau, out=coefs[1])
         torch.div(grad_entropy * valid, tau, out=coefs[2])
         torch.addcmul(coefs[1], coefs[2], entropy, out=coefs[3])
+        if ctx.keep:
+            ctx.consumed = True
+            # the gradient over the kept (T, V) logits, then one matmul per gradient over the whole vocabulary
+            grad = _grad_logits(kept[0], 0, labels, temperature, coefs, ctx.pre)
+            return (
+                grad @ weight if need_hidden else None,
+                grad.T @ hidden if need_weight else None,
+                grad.sum(0, dtype=torch.float32).to(weight.dtype) if need_bias else None,
+                None, None, None, None, None, None,
+            )
         grad_hidden = hidden.new_zeros(hidden.shape, dtype=torch.float32) if need_hidden else None
         grad_weight = torch.empty_like(weight) if need_weight else None
         grad_bias = weight.new_zeros(vocab, dtype=torch.float32) if need_bias else None
@@ -230,6 +257,7 @@ class TritonLogprobsEntropy(torch.autograd.Function):
             None if grad_hidden is None else grad_hidden.to(hidden.dtype),
             grad_weight,
             None if grad_bias is None else grad_bias.to(weight.dtype),
+            None,
             None,
             None,
             None,

@@ -82,6 +82,8 @@ def apply_monkey_patch(
     use_remove_padding: bool = True,
     use_fused_kernels: bool = False,
     fused_kernels_backend: str | None = None,
+    *,
+    keep_logits: bool = False,
 ) -> VerlPatch:
     """Patch ``model`` (this instance only) to take verl's remove-padding inputs; returns a `VerlPatch`.
 
@@ -91,6 +93,9 @@ def apply_monkey_patch(
     use_fused_kernels: return log-probs and entropy (`FusedOutput`) instead of logits.
     fused_kernels_backend: ``"torch"``, ``"triton"`` or ``"liger"`` (verl's names; each runs `tfcompat.heads`,
         backend ``"auto"``: never the ``(T, V)`` logits).
+    keep_logits: tfcompat's own option (verl has none): with fused kernels, the head keeps its forward's ``(T, V)``
+        logits for the backward instead of recomputing them (`tfcompat.heads.model_logprobs`): three lm-head
+        matmuls instead of four, for ``2 * T * V`` bytes in bf16.
 
     Everything that cannot apply raises here: unknown family or release, verl not importable while
     ``ulysses_sp_size > 1``, a fused backend verl would skip, heads not divisible by ``ulysses_sp_size``
@@ -98,7 +103,8 @@ def apply_monkey_patch(
     Calling it again with the same arguments returns the same `VerlPatch`.
     """
     options = {"ulysses_sp_size": ulysses_sp_size, "use_remove_padding": use_remove_padding,
-               "use_fused_kernels": use_fused_kernels, "fused_kernels_backend": fused_kernels_backend}
+               "use_fused_kernels": use_fused_kernels, "fused_kernels_backend": fused_kernels_backend,
+               "keep_logits": keep_logits}
     existing = vars(model).get(_ATTR)
     if existing is not None and existing.active:
         if existing.options != options:
@@ -122,6 +128,10 @@ def apply_monkey_patch(
         raise r.error(PatchError, f"unknown fused_kernels_backend {fused_kernels_backend!r}",
                       why="verl's own patch would skip the fused forward, and its actor would then find no log_probs",
                       fix="set model.fused_kernel_options.impl_backend=torch", supported=", ".join(FUSED_BACKENDS))
+    if keep_logits and not use_fused_kernels:
+        raise r.error(PatchError, "keep_logits=True keeps the fused head's logits, and use_fused_kernels=False",
+                      why="without fused kernels the model returns its logits and tfcompat runs no head",
+                      fix="patch with use_fused_kernels=True, or drop keep_logits")
     text = cast(Any, model.config).get_text_config()
     try:
         check_heads(text.num_attention_heads, text.num_key_value_heads, ulysses_sp_size)
@@ -271,7 +281,7 @@ class VerlPatch:
             raise r.error(InvalidInputError, "shift_labels must be this rank's (1, T/sp) slice of the rolled ids",
                           why=f"got {tuple(shift_labels.shape)} for {local} local tokens")
         out = model_logprobs(self.model, shift_labels, 1.0 if temperature is None else temperature,
-                             **inputs, use_cache=False)
+                             keep_logits=self.options["keep_logits"], **inputs, use_cache=False)
         return FusedOutput(out.logprobs, out.entropy)
 
 
