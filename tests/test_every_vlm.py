@@ -58,9 +58,12 @@ def test_resolve_says_derived_and_from_what():
 
 
 def test_a_language_model_tfcompat_cannot_patch_is_refused_at_patch():
-    model = _model("mllama")  # (lfm2_vl's LFM2 patches since its short convolutions run per sequence)
-    with pytest.raises(PatchError, match="its language model mllama_text_model is not a text family tfcompat patches"):
-        tfcompat.patch(model)
+    # (mllama's text model derives since its cross-attention layers are skipped without images: tests/test_derived)
+    found = next((t for t in ("cosmos3_edge", "glm_ocr", "qwen2_5_omni_thinker") if t in TYPES), None)
+    if found is None:
+        pytest.skip("no image-text-to-text type of this release has a language model tfcompat cannot patch")
+    with pytest.raises(PatchError, match="its language model .* is not a text family tfcompat patches"):
+        tfcompat.patch(_model(found))
 
 
 def test_rope_index_is_the_text_row():

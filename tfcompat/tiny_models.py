@@ -37,7 +37,7 @@ VOCAB = 256
 _SIZES: dict[str, int] = {
     "vocab_size": VOCAB, "unpadded_vocab_size": VOCAB, "vocab_size_per_layer_input": VOCAB,
     "encoder_hash_byte_group_vocab": VOCAB, "hidden_size_per_layer_input": 16,
-    "hidden_size": 64,
+    "hidden_size": 64, "hidden_size_global": 64,
     "intermediate_size": 128,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
@@ -104,12 +104,15 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     # per-layer overrides are keyed by layer index: the one full-attention layer of 6 keeps a larger head
     "Gemma4TextConfig": {"per_layer_config": {"05": {"head_dim": 32}}},
     "Gemma4UnifiedTextConfig": {"per_layer_config": {"05": {"head_dim": 32}}},
+    # the cross-attention layers (to image states) are indices, not a per-layer pattern: one of the two layers
+    "MllamaTextConfig": {"cross_attention_layers": [1]},
     # the shared transformer block is tied across hybrid layers: it needs two of them
     "ZambaConfig": {"attn_layer_period": 2, "attn_layer_offset": 1, "num_hidden_layers": 6},
     # sliding layers' head_dim is their q/k head (per-layer qk_nope_head_dim + qk_rope_head_dim)
     "Dots3NoteTextConfig": {"head_dim": 24},
     # ReformerModelWithLMHead asserts it (the causal LM head of an encoder-style config)
-    "ReformerConfig": {"is_decoder": True, "axial_pos_embds_dim": [32, 32]},
+    "ReformerConfig": {"is_decoder": True, "axial_pos_embds_dim": [32, 32], "axial_pos_embds": False,
+                       "hash_seed": 0},  # LSH buckets drawn alike at every call (it trains in train mode, below)
     # BERT-style encoders: their LM head model is a causal LM only as a decoder (bidirectional otherwise)
     **{name: {"is_decoder": True} for name in (
         "BertConfig", "BertGenerationConfig", "CamembertConfig", "Data2VecTextConfig", "ElectraConfig", "ErnieConfig",
@@ -161,6 +164,8 @@ _FLAGS: dict[str, Any] = {"use_mamba_kernels": False}
 # Calls a model needs before its first forward, by type.
 _AFTER_BUILD: dict[str, Callable[[Any], None]] = {
     "xmod": lambda model: model.set_default_language(model.config.languages[0]),  # adapters are per language
+    # its reversible layers' backward asserts train mode (every dropout is 0 in the tiny config)
+    "reformer": lambda model: model.train(),
 }
 
 
@@ -211,7 +216,8 @@ def tiny_config(model_type: str, kind: Kind = "causal_lm") -> PretrainedConfig:
 def tiny_model(
     model_type: str, kind: Kind = "causal_lm", *, attn_implementation: str = "sdpa", seed: int = 0
 ) -> torch.nn.Module:
-    """A tiny random fp32 model of `model_type` in eval mode, seeded; `(config, class)` as transformers maps them."""
+    """A tiny random fp32 model of `model_type` in eval mode (`_AFTER_BUILD` says where not), seeded; `(config,
+    class)` as transformers maps them."""
     import torch
     import transformers
 
@@ -222,12 +228,13 @@ def tiny_model(
         model = cls._from_config(config, attn_implementation=attn_implementation)
     except Exception as exc:  # noqa: BLE001
         raise _error(model_type, f"{cls.__name__} does not build from the tiny config", cause=exc) from None
-    _AFTER_BUILD.get(model_type, lambda m: None)(model)
     with torch.no_grad():  # zero-initialized weights (gemma3's projector, gpt-oss' sinks) would make a path vacuous
         for p in model.parameters():
             if p.is_floating_point() and not p.any():
                 p.normal_(0.0, 0.02)
-    return model.float().eval()
+    model = model.float().eval()
+    _AFTER_BUILD.get(model_type, lambda m: None)(model)
+    return model
 
 
 class TinyImage(NamedTuple):

@@ -567,8 +567,10 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
                           "the context's sequences and would ignore it",
                           fix="drop attention_mask (the boundaries come from the packed inputs), or call the model "
                           "without the tfcompat context (stock attention honours the mask)")
-        if a.get("encoder_hidden_states") is not None or extra.get("encoder_hidden_states") is not None:
-            raise r.error(InvalidInputError, "encoder_hidden_states with packed inputs",
+        crossed = next((n for n in ("encoder_hidden_states", "cross_attention_states")
+                        if a.get(n) is not None or extra.get(n) is not None), None)
+        if crossed is not None:  # (Mllama's cross-attention layers are skipped without them)
+            raise r.error(InvalidInputError, f"{crossed} with packed inputs",
                           why="cross-attention to encoder states runs on padded batches only; the packed forward "
                           "attends within the packed sequences",
                           fix="call the model without packed position ids (the stock forward takes encoder states)")
