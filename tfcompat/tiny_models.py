@@ -69,6 +69,7 @@ _SIZES: dict[str, int] = {
     "image_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 64, "out_hidden_size": 64, "projection_dim": 64,
     "mm_tokens_per_image": 4, "vision_hidden_size": 64, "text_hidden_size": 64, "vision_output_dim": 64,
     "projector_input_dim": 64, "projector_output_dim": 64, "projection_hidden_size": 64,
+    "mm_embed_dim": 64, "output_proj_dims": 64, "mm_posemb_size": 16,  # Gemma 4 unified's tower and its positions
 }
 # Capped, not set: a model may have none of these, and keeping one is enough to have that kind of layer or expert.
 _AT_MOST: dict[str, int] = {
@@ -369,6 +370,13 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
     if "image_grid_hw" in params:  # flattened 2-D patches and their (h, w) grid (Nemotron-H Omni)
         flat = torch.randn(16, channels * patch * patch, generator=g)
         layouts.append({"pixel_values": flat, "image_grid_hw": torch.tensor([[4, 4]])})
+    if "image_position_ids" in params:  # (B, N, C*p*p) patches and their (x, y) positions (Gemma 4): a square of
+        side, cell = 2 * (getattr(vision, "pooling_kernel_size", 1) or 1), patch  # two pooling windows a side,
+        if isinstance(getattr(vision, "model_patch_size", None), int):  # or of two already pooled patches (unified)
+            side, cell = 2, vision.model_patch_size
+        positions = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1)
+        layouts.append({"pixel_values": torch.randn(1, side * side, channels * cell * cell, generator=g),
+                        "image_position_ids": positions.reshape(1, -1, 2)})
     if "spatial_shapes" in params:  # SigLIP2 NaFlex (LFM2-VL): (B, N, C*p*p) patches, their grid, a patch mask
         layouts.append({"pixel_values": torch.randn(1, 16, channels * patch * patch, generator=g),
                         "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16).bool()})
