@@ -25,6 +25,7 @@ import torch
 
 import tfcompat
 from tfcompat.errors import InvalidInputError, PatchError, UnknownFamilyError, UnsupportedVersionError
+from tfcompat.selfcheck import vision_placeholder
 from tfcompat.tiny_models import Kind, TinyModelError, attention_implementations, tiny_image, tiny_model, tiny_video
 
 TOLERANCE = 1e-5
@@ -199,15 +200,42 @@ def stock_check(model_type: str, attn_implementation: str = "eager", seed: int =
 
 
 def image_sequence(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
-    """One row of text around one fake image: `input_ids (1, L)` with the image's placeholder run, the image kwargs,
-    and `mm_token_type_ids (1, L)` (1 on the image) where the forward takes them."""
-    image = tiny_image(model, seed=seed)
+    """One row of text around one fake image (`tiny_image`), laid out as `_vision_row` says."""
     before, after = sample_sequences(model.config, lengths=(5, 4), seed=seed)
-    ids = torch.cat([before, torch.full((image.tokens,), image.token_id), after])[None]
-    inputs = {"input_ids": ids, **image.inputs}
-    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
-        inputs["mm_token_type_ids"] = (ids == image.token_id).long()
+    return _vision_row(model, "image", tiny_image(model, seed=seed), before, after)
+
+
+def _vision_row(model: torch.nn.Module, kind: str, item: Any, before: torch.Tensor, after: torch.Tensor
+                ) -> dict[str, torch.Tensor]:
+    """``input_ids (1, L)``: ``before``, the item's placeholder run, ``after``; the item's kwargs; and
+    ``mm_token_type_ids`` / ``moe_mm_token_type_ids (1, L)`` where the forward takes them (1 image, 2 video: as the
+    processor returns them; without them 5.3+ Qwen-VL forwards place every token as text, and a reference run so is
+    not the model's). A written M-RoPE family's item takes its processor's layout (start / end tokens) and token types.
+    item: a `tfcompat.tiny_models.TinyImage` (an image or a video)."""
+    run = [item.token_id] * item.tokens
+    written = _written_family(model)
+    grid = item.inputs.get(f"{kind}_grid_thw")
+    if written is not None and grid is not None:
+        run = vision_placeholder(model.config, kind, tuple(grid[0].tolist()))
+    ids = torch.cat([before, torch.tensor(run), after])[None]
+    inputs = {"input_ids": ids, **item.inputs}
+    for name in ("mm_token_type_ids", "moe_mm_token_type_ids"):  # ERNIE-4.5-VL routes its MoE by the latter
+        if name in inspect.signature(model.forward).parameters:
+            build_types = None if written is None else (
+                written.mm_token_types if name == "mm_token_type_ids" else written.moe_token_types)
+            code = 1 if kind == "image" else 2
+            inputs[name] = (build_types(model.config, ids) if build_types is not None
+                            else code * (ids == item.token_id).long())
     return inputs
+
+
+def _written_family(model: torch.nn.Module) -> Any:
+    """The written vision-language family table of ``model``'s type (`tfcompat.registry.records.Family`), or None."""
+    try:
+        fam = tfcompat.registry.family(model.config.model_type)
+    except REFUSALS:
+        return None
+    return fam if fam.is_vision and fam.entries[-1].derived_vision is None else None
 
 
 def image_check(model_type: str, attn_implementation: str = "eager", seed: int = 0) -> Outcome:
@@ -232,28 +260,34 @@ def image_check(model_type: str, attn_implementation: str = "eager", seed: int =
 
 
 def video_sequence(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor] | None:
-    """One row of text around one fake two-frame video (`tiny_video`), or None where the tiny model takes none."""
+    """One row of text around one fake two-frame video (`tiny_video`), laid out as `_vision_row` says, or None where
+    the tiny model takes none."""
     try:
         video = tiny_video(model, seed=seed)
     except TinyModelError:
         return None
     before, after = sample_sequences(model.config, lengths=(3, 4), seed=seed)
-    return {"input_ids": torch.cat([before, torch.full((video.tokens,), video.token_id), after])[None], **video.inputs}
+    return _vision_row(model, "video", video, before, after)
 
 
 def vlm_examples(model: torch.nn.Module, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     """Sequences for a packed row of a vision-language model: text around an image, text alone, text around another
     image (each an `image_sequence`: its own image kwargs, as a processor returns them for one sample), and text
-    around a video where a derived family's model takes videos (`video_sequence`; the written M-RoPE families lay
-    videos out with their own tokens and timing: their tests place them)."""
+    around a video where the model takes videos and tfcompat patches it (`video_sequence`), unless the release's
+    stock forward rejects every video (known issue ``videos_rejected``: no reference)."""
     text = sample_sequences(model.config, lengths=(6,), seed=seed + 1)[0][None]
     try:
-        derived = tfcompat.resolve(model.config.model_type).entry.derived_vision is not None
+        issues = tfcompat.resolve(model.config.model_type).entry.known_issues
+        takes_videos = "videos_rejected" not in issues
     except REFUSALS:
-        derived = False
-    video = video_sequence(model, seed=seed + 3) if derived else None
-    return [image_sequence(model, seed=seed), {"input_ids": text}, image_sequence(model, seed=seed + 2),
-            *([video] if video is not None else [])]
+        takes_videos = False
+    video = video_sequence(model, seed=seed + 3) if takes_videos else None
+    examples = [image_sequence(model, seed=seed), {"input_ids": text}, image_sequence(model, seed=seed + 2),
+                *([video] if video is not None else [])]
+    if _written_family(model) is not None:  # as selfcheck.stock_inputs: 4.x mask builders crash on 3-row ids without
+        for ex in examples:
+            ex["attention_mask"] = torch.ones_like(ex["input_ids"])
+    return examples
 
 
 def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> Outcome:
@@ -265,12 +299,26 @@ def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0)
         return Outcome(model_type, "skipped", f"the model class offers no {attn_implementation} attention")
     try:
         model = build(model_type, attn_implementation, kind="image_text_to_text", seed=seed)
-        examples = vlm_examples(model, seed=seed)
+    except Exception as exc:  # noqa: BLE001 -- the zoo reports every reason a type cannot be built or run
+        return Outcome(model_type, "unbuildable", _reason(exc))
+    try:
+        examples, video_note = vlm_examples(model, seed=seed), ""
+        if len(examples) > 3:  # the video row, where the stock forward runs it (else the zoo's video layout is not
+            try:  # the processor's, as Nemotron-H Omni's image tokens for videos): the type is then checked on images
+                with torch.no_grad():
+                    logits_of(model, **examples[3])
+            except Exception as exc:  # noqa: BLE001
+                examples, video_note = examples[:3], f"; video not run: {_reason(exc)}"
         with torch.no_grad():
             expected = [logits_of(model, **ex) for ex in examples]
         w = projection(expected[0].shape[-1])
         expected_grads = gradients(model, lambda: sum((logits_of(model, **ex) @ w).sum() for ex in examples))
-    except Exception as exc:  # noqa: BLE001 -- the zoo reports every reason a type cannot be built or run
+    except Exception as exc:  # noqa: BLE001
+        # no fake image for it: patch() still says whether tfcompat takes the model at all (a refusal needs no image)
+        refusal = _patch(model_type, model)
+        if isinstance(refusal, Outcome):
+            return refusal
+        refusal.undo()
         return Outcome(model_type, "unbuildable", _reason(exc))
     handle = _patch(model_type, model)
     if isinstance(handle, Outcome):
@@ -281,23 +329,30 @@ def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0)
             with torch.no_grad():
                 diff = compare(logits_of(model, **inputs), expected)
                 rest = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids")}
-                per_token = ("tfcompat", "token_type_ids", "mm_token_type_ids")  # the context, token types
+                per_token = ("tfcompat", "token_type_ids", "mm_token_type_ids", "moe_mm_token_type_ids")
                 vision = {k: v for k, v in rest.items() if not k.startswith(per_token)}
                 context = {k: v for k, v in rest.items() if k.startswith(per_token)}
+                diff_embedded, note = diff, "; packed through embed_inputs"  # GLM: images with videos
                 try:
-                    embedded = tfcompat.embed_inputs(model, inputs["input_ids"], **vision)
+                    embedded = (tfcompat.embed_inputs(model, inputs["input_ids"], **vision)
+                                if "input_ids" in inputs else None)
                 except InvalidInputError as exc:  # a stock forward that takes no embeddings alone: said, typed
                     diff_embedded, note = 0.0, f"; embed_inputs refused: {_reason(exc)}"
                 else:
-                    diff_embedded, note = compare(logits_of(model, **embedded.model_inputs(), **context,
-                                                            position_ids=inputs["position_ids"]), expected), ""
+                    if embedded is not None:
+                        diff_embedded, note = compare(logits_of(model, **{**context, **embedded.model_inputs()},
+                                                                position_ids=inputs["position_ids"]), expected), ""
             got_grads = gradients(model, lambda: (logits_of(model, **inputs) @ w).sum())
         except Exception as exc:  # noqa: BLE001
             return Outcome(model_type, "fail", f"patched forward raised {_reason(exc)}")
     with torch.no_grad():  # the control: the same row unpatched, positions running on (stock 5.x finds restarting
         # position ids itself), attends across sequences
-        control = compare(logits_of(model, **{k: v for k, v in inputs.items() if not k.startswith("tfcompat")
-                                              and k != "position_ids"}), expected)
+        unpatched = {k: v for k, v in inputs.items() if not k.startswith("tfcompat") and k != "position_ids"}
+        if "input_ids" not in unpatched:  # embedded by pack: no ids to compute positions from, so they run on
+            unpatched["position_ids"] = torch.arange(inputs["position_ids"].shape[-1])[None]
+        if _written_family(model) is not None:  # as in vlm_examples
+            unpatched["attention_mask"] = torch.ones(inputs["position_ids"].shape[-2:], dtype=torch.long)
+        control = compare(logits_of(model, **unpatched), expected)
     if got_grads.keys() != expected_grads.keys():
         missing = sorted(got_grads.keys() ^ expected_grads.keys())
         return Outcome(model_type, "fail", f"patched gradients reach other parameters: {', '.join(missing[:4])}",
@@ -308,6 +363,6 @@ def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0)
         if control <= 1e-3:
             return Outcome(model_type, "fail", f"control: the unpatched packed row equals per sequence ({control:.1e})",
                            worst)
-        return Outcome(model_type, "pass", f"control {control:.1e}{note}", worst)
+        return Outcome(model_type, "pass", f"control {control:.1e}{note}{video_note}", worst)
     return Outcome(model_type, "fail", f"patched packed differs from stock per sequence: logits {diff:.2e}, "
                    f"embedded {diff_embedded:.2e}, gradients {grad_diff:.2e}", worst)

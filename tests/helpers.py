@@ -53,6 +53,9 @@ def pack(model: torch.nn.Module, seqs: list[Sequence]) -> dict[str, Any]:
         parts = [getattr(s, name) for s in seqs if getattr(s, name) is not None]
         if parts:
             inputs[name] = torch.cat(parts)
+    moe = tfcompat.registry.family(cast(Any, model.config).model_type).moe_token_types
+    if moe is not None:  # per token: ERNIE-4.5-VL's text/vision experts
+        inputs["moe_mm_token_type_ids"] = moe(model.config, inputs["input_ids"])
     return inputs
 
 

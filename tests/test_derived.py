@@ -439,3 +439,211 @@ def test_declared_upstream_bug_is_real(model_type):
         batch = model(input_ids=torch.cat(seqs)).logits
     assert rel_diff(batch.flatten(0, 1), alone) > 1e-3
 
+
+# -- the structure above the text model -------------------------------------------------------------------------------
+
+def _installed(model_type: str) -> bool:
+    return model_type in causal_lm_types()
+
+
+@pytest.mark.skipif(not _installed("gemma4"), reason="transformers has no gemma4 on this release")
+def test_owner_hands_its_language_model_per_token_inputs_the_text_model_computes():
+    """Gemma 4's owner passes per_layer_inputs (a per-token lookup) to its language model: accepted because the text
+    model's own forward computes the same keyword from the same method (`_text_model_computes`); the composite packs,
+    forward and backward; control: the stock composite on the packed row with a mask of ones attends across
+    sequences. An owner passing anything else under that keyword is refused; `embed_inputs` (embeddings without the
+    ids the per-layer inputs are read from) is refused, typed."""
+    from tests.every_type import build, check, logits_of, packed_inputs, sample_sequences, stock_per_sequence
+    from tfcompat.registry.derive_vision import _forwards_to
+
+    entry = tfcompat.resolve("gemma4").entry
+    assert entry.derived_vision is not None and ("Gemma4Model", "language_model") in entry.derived_vision.hops
+    outcome = check("gemma4", "sdpa")
+    assert outcome.status == "pass", outcome.reason
+    model = build("gemma4", "sdpa")
+    seqs = sample_sequences(model.config)
+    inputs = packed_inputs(seqs)
+    with torch.no_grad():
+        expected = stock_per_sequence(model, seqs)
+        control = logits_of(model, **inputs, attention_mask=torch.ones_like(inputs["input_ids"]))
+    assert rel_diff(control, expected) > 1e-3
+    text_model = importlib.import_module(entry.module_of("text_model")).Gemma4TextModel
+    assert _forwards_to(_OwnPerLayerInputs, "language_model", text_model) == (
+        "_OwnPerLayerInputs.forward passes per_layer_inputs to its language model")
+    # embeddings computed outside the forward lack the per-layer inputs read from the ids: refused, typed
+    assert entry.derived_vision.token_inputs == ("per_layer_inputs",)
+    with pytest.raises(tfcompat.InvalidInputError, match="also hands its language model per_layer_inputs"):
+        tfcompat.embed_inputs(model, inputs["input_ids"])
+
+
+class _OwnPerLayerInputs(torch.nn.Module):
+    """An owner computing per_layer_inputs its own way (not the text model's method): read from this source."""
+
+    def forward(self, inputs_embeds, position_ids=None, **kwargs):  # pragma: no cover - only its source is read
+        per_layer_inputs = self.mix_over_the_row(inputs_embeds)
+        return self.language_model(inputs_embeds=inputs_embeds, position_ids=position_ids,
+                                   per_layer_inputs=per_layer_inputs, **kwargs)
+
+
+@pytest.mark.parametrize("model_type", [t for t in ("gemma4_assistant", "gemma4_unified_assistant") if _installed(t)])
+def test_causal_lm_needing_another_models_states_is_refused(model_type):
+    """Gemma 4's assistant (a drafter) raises without shared_kv_states, its target model's keys and values."""
+    with pytest.raises(PatchError, match=r"forward requires shared_kv_states"):
+        tfcompat.resolve(model_type)
+
+
+@pytest.mark.skipif(not _installed("gemma3n"), reason="transformers has no gemma3n on this release")
+def test_language_model_is_the_one_built_from_the_text_config_alone():
+    """Gemma 3n's owner builds its vision and audio projectors from the text config too: the language model is the
+    attribute built from it alone (the model itself needs timm for its vision tower, which the test env lacks)."""
+    derived = tfcompat.resolve("gemma3n").entry.derived_vision
+    assert derived is not None and derived.language_model_attr == "language_model"
+
+
+@pytest.mark.skipif(MAJOR < 5, reason="Fuyu's forward calls its language model without **kwargs on 4.x (refused)")
+def test_default_positions_counted_after_the_cache_are_the_contract():
+    """Fuyu numbers a row without position_ids as ``torch.arange(cache_length, seq_len + cache_length)``: the usual
+    default (0, 1, ... after the cache), so given position ids it hands them on and the composite packs (the sweep
+    compares it); PaliGemma's offset (``+ 1``) stays refused."""
+    assert tfcompat.resolve("fuyu").entry.derived_vision is not None
+    if "paligemma" in causal_lm_types() or tfcompat.registry.derive_vision.vision_key("paligemma"):
+        with pytest.raises(PatchError, match=r"computes its own position_ids \(position_ids = position_ids"):
+            tfcompat.resolve("paligemma")
+
+
+@pytest.mark.parametrize("model_type", [t for t in ("musicgen", "musicgen_melody") if _installed(t)])
+def test_positions_from_the_row_length_alone_are_refused_naming_where(model_type):
+    """MusicGen's decoder adds sinusoidal positions counted from the row's length (its positions module takes no
+    position ids): a packed row's positions cannot restart per sequence. 4.x refuses earlier (its decoder layers
+    get no **kwargs)."""
+    with pytest.raises(PatchError, match=r"forward takes no position_ids|calls its decoder layers without \*\*kwargs"
+                       ) as info:
+        tfcompat.resolve(model_type)
+    assert MAJOR < 5 or "SinusoidalPositionalEmbedding" in info.value.why
+
+
+@pytest.mark.skipif(not _installed("xlm"), reason="transformers has no xlm causal LM on this release")
+def test_parallel_lists_of_layer_parts_are_refused_naming_them():
+    """XLM's model holds lists of attentions, norms and FFNs that its forward calls in turn: no decoder layer."""
+    with pytest.raises(PatchError, match=r"XLMModel keeps its layers' parts in parallel lists, no decoder layer class "
+                       r"\(attentions: MultiHeadAttention; ffns: TransformerFFN\)"):
+        tfcompat.resolve("xlm")
+
+
+@pytest.mark.skipif(not _installed("moss_transcribe_diarize"), reason="transformers has no moss_transcribe_diarize")
+def test_causal_lm_around_a_text_model_of_another_type_derives_as_a_composite():
+    """MossTranscribeDiarize: an audio tower in front of a Qwen3 text model, built from config.text_config, the
+    positions in **kwargs all the way down: derived as a composite (the sweep compares it packed with stock)."""
+    derived = tfcompat.resolve("moss_transcribe_diarize").entry.derived_vision
+    assert derived is not None and derived.text_family == "qwen3"
+    assert derived.hops == (("MossTranscribeDiarizeForConditionalGeneration", "model"),
+                            ("MossTranscribeDiarizeModel", "language_model"))
+
+
+@pytest.mark.skipif(not _installed("zamba2") or MAJOR < 5, reason="transformers has no zamba2, or (4.x) hands its "
+                    "layers their blocks through iterators (next(...)), which are not read")
+def test_layers_a_builder_method_returns_and_blocks_handed_to_a_layer_are_found():
+    """Zamba2's model builds its layers in ``get_layers`` and hands each hybrid layer its shared attention block and
+    its Mamba layer (constructor arguments): both are read (what it then needs is the mixers' business)."""
+    from tfcompat.registry.derive import _built_classes
+
+    zamba2 = importlib.import_module("transformers.models.zamba2.modeling_zamba2")
+    layers = _built_classes(zamba2, zamba2.Zamba2Model, "__init__", lists_only=True)
+    assert set(layers) == {zamba2.Zamba2HybridLayer, zamba2.Zamba2MambaDecoderLayer}
+    assert set(_built_classes(zamba2, zamba2.Zamba2HybridLayer, "__init__")) == {
+        zamba2.Zamba2AttentionDecoderLayer, zamba2.Zamba2MambaDecoderLayer}
+    with pytest.raises(PatchError) as info:
+        tfcompat.resolve("zamba2")
+    assert "no decoder layers found" not in info.value.what and "holds no attention" not in info.value.what
+
+
+@pytest.mark.skipif(not _installed("blt"), reason="transformers has no blt on this release")
+def test_several_stacks_of_layers_are_refused_naming_them():
+    """BLT runs a local encoder over bytes, a global transformer over patches and a local decoder: no one stack."""
+    with pytest.raises(PatchError, match=r"BltModel holds several stacks of layers \(BltLocalEncoder, "
+                       r"BltGlobalTransformer, BltLocalDecoder"):
+        tfcompat.resolve("blt")
+
+
+# model_type -> (vision config class, its tiny sizes, patches per side, values per patch): 4 soft tokens per image
+_GEMMA4_VISION = {
+    "gemma4": ("Gemma4VisionConfig", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                                          pooling_kernel_size=2, patch_size=4, position_embedding_size=64), 4, 48),
+    "gemma4_unified": ("Gemma4UnifiedVisionConfig", dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=64,
+                                                         mm_posemb_size=16, output_proj_dims=64), 2, 192),
+}
+
+
+def _gemma4_with_vision(model_type: str, impl: str, bidirectional: str | None) -> torch.nn.Module:
+    """The zoo's tiny ``model_type`` with a tiny vision tower (its config has none by default; `_GEMMA4_VISION`)."""
+    from tfcompat.tiny_models import model_class_name, tiny_config
+
+    transformers = importlib.import_module("transformers")
+    config = tiny_config(model_type)
+    name, sizes, _, _ = _GEMMA4_VISION[model_type]
+    config.vision_config = getattr(transformers, name)(**sizes)
+    config.text_config.use_bidirectional_attention = bidirectional
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class_name(model_type))._from_config(config, attn_implementation=impl)
+    return model.float().eval()
+
+
+@pytest.mark.parametrize("model_type", [t for t in _GEMMA4_VISION if _installed(t)])
+@pytest.mark.parametrize("bidirectional", [None, "vision"])
+def test_gemma4_packs_with_images(model_type, bidirectional):
+    """Rule: Gemma 4 (and its unified tower) with images, packed by `tfcompat.pack` and patched, equals stock per
+    sequence, forward and backward (sdpa; Gemma 4 reads its per-layer inputs from the ids, image tokens as padding;
+    with "vision", attention is bidirectional within each image: the token-typed row runs transformers' mask of the
+    packed row); control: the unpatched row with positions running on differs."""
+    from tests.every_type import compare, compare_gradients, gradients, logits_of, projection, sample_sequences
+
+    model = _gemma4_with_vision(model_type, "sdpa", bidirectional)
+    token = model.config.image_token_id
+    gen = torch.Generator().manual_seed(0)
+    _, _, side, values = _GEMMA4_VISION[model_type]
+    grid = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1).reshape(1, -1, 2)
+
+    def with_image(seed: int) -> dict[str, torch.Tensor]:
+        before, after = sample_sequences(model.config, lengths=(5, 4), seed=seed)
+        ids = torch.cat([before, torch.full((4,), token), after])[None]
+        return {"input_ids": ids, "pixel_values": torch.randn(1, side * side, values, generator=gen),
+                "image_position_ids": grid, "mm_token_type_ids": (ids == token).long()}
+
+    examples = [with_image(1), {"input_ids": sample_sequences(model.config, lengths=(6,), seed=2)[0][None]},
+                with_image(3)]
+    with torch.no_grad():
+        expected = [logits_of(model, **ex) for ex in examples]
+    w = projection(expected[0].shape[-1])
+    expected_grads = gradients(model, lambda: sum((logits_of(model, **ex) @ w).sum() for ex in examples))
+    with tfcompat.patch(model):
+        inputs = tfcompat.pack(model, examples).model_inputs
+        with torch.no_grad():
+            diff = compare(logits_of(model, **inputs), expected)
+        got_grads = gradients(model, lambda: (logits_of(model, **inputs) @ w).sum())
+    with torch.no_grad():
+        control = compare(logits_of(model, **{k: v for k, v in inputs.items() if not k.startswith("tfcompat")
+                                              and k != "position_ids"}), expected)
+    assert diff <= 1e-5 and compare_gradients(got_grads, expected_grads) <= 2e-5  # every_type's tolerances
+    assert control > 1e-3
+
+
+@pytest.mark.skipif(not _installed("mllama"), reason="transformers has no mllama on this release")
+@torch.no_grad()
+def test_cross_attention_layers_skipped_without_states_are_left_stock():
+    """Mllama's text model skips its cross-attention layers (to image states) when given none: the causal LM packs
+    (the tiny model holds one such layer; the sweep compares forward and backward), and a packed row with cross
+    states is refused, typed; the cross-attention modules are never patched."""
+    from tests.every_type import build, compare, logits_of, packed_inputs, sample_sequences, stock_per_sequence
+
+    model = build("mllama", "sdpa")
+    assert any(type(m).__name__ == "MllamaTextCrossAttention" for m in model.modules())
+    seqs = sample_sequences(model.config)
+    expected = stock_per_sequence(model, seqs)
+    inputs = packed_inputs(seqs)
+    with tfcompat.patch(model):
+        assert compare(logits_of(model, **inputs), expected) <= 1e-5
+        with pytest.raises(tfcompat.InvalidInputError, match="cross_attention_states with packed inputs"):
+            model.model(**inputs, cross_attention_states=torch.randn(1, 4, model.config.hidden_size))
+    control = logits_of(model, **inputs, attention_mask=torch.ones_like(inputs["input_ids"]))
+    assert compare(control, expected) > 1e-3

@@ -27,7 +27,7 @@ class TestEmbedInputs:
         r = tfcompat.resolve(family)
         seqs = sample_sequences(model, lengths, items, seed=4)
         inputs = pack(model, seqs)
-        vision = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids")}
+        vision = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids", "moe_mm_token_type_ids")}
         with torch.no_grad():
             expected = [model(**stock_inputs(r, model, s), use_cache=False).logits[0] for s in seqs]
             embedded = embed_inputs(model, inputs["input_ids"], **vision)
@@ -51,7 +51,7 @@ class TestEmbedInputs:
             got = model(**embedded.model_inputs(), position_ids=inputs["position_ids"], use_cache=False).logits[0]
         assert max_token_diff(got.detach(), expected) <= 1e-5
         got.sum().backward()
-        vision = [(n, p.grad) for n, p in model.named_parameters() if "visual" in n]
+        vision = [(n, p.grad) for n, p in model.named_parameters() if r.entry.vision.attr in n]
         assert vision and all(g is not None for _, g in vision), [n for n, g in vision if g is None]
         assert all(float(g.abs().max()) == 0.0 for _, g in vision)
 

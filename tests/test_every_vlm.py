@@ -1,11 +1,13 @@
 """Every image-text-to-text type the installed transformers ships (`MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`), as
 a tiny model with one fake image per sequence.
 
-Rule: `tfcompat.patch(model)` either refuses with a typed error (the type passes as "refused", the reason recorded)
-or `tfcompat.pack` of three sequences (text around an image, text alone, text around another image) equals stock
-per sequence per token, forward and backward (fp32, relative 1e-5), also through `tfcompat.embed_inputs`; the
-unpatched packed row must differ (control). Patched and wrong fails. A type whose tiny model cannot be built or run
-with an image is an xfail that names why.
+Rule: `tfcompat.patch(model)` either refuses with a typed error (the type passes as "refused", the reason recorded;
+asked even where the zoo has no fake image for the type) or `tfcompat.pack` of three sequences (text around an image,
+text alone, text around another image; and text around a video where the model takes videos) equals stock per
+sequence per token, forward and backward (fp32, relative 1e-5), also through `tfcompat.embed_inputs`; the unpatched
+packed row must differ (control). Items are laid out and typed as the processor does (`mm_token_type_ids`; a written
+M-RoPE family's start/end tokens). Patched and wrong fails. A type whose tiny model cannot be built or run with an
+image is an xfail that names why.
 
 `python -m tests.every_type_report --kind image_text_to_text` prints the counts per release.
 """
@@ -56,9 +58,12 @@ def test_resolve_says_derived_and_from_what():
 
 
 def test_a_language_model_tfcompat_cannot_patch_is_refused_at_patch():
-    model = _model("mllama")  # (lfm2_vl's LFM2 patches since its short convolutions run per sequence)
-    with pytest.raises(PatchError, match="its language model mllama_text_model is not a text family tfcompat patches"):
-        tfcompat.patch(model)
+    # (mllama's text model derives since its cross-attention layers are skipped without images: tests/test_derived)
+    found = next((t for t in ("cosmos3_edge", "glm_ocr", "qwen2_5_omni_thinker") if t in TYPES), None)
+    if found is None:
+        pytest.skip("no image-text-to-text type of this release has a language model tfcompat cannot patch")
+    with pytest.raises(PatchError, match="its language model .* is not a text family tfcompat patches"):
+        tfcompat.patch(_model(found))
 
 
 def test_rope_index_is_the_text_row():
@@ -253,3 +258,26 @@ def test_llama4_packs_with_images(tuning):
     control = {k: v for k, v in inputs.items() if not k.startswith("tfcompat") and k != "position_ids"}
     with torch.no_grad():
         assert compare(model(**control, use_cache=False).logits[0], expected) > 1e-3
+
+
+def test_video_rows_carry_the_processors_token_types():
+    """Rule: the sweep's video row of a written M-RoPE family is laid out and typed as its processor does. Control:
+    without ``mm_token_type_ids`` the 5.3+ Qwen2.5-VL forward places the video as text (the 6e-3 "difference" of the
+    naive video check was this reference, not tfcompat), so the types change the stock logits."""
+    from tests.every_type import logits_of, video_sequence
+
+    model = _model("qwen2_5_vl")
+    row = video_sequence(model, seed=3)
+    assert row is not None
+    ids = row["input_ids"]
+    video = ids == model.config.video_token_id
+    start = int(video.long().argmax())
+    assert bool(video.any()) and int(ids[0, start - 1]) == model.config.vision_start_token_id
+    if not tfcompat.resolve("qwen2_5_vl").entry.rope_index_mm_token_types:  # 4.x finds videos by vision_start
+        assert "mm_token_type_ids" not in row
+        return
+    assert torch.equal(row["mm_token_type_ids"], 2 * video.long())
+    with torch.no_grad():
+        typed = logits_of(model, **row)
+        untyped = logits_of(model, **{k: v for k, v in row.items() if k != "mm_token_type_ids"})
+    assert float((typed - untyped).abs().max()) > 1e-4

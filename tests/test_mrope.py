@@ -34,7 +34,8 @@ row = st.tuples(st.lists(segment, min_size=1, max_size=5), st.sampled_from(["lef
 
 
 def build(config, rows, seconds):
-    """Padded ``input_ids (B, L)``, ``attention_mask``, grids in order of appearance, seconds per video."""
+    """Padded ``input_ids (B, L)``, ``attention_mask``, grids in order of appearance, seconds per video; a video's
+    ``t`` counts temporal steps after the tower (times ``temporal_merge_size`` frames where the config has one)."""
     seqs, images, videos = [], [], []
     for segments, _, _ in rows:
         ids = []
@@ -42,6 +43,8 @@ def build(config, rows, seconds):
             if kind == "text":
                 ids += [7] * arg
                 continue
+            if kind == "video":  # frames: t merged steps of a tower that merges frames after it (ERNIE-4.5-VL)
+                arg = (arg[0] * getattr(config.vision_config, "temporal_merge_size", 1), *arg[1:])
             ids += vision_placeholder(config, kind, arg)  # as the family's processor lays the item out
             (images if kind == "image" else videos).append(list(arg))
         seqs.append(ids)

@@ -15,7 +15,7 @@ from tfcompat.registry import installed_families
 from tfcompat.selfcheck import sample_case, sample_sequences, stock_inputs, tiny_model
 
 FAMILIES = list(installed_families())
-TOKEN_KEYS = ("input_ids", "position_ids", "mm_token_type_ids")  # (..., 1, T) per packed row
+TOKEN_KEYS = ("input_ids", "position_ids", "mm_token_type_ids", "moe_mm_token_type_ids")  # (..., 1, T) per packed row
 PAD = 7  # tokens past each row's end: their position ids and mask are 0, as LLaMA-Factory pads them
 
 

@@ -109,7 +109,8 @@ def sample_sequences(model: torch.nn.Module, lengths: list[int], items: list[Ite
         t, h, w = grid
         placeholder = torch.tensor(vision_placeholder(cfg, kind, grid))
         ids = torch.cat([text[: n // 2], placeholder, text[n // 2:]])
-        patch_dim = getattr(vision, "in_channels", 3) * vision.temporal_patch_size * vision.patch_size**2
+        # a tower without temporal_patch_size embeds one frame per patch (ERNIE-4.5-VL)
+        patch_dim = getattr(vision, "in_channels", 3) * getattr(vision, "temporal_patch_size", 1) * vision.patch_size**2
         pixels = torch.randn(t * h * w, patch_dim, generator=gen)
         if kind == "video":
             out.append(Sequence(ids[None], pixel_values_videos=pixels, video_grid_thw=torch.tensor([grid])))
@@ -144,6 +145,8 @@ def stock_inputs(r: Resolved, model: torch.nn.Module, seq: Sequence) -> dict[str
                               **seq.vision_inputs()}
     if r.entry.rope_index_mm_token_types and r.spec.mm_token_types is not None:
         inputs["mm_token_type_ids"] = r.spec.mm_token_types(model.config, seq.input_ids)
+    if r.spec.moe_token_types is not None:
+        inputs["moe_mm_token_type_ids"] = r.spec.moe_token_types(model.config, seq.input_ids)
     return inputs
 
 

@@ -37,7 +37,7 @@ VOCAB = 256
 _SIZES: dict[str, int] = {
     "vocab_size": VOCAB, "unpadded_vocab_size": VOCAB, "vocab_size_per_layer_input": VOCAB,
     "encoder_hash_byte_group_vocab": VOCAB, "hidden_size_per_layer_input": 16,
-    "hidden_size": 64,
+    "hidden_size": 64, "hidden_size_global": 64,
     "intermediate_size": 128,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
@@ -69,6 +69,7 @@ _SIZES: dict[str, int] = {
     "image_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 64, "out_hidden_size": 64, "projection_dim": 64,
     "mm_tokens_per_image": 4, "vision_hidden_size": 64, "text_hidden_size": 64, "vision_output_dim": 64,
     "projector_input_dim": 64, "projector_output_dim": 64, "projection_hidden_size": 64,
+    "mm_embed_dim": 64, "output_proj_dims": 64, "mm_posemb_size": 16,  # Gemma 4 unified's tower and its positions
 }
 # Capped, not set: a model may have none of these, and keeping one is enough to have that kind of layer or expert.
 _AT_MOST: dict[str, int] = {
@@ -104,12 +105,15 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     # per-layer overrides are keyed by layer index: the one full-attention layer of 6 keeps a larger head
     "Gemma4TextConfig": {"per_layer_config": {"05": {"head_dim": 32}}},
     "Gemma4UnifiedTextConfig": {"per_layer_config": {"05": {"head_dim": 32}}},
+    # the cross-attention layers (to image states) are indices, not a per-layer pattern: one of the two layers
+    "MllamaTextConfig": {"cross_attention_layers": [1]},
     # the shared transformer block is tied across hybrid layers: it needs two of them
     "ZambaConfig": {"attn_layer_period": 2, "attn_layer_offset": 1, "num_hidden_layers": 6},
     # sliding layers' head_dim is their q/k head (per-layer qk_nope_head_dim + qk_rope_head_dim)
     "Dots3NoteTextConfig": {"head_dim": 24},
     # ReformerModelWithLMHead asserts it (the causal LM head of an encoder-style config)
-    "ReformerConfig": {"is_decoder": True, "axial_pos_embds_dim": [32, 32]},
+    "ReformerConfig": {"is_decoder": True, "axial_pos_embds_dim": [32, 32], "axial_pos_embds": False,
+                       "hash_seed": 0},  # LSH buckets drawn alike at every call (it trains in train mode, below)
     # BERT-style encoders: their LM head model is a causal LM only as a decoder (bidirectional otherwise)
     **{name: {"is_decoder": True} for name in (
         "BertConfig", "BertGenerationConfig", "CamembertConfig", "Data2VecTextConfig", "ElectraConfig", "ErnieConfig",
@@ -117,8 +121,11 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
         "RoFormerConfig", "XLMRobertaConfig", "XLMRobertaXLConfig", "XmodConfig", "BigBirdConfig")},
     # the projector concatenates these vision layers: two of the tiny tower's two
     "VipLlavaConfig": {"vision_feature_layers": [-2, -1]},
+    "Molmo2AdapterConfig": {"vision_feature_layer": [1, 0]},  # full size [24, 18] of 25, indices checked
     # the pixel-shuffle adapter's input (hidden 64 / 0.5**2) is the vision `intermediate_size`
     "Llama4VisionConfig": {"intermediate_size": 256},
+    # the projector's query count is keyed by the patch count of the full-size image (35**2, 70**2): the tiny one's 4**2
+    "AriaConfig": {"projector_patch_to_query_dict": {16: 4}},
     # any-resolution tiles of the tiny 32 x 32 image
     "LlavaNextConfig": {"image_grid_pinpoints": [[32, 32]]},
     "LlavaNextVideoConfig": {"image_grid_pinpoints": [[32, 32]]},
@@ -139,6 +146,7 @@ _FILL_NONE: dict[str, dict[str, Any]] = {
     "DbrxAttentionConfig": {"clip_qkv": 8.0},  # clamped by
     "Dots1Config": {"n_shared_experts": 1},  # multiplied by
     "MllamaTextConfig": {"rope_scaling": {"rope_type": "default"}},  # read by the rotary embedding (4.x)
+    "DeepseekOcr2TextConfig": {"mlp_layer_types": ["dense", "sparse"]},  # indexed per layer
 }
 # M-RoPE sections the modeling code assumes where the config has none, and the 4.x rope type, by text config class:
 # scaled to the tiny head like a config's own.
@@ -148,6 +156,8 @@ _MROPE: dict[str, tuple[list[int], str]] = {
     "Qwen3VLMoeTextConfig": ([24, 20, 20], "default"), "Glm4vTextConfig": ([8, 12, 12], "default"),
     "Glm4vMoeTextConfig": ([8, 12, 12], "default"), "GlmImageTextConfig": ([8, 12, 12], "default"),
     "GlmOcrTextConfig": ([8, 12, 12], "default"),
+    # ERNIE-4.5-VL's sections are [h, w, t] (h and w interleaved: equal)
+    "Ernie4_5_VLMoeTextConfig": ([22, 22, 20], "default"), "Ernie4_5_VL_MoeTextConfig": ([22, 22, 20], "default"),
 }
 # Switches to the stock code path that runs on CPU, wherever a config has them.
 _FLAGS: dict[str, Any] = {"use_mamba_kernels": False}
@@ -155,6 +165,8 @@ _FLAGS: dict[str, Any] = {"use_mamba_kernels": False}
 # Calls a model needs before its first forward, by type.
 _AFTER_BUILD: dict[str, Callable[[Any], None]] = {
     "xmod": lambda model: model.set_default_language(model.config.languages[0]),  # adapters are per language
+    # its reversible layers' backward asserts train mode (every dropout is 0 in the tiny config)
+    "reformer": lambda model: model.train(),
 }
 
 
@@ -194,15 +206,19 @@ def tiny_config(model_type: str, kind: Kind = "causal_lm") -> PretrainedConfig:
     config_cls = _config_class(model_type, kind)
     try:
         default = config_cls()
+        vision_cls = (getattr(config_cls, "sub_configs", None) or {}).get("vision_config")
+        if kind == "image_text_to_text" and vision_cls is not None and getattr(default, "vision_config", 0) is None:
+            default = config_cls(**{"vision_config": vision_cls()})  # an optional tower (Gemma 4): an image needs one
     except Exception as exc:  # noqa: BLE001 -- any failure of a foreign constructor is the reason to report
         raise _error(model_type, f"{config_cls.__name__} does not build from its own defaults", cause=exc) from None
-    return _shrunk(model_type, default, _token_map(default), base={})
+    return _with_placeholders(_shrunk(model_type, default, _token_map(default), base={}))
 
 
 def tiny_model(
     model_type: str, kind: Kind = "causal_lm", *, attn_implementation: str = "sdpa", seed: int = 0
 ) -> torch.nn.Module:
-    """A tiny random fp32 model of `model_type` in eval mode, seeded; `(config, class)` as transformers maps them."""
+    """A tiny random fp32 model of `model_type` in eval mode (`_AFTER_BUILD` says where not), seeded; `(config,
+    class)` as transformers maps them."""
     import torch
     import transformers
 
@@ -213,12 +229,13 @@ def tiny_model(
         model = cls._from_config(config, attn_implementation=attn_implementation)
     except Exception as exc:  # noqa: BLE001
         raise _error(model_type, f"{cls.__name__} does not build from the tiny config", cause=exc) from None
-    _AFTER_BUILD.get(model_type, lambda m: None)(model)
     with torch.no_grad():  # zero-initialized weights (gemma3's projector, gpt-oss' sinks) would make a path vacuous
         for p in model.parameters():
             if p.is_floating_point() and not p.any():
                 p.normal_(0.0, 0.02)
-    return model.float().eval()
+    model = model.float().eval()
+    _AFTER_BUILD.get(model_type, lambda m: None)(model)
+    return model
 
 
 class TinyImage(NamedTuple):
@@ -236,8 +253,9 @@ class TinyImage(NamedTuple):
 def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
     """A random image in the patch layout `model` expects, found by trying the layouts transformers' VLMs use.
 
-    Layouts, in order: flattened patches with a `(1, 3)` `image_grid_thw` (Qwen2-VL style, `(t*h*w, C*tp*p*p)`);
-    one `(1, C, S, S)` image (with `image_sizes` where the forward takes them); `(1, 1, C, S, S)` (Idefics3 style).
+    Layouts, in order: flattened patches with a `(1, 3)` `image_grid_thw` (Qwen2-VL style, `(t*h*w, C*tp*p*p)`) or
+    a `(1, 2)` `image_grid_hw`; one `(1, C, S, S)` image (with `image_sizes` where the forward takes them);
+    `(1, 1, C, S, S)` (Idefics3 style). The forward's and `get_image_features`' parameters say which apply.
     The placeholder count is what `get_image_features` returns, in rows of the text hidden size.
     """
     import inspect
@@ -254,7 +272,8 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
     if features is None:
         raise _error(config.model_type, "the model has no get_image_features")
     hidden = config.get_text_config().hidden_size
-    params = inspect.signature(model.forward).parameters
+    # what the forward or the feature function names (a forward taking **kwargs may name no image kwarg itself)
+    params = {**inspect.signature(model.forward).parameters, **inspect.signature(features).parameters}
     g = torch.Generator().manual_seed(seed)
     return _first_fit(config.model_type, "image", features, _layouts(vision, params, g), hidden, token_id,
                       lambda layout: _required_from_config(features, config, layout))
@@ -348,6 +367,16 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
         grid = torch.tensor([[1, h, w]])
         layouts += [{"pixel_values": flat, "image_grid_thw": grid},
                     {"pixel_values": flat.view(h * w, channels * temporal, patch, patch), "image_grid_thw": grid}]
+    if "image_grid_hw" in params:  # flattened 2-D patches and their (h, w) grid (Nemotron-H Omni)
+        flat = torch.randn(16, channels * patch * patch, generator=g)
+        layouts.append({"pixel_values": flat, "image_grid_hw": torch.tensor([[4, 4]])})
+    if "image_position_ids" in params:  # (B, N, C*p*p) patches and their (x, y) positions (Gemma 4): a square of
+        side, cell = 2 * (getattr(vision, "pooling_kernel_size", 1) or 1), patch  # two pooling windows a side,
+        if isinstance(getattr(vision, "model_patch_size", None), int):  # or of two already pooled patches (unified)
+            side, cell = 2, vision.model_patch_size
+        positions = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1)
+        layouts.append({"pixel_values": torch.randn(1, side * side, channels * cell * cell, generator=g),
+                        "image_position_ids": positions.reshape(1, -1, 2)})
     if "spatial_shapes" in params:  # SigLIP2 NaFlex (LFM2-VL): (B, N, C*p*p) patches, their grid, a patch mask
         layouts.append({"pixel_values": torch.randn(1, 16, channels * patch * patch, generator=g),
                         "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16).bool()})
@@ -445,6 +474,18 @@ def _token_map(config: PretrainedConfig) -> dict[int, int]:
     return {i: next(free) for i in sorted(found - kept)}
 
 
+def _with_placeholders(config: PretrainedConfig) -> PretrainedConfig:
+    """``config`` with a free id of the tiny vocab for each image / video placeholder id it leaves None (MiniCPM-V,
+    BLIP-2: the processor's tokenizer names them); without one the model has no placeholder to scatter features at."""
+    missing = [k for k, v in config.to_dict().items() if v is None and _is_token_key(k) and
+               any(kind in k for kind in ("image", "video"))]
+    used = special_token_ids(config)
+    free = (i for i in range(VOCAB - 1, -1, -1) if i not in used)
+    for key in missing:
+        setattr(config, key, next(free))
+    return config
+
+
 def _is_token_key(key: str) -> bool:
     return key.endswith(("token_id", "token_ids", "token_index")) and "vocab" not in key
 
@@ -539,8 +580,10 @@ def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, 
 
 def _mrope_sections(sections: list[int], values: dict[str, Any]) -> list[int]:
     """M-RoPE's (t, h, w) split of the tiny head's rotary frequencies
-    (head_dim 16 times the rotary fraction, halved)."""
-    total = max(len(sections), round(_SIZES["head_dim"] * values.get("partial_rotary_factor", 1.0) / 2))
+    (head_dim 16, or qk_rope_head_dim 8 where the config has one, times the rotary fraction, halved)."""
+    # the rotary part of the head: MLA rotates qk_rope_head_dim only (HunYuan-VL v4)
+    rotary = _SIZES["qk_rope_head_dim"] if isinstance(values.get("qk_rope_head_dim"), int) else _SIZES["head_dim"]
+    total = max(len(sections), round(rotary * values.get("partial_rotary_factor", 1.0) / 2))
     scaled = [max(1, s * total // sum(sections)) for s in sections]
     scaled[-1] += total - sum(scaled)
     return scaled

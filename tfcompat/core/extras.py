@@ -42,15 +42,19 @@ class Embedded(NamedTuple):
     """What `embed_inputs` returns: the input embeddings and the text model's other inputs.
 
     inputs_embeds: ``(B, L, H)``. visual: the DeepStack inputs (`VisualExtras`) for families
-    whose text model takes them (Qwen3-VL), else None.
+    whose text model takes them (Qwen3-VL), else None. moe_token_types: ``(B, L)`` the modality of each token for a
+    family whose MoE routes by it (ERNIE-4.5-VL's ``moe_mm_token_type_ids``), else None.
     """
 
     inputs_embeds: torch.Tensor
     visual: VisualExtras | None = None
+    moe_token_types: torch.Tensor | None = None
 
     def model_inputs(self) -> dict[str, Any]:
         """Keyword arguments for the patched model: ``inputs_embeds`` and, where present, the extras."""
         inputs: dict[str, Any] = {"inputs_embeds": self.inputs_embeds}
         if self.visual is not None:
             inputs[VISUAL_KWARG] = self.visual
+        if self.moe_token_types is not None:
+            inputs["moe_mm_token_type_ids"] = self.moe_token_types
         return inputs

@@ -425,6 +425,11 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
         raise r.error(PatchError, f"{type(model).__name__} cannot run sequence parallel",
                       why="it pools one score per sequence from tokens that sit on other ranks", supported=entry,
                       fix="score packed rows without ulysses_group (tfcompat pools one score per sequence there)")
+    if group is not None and r.spec.moe_token_types is not None:
+        raise r.error(PatchError, f"{r.family} cannot run sequence parallel",
+                      why="its MoE sends each token to text or vision experts by moe_mm_token_type_ids, which "
+                      "tfcompat.ulysses.shard_inputs does not slice to a rank's tokens", supported=entry,
+                      fix="patch without ulysses_group (packed rows on one process route every token as stock does)")
     text_models = [m for m in model.modules() if isinstance(m, r.text_model_cls)]
     derived = r.entry.derived
     why = derived.per_sequence_why if derived is not None else ""
@@ -667,8 +672,10 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
                           "the context's sequences and would ignore it",
                           fix="drop attention_mask (the boundaries come from the packed inputs), or call the model "
                           "without the tfcompat context (stock attention honours the mask)")
-        if a.get("encoder_hidden_states") is not None or extra.get("encoder_hidden_states") is not None:
-            raise r.error(InvalidInputError, "encoder_hidden_states with packed inputs",
+        crossed = next((n for n in ("encoder_hidden_states", "cross_attention_states")
+                        if a.get(n) is not None or extra.get(n) is not None), None)
+        if crossed is not None:  # (Mllama's cross-attention layers are skipped without them)
+            raise r.error(InvalidInputError, f"{crossed} with packed inputs",
                           why="cross-attention to encoder states runs on padded batches only; the packed forward "
                           "attends within the packed sequences",
                           fix="call the model without packed position ids (the stock forward takes encoder states)")

@@ -79,6 +79,12 @@ def embed_derived(r: Resolved, model: torch.nn.Module, input_ids: Any, vision: d
                       why=f"{v.model}'s forward on this release raises for inputs_embeds without input_ids",
                       fix="pass input_ids and the vision inputs to the model (the tower runs inside its forward); "
                       "Ulysses with images needs a release whose forward takes inputs_embeds")
+    if v is not None and v.token_inputs:
+        raise r.error(InvalidInputError, f"{r.family} cannot take embeddings computed outside its forward",
+                      why=f"{v.owner} also hands its language model {', '.join(v.token_inputs)}, computed from the "
+                      "token ids (image tokens read as padding); embeddings holding image features cannot be read "
+                      "back into ids", fix="pass input_ids and the vision inputs to the model (the tower runs inside "
+                      "its forward); packed rows with images work so, Ulysses rows with images do not")
     owner, language_model = owner_of(r, model)
     params = inspect.signature(owner.forward).parameters
     unknown = sorted(k for k in vision if k not in params or k in _NOT_VISION)
@@ -174,7 +180,7 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
 
     Each example: ``input_ids`` ``(L,)`` or ``(1, L)``, optional ``labels``, ``attention_mask`` (all ones), and
     the vision inputs its processor returned under the owner forward's names; per-token ``*token_type_ids`` are
-    concatenated like the ids.
+    concatenated like the ids (zeros, text, for an example without them).
     """
     owner, _ = owner_of(r, model)
     params = inspect.signature(owner.forward).parameters
@@ -225,8 +231,13 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
                           fix="pass the processor's outputs with return_tensors='pt'") from None
         if not parts:
             continue
-        if name.endswith("token_type_ids"):  # per token: (1, L) or (L,)
-            inputs[name] = torch.cat([p.reshape(-1) for p in parts])[None]  # (L_i,) each -> (1, T)
+        if name.endswith("token_type_ids"):  # per token: (1, L) or (L,); an example without them is text (0)
+            types = [torch.as_tensor(ex[name]).reshape(-1) if ex.get(name) is not None else x.new_zeros(len(x))
+                     for ex, x in zip(examples, ids_list)]
+            if any(len(t) != len(x) for t, x in zip(types, ids_list)):
+                raise r.error(InvalidInputError, f"tfcompat.pack: {name} and input_ids differ in length",
+                              fix=f"pass one {name} entry per token")
+            inputs[name] = torch.cat(types)[None].to(ids.device)  # (L_i,) each -> (1, T)
             continue
         inputs[name] = _concat(parts, dim=1 if batched and all(p.ndim >= 2 and p.shape[0] == 1 for p in parts) else 0)
     shifted = None

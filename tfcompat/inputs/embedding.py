@@ -60,6 +60,8 @@ def embed_inputs(
                                placeholders="with_pixels")
     where = r.entry.vision
     embeds = cast(Any, model).get_input_embeddings()(input_ids)
+    # ERNIE-4.5-VL's experts by modality: what the forward takes with the embeddings
+    moe = None if r.spec.moe_token_types is None else r.spec.moe_token_types(owner.config, input_ids)
     types = r.spec.mm_token_types(owner.config, input_ids)  # type: ignore[misc]  # require_vision: not None
     deepstack = where is not None and where.deepstack
     if pixel_values is None and pixel_values_videos is None and not bool(types.any()):
@@ -68,9 +70,9 @@ def embed_inputs(
         for x in (features, *layers):
             embeds = embeds + 0 * x.mean().to(embeds.dtype)
         if not deepstack:
-            return Embedded(embeds)
+            return Embedded(embeds, moe_token_types=moe)
         rows = tuple(x[:0].to(embeds.dtype) for x in layers)  # no visual token: no rows
-        return Embedded(embeds, VisualExtras(torch.zeros_like(input_ids, dtype=torch.bool), rows))
+        return Embedded(embeds, VisualExtras(torch.zeros_like(input_ids, dtype=torch.bool), rows), moe)
     visual = types > 0  # (B, L): every image or video token
     stacked: list[torch.Tensor] | None = None
     for kind, code, pixels, grid in (("image", 1, pixel_values, image_grid_thw),
@@ -100,8 +102,8 @@ def embed_inputs(
                                                                            x.to(embeds.dtype))
                        for i, x in enumerate(layers)]
     if not deepstack:
-        return Embedded(embeds)
-    return Embedded(embeds, VisualExtras(visual, tuple(stacked or ())))
+        return Embedded(embeds, moe_token_types=moe)
+    return Embedded(embeds, VisualExtras(visual, tuple(stacked or ())), moe)
 
 
 def visual_features(owner: torch.nn.Module, kind: str, pixels: torch.Tensor, grid: torch.Tensor,
@@ -140,6 +142,7 @@ def dummy_image(vision_config: Any, device: torch.device) -> tuple[torch.Tensor,
     """The smallest valid image for ``vision_config``: one merged token, ``(merge**2, C * tp * p * p)`` zeros."""
     merge = vision_config.spatial_merge_size
     channels = getattr(vision_config, "in_channels", 3)
-    patch_dim = channels * vision_config.temporal_patch_size * vision_config.patch_size**2
+    # a tower without temporal_patch_size embeds one frame per patch (ERNIE-4.5-VL)
+    patch_dim = channels * getattr(vision_config, "temporal_patch_size", 1) * vision_config.patch_size**2
     grid = torch.tensor([[1, merge, merge]], device=device)
     return torch.zeros(merge * merge, patch_dim, device=device), grid

@@ -28,7 +28,8 @@ from .vision_inputs import check_token_ids, family_of, vision_call
 __all__ = ["Packed", "pack"]
 
 _VISION = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
-_KEYS = frozenset({"input_ids", "labels", "attention_mask", "second_per_grid_ts", "mm_token_type_ids", *_VISION})
+_KEYS = frozenset({"input_ids", "labels", "attention_mask", "second_per_grid_ts", "mm_token_type_ids",
+                   "moe_mm_token_type_ids", *_VISION})
 
 
 class Packed(NamedTuple):
@@ -57,8 +58,9 @@ def pack(model: torch.nn.Module, examples: Sequence[Mapping[str, Any]], *, ignor
     Each example: ``input_ids`` ``(L,)`` or ``(1, L)``; optional ``labels`` (same shape; transformers'
     convention, unshifted, ``ignore_index`` where no loss is wanted; give them for every example or none),
     ``attention_mask`` (all ones: packing has no padding), ``pixel_values`` with ``image_grid_thw``,
-    ``pixel_values_videos`` with ``video_grid_thw``, ``second_per_grid_ts`` (Qwen2.5-VL), ``mm_token_type_ids``
-    (ignored: rebuilt from the ids). impl: the M-RoPE index used per sequence (`tfcompat.rope_index`).
+    ``pixel_values_videos`` with ``video_grid_thw``, ``second_per_grid_ts`` (Qwen2.5-VL), ``mm_token_type_ids`` and
+    ``moe_mm_token_type_ids`` (ignored: rebuilt from the ids). impl: the M-RoPE index used per sequence
+    (`tfcompat.rope_index`).
     Derived vision-language families take their forward's own vision inputs by name (`tfcompat.inputs.derived_vision`
     `.pack_derived`): concatenated in sequence order, zero-padded as a processor pads a batch.
 
@@ -88,6 +90,8 @@ def pack(model: torch.nn.Module, examples: Sequence[Mapping[str, Any]], *, ignor
             inputs[name] = torch.cat(parts)
     if r.entry.rope_index_mm_token_types and r.spec.mm_token_types is not None:
         inputs["mm_token_type_ids"] = r.spec.mm_token_types(model.config, ids)
+    if r.spec.moe_token_types is not None:  # per token: the packed row's are the sequences' concatenated
+        inputs["moe_mm_token_type_ids"] = r.spec.moe_token_types(model.config, ids)
     shifted = None
     if all(has_labels):
         labels = torch.cat([_flat(ex["labels"]) for ex in examples])[None].to(ids.device)  # (T,) -> (1, T)

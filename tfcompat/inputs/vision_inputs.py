@@ -118,10 +118,13 @@ def check_vision_inputs(r: Resolved, config: Any, input_ids: torch.Tensor | None
             types = r.spec.mm_token_types(config, input_ids)  # type: ignore[misc]  # a vision family
             if attention_mask is not None and attention_mask.shape == types.shape:
                 types = types * attention_mask.to(types.device).bool()
-        tokens, expected = int((types == code).sum()), patches // merge**2
+        # a video's frames merged in groups of temporal_merge_size after the tower (ERNIE-4.5-VL's resampler)
+        steps = getattr(config.vision_config, "temporal_merge_size", 1) if kind == "video" else 1
+        tokens, expected = int((types == code).sum()), patches // merge**2 // steps
         if tokens != expected:
             raise r.error(InvalidInputError, f"{what}: {kind} placeholder tokens and {grid_name} disagree",
                           why=f"{tokens} {kind} tokens in input_ids, the grids "
                           f"{grid.tolist() if grid is not None else 'None'} take {expected} (t * h * w / {merge}**2 "
-                          "each)", fix=f"pass one {grid_name} row per {kind} in input_ids, in order, with the "
-                          "processor's token expansion (or tfcompat.pack)")
+                          f"{f'/ {steps} ' if steps > 1 else ''}each)",
+                          fix=f"pass one {grid_name} row per {kind} in input_ids, in order, with the processor's token "
+                          "expansion (or tfcompat.pack)")

@@ -14,7 +14,11 @@ sequence with the model's own attention, where every parameter of theirs has a p
 it is cut right (`_counted_positions`); token mixers other than softmax attention run per sequence as modules of their
 own (`tfcompat.registry.mixers`, `tfcompat.hf.mixers`). What tfcompat cannot prove it handles is refused with a
 `PatchError` naming it: a mixer or layer that could carry state across sequences, a layer parameter of no known role,
-positions counted over the row where a sequence alone counts its own, cross-attention where a model builds it.
+positions counted over the row where a sequence alone counts its own, cross-attention where a model builds it (left
+stock where the text model skips its layers without cross states: Mllama), several stacks of layers (BLT), a forward
+that requires inputs a packed row does not carry (Gemma 4's assistant). Layers are found in ``nn.ModuleList`` s built
+in ``__init__`` or by a builder method (Zamba2's ``get_layers``), with the blocks a builder hands a layer's
+``__init__`` (`_handed`).
 
 Readings of the row index are recognized and mended instead, each from its exact source: llama4's NoPE temperature
 tuning (`temperature_guard`), a decoder counting ``position_ids`` over the row for its positions module
@@ -117,34 +121,51 @@ def derive(model_type: str, version: str) -> Family:
     lm = _local_class(module, lms[model_type])
     if lm is None:
         raise refuse(f"{lms[model_type]} is not defined in {where}", "the causal LM comes from another module")
+    required = _inputs_required(lm)
+    if required:
+        raise refuse(f"{lm.__name__}.forward requires {', '.join(required)}",
+                     "it raises unless they are given: inputs that a packed row (token ids or embeddings, position "
+                     "ids) does not carry", "run it unpatched, fed as its forward requires")
     prefix = getattr(lm, "base_model_prefix", "model")
+    if not _built_classes(module, lm, "__init__", attr=prefix) and _built_classes(module, lm, "__init__", attr="model"):
+        prefix = "model"  # MllamaForCausalLM: prefix "language_model", the text model at self.model
     text = _single(_built_classes(module, lm, "__init__", attr=prefix)) or _local_class(
         module, _auto_name("MODEL_MAPPING_NAMES", model_type))
     if text is None:
         raise refuse(f"no text model found in {lm.__name__}.{prefix}",
                      f"{lm.__name__}.__init__ does not build a class of {where} at self.{prefix}")
-    layers = _built_classes(module, text, "__init__", lists_only=True)
+    layers = _layer_classes(module, text)
     holders: list[type] = []  # the class between the text model and its layers: OPTModel.decoder, BertModel.encoder
-    for holder in [] if layers else _built_classes(module, text, "__init__"):
-        if not layers:
-            layers = _built_classes(module, holder, "__init__", lists_only=True)
-            holders += [holder] if layers else []
+    stacks = [] if layers else [h for h in _built_classes(module, text, "__init__") if _layer_classes(module, h)]
+    if len(stacks) > 1:  # BLT: a local encoder, a global transformer and a local decoder
+        raise refuse(f"{text.__name__} holds several stacks of layers ({', '.join(c.__name__ for c in stacks)})",
+                     "tfcompat patches one decoder stack over the packed row's tokens; these run over different "
+                     "sequences (bytes and patches) that the row's position ids do not describe")
+    for holder in stacks:
+        layers = _layer_classes(module, holder)
+        holders.append(holder)
     if len(holders) == 1 and _delegates(text, holders[0]):  # BartDecoderWrapper.forward: self.decoder(*a, **kw)
         text, holders = holders[0], []
     if not layers:
         raise refuse(f"no decoder layers found in {text.__name__}",
                      f"{text.__name__}.__init__ builds no nn.ModuleList of {where}'s classes")
+    lists = [item for h in (text, *holders) for item in _layer_lists(module, h)]
+    if len(lists) > 1 and not any(_attention_chains(module, c) for _, cs in lists for c in cs):
+        raise refuse(f"{text.__name__} keeps its layers' parts in parallel lists, no decoder layer class ("
+                     + "; ".join(f"{a}: {', '.join(c.__name__ for c in cs)}" for a, cs in lists) + ")",
+                     "tfcompat finds a model's attention inside its decoder layers; here the text model's forward "
+                     "calls each part itself")
     mixer_calls: list[MixerCall] = []  # every layer class first: a hybrid is named by its mixer
     per_sequence, unproved = _layer_calls(layers)
     try:
-        found = _softmax_attention(module, lm, layers, refuse, mixer_calls)
+        found = _softmax_attention(module, lm, text, layers, refuse, mixer_calls)
         forced = ""
     except PatchError as exc:  # the packed core cannot express it: the decoder layers run per sequence, if proved
         if unproved:
             raise refuse(exc.what.removeprefix(f"cannot derive {model_type}: "),
                          f"{exc.why}; nor can its decoder layers run per sequence ({unproved})") from None
         found, forced, mixer_calls = None, exc.what.removeprefix(f"cannot derive {model_type}: "), []
-    attention, cross, passes = found if found is not None else (None, [], [True])
+    attention, cross, passes, layers = found if found is not None else (None, [], [True], layers)
     softmax = attention is not None  # else the layers run per sequence, or hold mixers alone (Mamba)
     call = attention_call(attention) if softmax else AttentionCall(layers[0].__name__, (), False, (), 0, "")
     attention = attention or layers[0]
@@ -159,9 +180,16 @@ def derive(model_type: str, version: str) -> Family:
             raise refuse(dropped[0], "the packed boundaries travel in the forward's kwargs and could not reach the "
                          f"attention; nor can its decoder layers run per sequence ({unproved})")
         forced, mixer_calls = dropped[0], []
+    takes_ids = "position_ids" in inspect.signature(cast(Any, text).forward).parameters
+    if softmax and not forced and not takes_ids and positions_from_row(text) is None:
+        counted = next((f"{o.__name__}.{attr} ({c[0].__name__})" for o in (text, *holders)
+                        for attr, c in _assigned_classes(module, o, "__init__") if "position" in attr and c), "")
+        raise refuse(f"{text.__name__}.forward takes no position_ids",
+                     "it numbers the row's tokens itself" + (f", in {counted}," if counted else "") + " from the row's "
+                     "length; a packed row's positions restart per sequence only through position_ids",
+                     "run one sequence per row, unpatched")
     # a text model without position ids whose layers run per sequence: what it counts over the row is read below
-    positionless = ((forced or not softmax)
-                    and "position_ids" not in inspect.signature(cast(Any, text).forward).parameters)
+    positionless = (forced or not softmax) and not takes_ids
     for owner in () if positionless else (text, *holders):
         unpositioned = _position_modules_without_ids(module, owner)
         if unpositioned:
@@ -203,12 +231,13 @@ def derive(model_type: str, version: str) -> Family:
     return Family(key=model_type, entries=(entry,), tiny_config=functools.partial(_tiny_config, config_cls))
 
 
-def _softmax_attention(module: Any, lm: type, layers: list[type], refuse: Callable[..., PatchError],
-                       mixer_calls: list[MixerCall]) -> tuple[type | None, list[type], list[bool]]:
-    """The attention class of ``layers`` that the packed core runs, the cross-attention class (empty or one), and
-    per layer class holding it whether each chain down to it passes ``**kwargs``; ``(None, [], [True])`` for layers of
-    per-sequence mixers alone (Mamba). `PatchError` (from ``refuse``) for attention the core cannot express. Adds
-    the per-sequence mixers to ``mixer_calls``."""
+def _softmax_attention(module: Any, lm: type, text: type, layers: list[type], refuse: Callable[..., PatchError],
+                       mixer_calls: list[MixerCall]) -> tuple[type | None, list[type], list[bool], list[type]]:
+    """The attention class of ``layers`` (of ``text``) that the packed core runs, the cross-attention class (empty or
+    one), per layer class holding it whether each chain down to it passes ``**kwargs``, and the layer classes (the
+    decoder layer class first); ``(None, [], [True], layers)`` for layers of per-sequence mixers alone (Mamba).
+    `PatchError` (from ``refuse``) for attention the core cannot express. Adds the per-sequence mixers to
+    ``mixer_calls``."""
     mixing = [layer for layer in layers if _per_sequence_mixers(module, layer, lm, refuse, mixer_calls)]
     chains: dict[type, list[tuple[type, ...]]] = {}  # decoder layer -> its chains (layer, ..., attention)
     for layer in layers:
@@ -219,13 +248,18 @@ def _softmax_attention(module: Any, lm: type, layers: list[type], refuse: Callab
                          "calls a function taken from ALL_ATTENTION_FUNCTIONS")
     found = list(dict.fromkeys(chain[-1] for layer in layers for chain in chains[layer]))
     if not found:
-        return None, [], [True]
+        return None, [], [True], layers
     attentions = [c for c in found if not _is_cross_attention(c)] if len(found) > 1 else found
     cross = [c for c in found if c not in attentions]  # built only with encoder states: refused at patch() if built
     if len(attentions) != 1 or len(cross) > 1:
         raise refuse(f"several attention classes: {', '.join(c.__name__ for c in found)}",
                      "one attention class per model is supported (besides cross-attention, refused where built)")
     attention = attentions[0]
+    holding = [c for c in layers if any(ch[-1] in cross for ch in chains[c])]
+    if cross and _skips_cross_layers(text, holding):
+        # Mllama's cross-attention layers: skipped without cross states, which a packed forward refuses; the decoder
+        # layer class is the other one
+        cross, layers = [], [c for c in layers if c not in holding] + holding
     call = attention_call(attention)
     unknown = sorted(set(dict(call.keywords)) - ATTENTION_KEYWORDS.keys())
     if unknown:
@@ -252,7 +286,7 @@ def _softmax_attention(module: Any, lm: type, layers: list[type], refuse: Callab
     if len(passes) > 1 and not all(passes):
         raise refuse(f"several decoder layer classes ({', '.join(c.__name__ for c in layers)}), some dropping **kwargs",
                      "the packed boundaries are bridged to the attention of one decoder layer class")
-    return attention, cross, passes
+    return attention, cross, passes, layers
 
 
 def _counted_positions(module: Any, text: type, layers: list[type], holders: list[type]) -> str:
@@ -492,6 +526,18 @@ def _single(classes: list[type]) -> type | None:
     return classes[0] if len(classes) == 1 else None
 
 
+def _layer_lists(module: Any, cls: type) -> list[tuple[str, list[type]]]:
+    """``(attribute, classes)`` of each ``nn.ModuleList`` of module classes that ``cls.__init__`` builds; lists it
+    fills by ``self.attr.append(...)`` only where it builds no other (XLM's; GraniteSWA's per-window rotary modules
+    beside its layers are not layers)."""
+    return [(a, cs) for a, cs in _assigned_classes(module, cls, "__init__", lists_only=True) if cs] or [
+        (a, cs) for a, cs in _assigned_classes(module, cls, "__init__", lists_only=True, appended=True) if cs]
+
+
+def _layer_classes(module: Any, cls: type) -> list[type]:
+    return list(dict.fromkeys(c for _, cs in _layer_lists(module, cls) for c in cs))
+
+
 def _built_classes(module: Any, cls: type, method: str, *, attr: str | None = None,
                    lists_only: bool = False) -> list[type]:
     """The classes of ``module`` that ``cls.method`` instantiates (in order, once each).
@@ -504,12 +550,14 @@ def _built_classes(module: Any, cls: type, method: str, *, attr: str | None = No
     return list(dict.fromkeys(c for name, classes in built if attr is None or name == attr for c in classes))
 
 
-def _assigned_classes(module: Any, cls: type, method: str, *, lists_only: bool = False
+def _assigned_classes(module: Any, cls: type, method: str, *, lists_only: bool = False, appended: bool = False
                       ) -> list[tuple[str, list[type]]]:
     """``(attribute, classes)`` for each assignment to an attribute of ``self`` in ``cls.method``: the module
     classes the assigned value instantiates (a class may be named directly, through a local variable assigned from
-    class names, ``cls = A if cross else B; self.x = cls(...)``, or read from a dict of the module). lists_only: only
-    values that are an ``nn.ModuleList(...)`` (see `_built_classes`)."""
+    class names, ``cls = A if cross else B; self.x = cls(...)``, or read from a dict of the module, or handed to
+    ``__init__`` by its builder, `_handed`). lists_only: only values that are an ``nn.ModuleList(...)`` (see
+    `_built_classes`), or that a method of ``cls`` returns as one (``self.layers = self.get_layers()``); appended:
+    with lists_only, also an empty ``nn.ModuleList()`` filled by ``self.attr.append(...)``."""
     fn = _method(cls, method)
     if fn is None:
         return []
@@ -523,12 +571,22 @@ def _assigned_classes(module: Any, cls: type, method: str, *, lists_only: bool =
         on_self = [t for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
                    and t.value.id == "self"]
         value = node.value
+        if lists_only and isinstance(value, ast.Call) and not value.args and isinstance(value.func, ast.Attribute) \
+                and ast.unparse(value.func.value) == "self" and _method(cls, value.func.attr) is not None:
+            built = _returned_list(module, cls, value.func.attr)  # self.layers = self.get_layers() (Zamba2)
+            out += [(t.attr, built) for t in on_self] if built else []
+            continue
         if not on_self or (lists_only and not (isinstance(value, ast.Call)
                                                and ast.unparse(value.func).endswith("ModuleList"))):
             continue
         names: list[str] = []
+        if isinstance(value, ast.Name) and method == "__init__" and value.id in {a.arg for a in fn.args.args[1:]}:
+            names += _handed(module.__name__, cls.__name__).get(value.id, ())  # a module its builder hands it
         for sub in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
-            if isinstance(sub.func, ast.Name):
+            if (isinstance(sub.func, ast.Attribute) and sub.func.attr in ("_from_config", "from_config")
+                    and isinstance(sub.func.value, ast.Name)):  # MllamaTextModel._from_config(config)
+                names.append(sub.func.value.id)
+            elif isinstance(sub.func, ast.Name):
                 names.append(sub.func.id)
                 if sub.func.id in local and not lists_only:  # a local naming the class: cls = A if cross else B
                     names += [n.id for n in ast.walk(local[sub.func.id]) if isinstance(n, ast.Name)]
@@ -538,14 +596,41 @@ def _assigned_classes(module: Any, cls: type, method: str, *, lists_only: bool =
         if lists_only and isinstance(value, ast.Call):  # nn.ModuleList(layers): what was appended to the local list
             for arg in (a for a in value.args if isinstance(a, ast.Name)):
                 names += _appended(fn, module, arg.id)
+            if not value.args and appended:  # nn.ModuleList(), then self.layers.append(...) (XLM, Inkling 2 Loop)
+                names += [n for t in on_self for n in _appended(fn, module, f"self.{t.attr}")]
         classes = [c for c in dict.fromkeys(_local_class(module, n) for n in names) if c is not None and _is_module(c)]
         out += [(t.attr, classes) for t in on_self]
     return out
 
 
+@functools.cache
+def _handed(module_name: str, cls_name: str) -> dict[str, tuple[str, ...]]:
+    """The classes that builders in ``module_name`` hand ``cls_name.__init__`` instances of, by parameter: in each
+    call ``cls_name(a, ...)``, an argument assigned from ``C(...)`` in the same function (Zamba2's
+    ``Zamba2HybridLayer(attn_block, linear_layer, mamba_layer)``, its blocks built in ``get_layers``)."""
+    module = importlib.import_module(module_name)
+    init = _method(getattr(module, cls_name), "__init__")
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    params = [a.arg for a in init.args.args[1:]] if init is not None else []
+    out: dict[str, list[str]] = {}
+    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+        assigned = {t.id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets
+                    if isinstance(t, ast.Name)}
+        for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == cls_name):
+            for param, arg in [*zip(params, call.args), *((k.arg, k.value) for k in call.keywords if k.arg)]:
+                value = assigned.get(arg.id) if isinstance(arg, ast.Name) else arg
+                if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+                    out.setdefault(param, []).append(value.func.id)
+    return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
+
+
 def _appended(fn: ast.FunctionDef, module: Any, var: str) -> list[str]:
-    """Names of the classes ``fn`` appends instances of to its local list ``var``: ``var.append(C(...))``, an
-    appended local assigned from ``C(...)``, or ``C`` read from a dict of the module (``TYPES[kind](...)``)."""
+    """Names of the classes ``fn`` appends instances of to its list ``var`` (a local, or ``self.attr``):
+    ``var.append(C(...))``, an appended local assigned from ``C(...)``, or ``C`` read from a dict of the module or a
+    local dict (``TYPES[kind](...)``)."""
     assigned = {t.id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets
                 if isinstance(t, ast.Name)}
 
@@ -556,13 +641,27 @@ def _appended(fn: ast.FunctionDef, module: Any, var: str) -> list[str]:
             return [n.func.id for n in ast.walk(expr) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
                     and n.func.id not in assigned] + (classes(expr.func) if isinstance(expr.func, ast.Name) else [])
         if isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Name):
+            local = assigned.get(expr.value.id)
+            if isinstance(local, ast.Dict):  # layer_classes = {...}; layer_classes[kind](...)
+                return [v.id for v in local.values if isinstance(v, ast.Name)]
             table = getattr(module, expr.value.id, None)
             return [v.__name__ for v in table.values() if isinstance(v, type)] if isinstance(table, dict) else []
         return []
 
     return [name for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-            and n.func.attr == "append" and isinstance(n.func.value, ast.Name) and n.func.value.id == var
+            and n.func.attr == "append" and ast.unparse(n.func.value) == var
             for arg in n.args for name in classes(arg)]
+
+
+def _returned_list(module: Any, cls: type, method: str) -> list[type]:
+    """The module classes of the ``nn.ModuleList(layers)`` that ``cls.method`` returns (see `_appended`)."""
+    fn = _method(cls, method)
+    returned = [n.value for n in ast.walk(fn) if isinstance(n, ast.Return)] if fn is not None else []
+    if fn is None or len(returned) != 1 or not (isinstance(returned[0], ast.Call)
+                                                 and ast.unparse(returned[0].func).endswith("ModuleList")):
+        return []
+    names = [n for a in returned[0].args if isinstance(a, ast.Name) for n in _appended(fn, module, a.id)]
+    return [c for c in dict.fromkeys(_local_class(module, n) for n in names) if c is not None and _is_module(c)]
 
 
 def _is_module(cls: type) -> bool:
@@ -634,6 +733,21 @@ def _dispatch_call(cls: type) -> tuple[ast.FunctionDef, ast.Call] | None:
     same = {(ast.unparse(c.func), *(ast.unparse(a) for i, a in enumerate(c.args) if i != 3),
              *(ast.unparse(k) for k in c.keywords)) for c in calls}
     return (fn, calls[0]) if calls and len(same) == 1 else None
+
+
+def _inputs_required(lm: type) -> tuple[str, ...]:
+    """Parameters of ``lm.forward`` besides the tokens (``input_ids``, ``inputs_embeds``) that it raises without: a
+    top-level ``if <p> is None [or ...]: raise`` (Gemma 4's assistant: ``shared_kv_states``)."""
+    fn = _method(lm, "forward")
+    params = {a.arg for a in fn.args.args + fn.args.kwonlyargs} - {"input_ids", "inputs_embeds"} if fn else set()
+    found: list[str] = []
+    for node in fn.body if fn is not None else ():
+        if isinstance(node, ast.If) and any(isinstance(b, ast.Raise) for b in node.body):
+            tests = node.test.values if isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.Or) else [
+                node.test]
+            found += [t.left.id for t in tests if isinstance(t, ast.Compare) and isinstance(t.left, ast.Name)
+                      and t.left.id in params and ast.unparse(t).endswith(" is None")]
+    return tuple(dict.fromkeys(found))
 
 
 def _layer_calls_without_kwargs(text: type) -> str:
@@ -798,6 +912,39 @@ def _attention_chains(module: Any, layer: type) -> list[tuple[type, ...]]:
 
     walk((layer,))
     return chains
+
+
+def _skips_cross_layers(text: type, holding: list[type]) -> bool:
+    """Whether ``text.forward`` skips every layer of the ``holding`` classes (those holding cross-attention) when it
+    is given no cross states: its layer loop ``continue``s under ``<i> in self.<list> and <cross param> is None``
+    (and terms on the cache, empty in a packed forward), and ``text.__init__`` builds the ``holding`` classes only
+    under ``<i> in self.<list>`` (Mllama: ``idx in self.cross_attention_layers``)."""
+    init, fn = _method(text, "__init__"), _method(text, "forward")
+    if init is None or fn is None or not holding:
+        return False
+    params = {a.arg for a in fn.args.args + fn.args.kwonlyargs} & set(_CROSS_PARAMS)
+    names = {c.__name__ for c in holding}
+    built = [n for n in ast.walk(init) if isinstance(n, ast.If) and any(
+        isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in names for b in n.body
+        for c in ast.walk(b))]
+    lists = {ast.unparse(n.test.comparators[0]) for n in built if isinstance(n.test, ast.Compare)
+             and isinstance(n.test.ops[0], ast.In) and ast.unparse(n.test.comparators[0]).startswith("self.")}
+    if len(lists) != 1 or not all(isinstance(n.test, ast.Compare) and isinstance(n.test.ops[0], ast.In) for n in built):
+        return False
+    listed = lists.pop()
+    local = {t.id: ast.unparse(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets
+             if isinstance(t, ast.Name)}
+    for node in ast.walk(fn):
+        if not (isinstance(node, ast.If) and [type(b) for b in node.body] == [ast.Continue]
+                and isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And)):
+            continue
+        terms = [local.get(ast.unparse(v), ast.unparse(v)) if isinstance(v, ast.Name) else ast.unparse(v)
+                 for v in node.test.values]
+        member = [t for t in terms if t.endswith(f" in {listed}")]
+        unset = [t for t in terms if t in {f"{p} is None" for p in params}]
+        if member and unset and all(t in member or t in unset or any(c in t for c in _CACHE_PARAMS) for t in terms):
+            return True
+    return False
 
 
 def _is_cross_attention(cls: type) -> bool:

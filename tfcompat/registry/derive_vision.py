@@ -5,9 +5,12 @@ What a packed row of such a model needs is what its text model needs, plus proof
 the forward context reach the text model: each forward from the vision-language class down to the text model (read
 with `ast`, as `tfcompat.registry.derive` reads a causal LM) must pass ``position_ids`` and ``**kwargs`` on to the
 next one and compute no positions of its own; the owner of the language model must hand it only the embeddings,
-the mask, the positions and the usual flags. Everything family-specific about images (where the tower is, how
-features land in the embeddings, image sizes, patch masks) stays in the model's own forward, which runs unchanged.
-What tfcompat cannot prove is refused with a `PatchError` naming it.
+the mask, the positions and the usual flags, or what the text model computes itself from the tokens (Gemma 4's
+per-layer inputs; `embed_inputs` then refuses, as embeddings alone do not carry them). A causal LM that holds a text
+model of another type without being image-text-to-text (an audio tower in front) derives alike. Everything
+family-specific about images (where the tower is, how features land in the embeddings, image sizes, patch masks)
+stays in the model's own forward, which runs unchanged. What tfcompat cannot prove is refused with a `PatchError`
+naming it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 from ..errors import PatchError, TfcompatError, UnknownFamilyError
 from . import versions
-from .derive import _built_classes, _method
+from .derive import _built_classes, _method, causal_lm_types
 from .records import TEXT_ROLES, Entry, Family, VisionDerivation
 
 __all__ = ["LANGUAGE_MODEL_KEYWORDS", "default_text_type", "derive", "vision_key", "vision_types"]
@@ -70,11 +73,16 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
     """The family of the vision-language ``model_type`` whose language model is ``text_type`` (its config's
     ``text_config.model_type``), on the installed transformers (reported as ``version``); not cached.
 
+    A causal LM that is not image-text-to-text but holds a text model of another type (an audio tower in front of
+    it: MossTranscribeDiarize) derives alike, from its causal-LM class.
+
     text_entry: the installed release's entry of a text family (raises a tfcompat error where there is none).
-    Raises `UnknownFamilyError` for a type that is not image-text-to-text, `PatchError` naming what is missing.
+    Raises `UnknownFamilyError` for a type that is neither, `PatchError` naming what is missing.
     """
     names = vision_types()
     key = vision_key(model_type)
+    if key is None and model_type in causal_lm_types():
+        names, key = causal_lm_types(), model_type
     if key is None:
         raise UnknownFamilyError(
             f"unknown model family {model_type!r}", family=model_type, transformers_version=version,
@@ -94,7 +102,7 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
     if text_type is None:
         raise refuse("its config names no text model", "the default config has no text_config.model_type",
                      fix="patch a model built from a config with a text_config")
-    if text_type in (model_type, key) or text_type in names:
+    if text_type in (model_type, key) or text_type in vision_types():
         raise refuse(f"its language model is {text_type}, a vision-language type itself",
                      "the text model is not built from a separate text family's config")
     try:
@@ -136,8 +144,9 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
             raise refuse(f"{owner.__name__}.{lm_attr} is a {built[0].__name__}, which holds no "
                          f"{text.classes['text_model']}", f"{text_type}'s text model is not found inside it")
         hops.append((built[0], inner_attr))
+    text_cls = getattr(importlib.import_module(text.module_of("text_model")), text.classes["text_model"])
     for cls, attr in hops:
-        gap = _forwards_to(cls, attr, to_language_model=cls is owner)
+        gap = _forwards_to(cls, attr, text_cls if cls is owner else None)
         if gap:
             raise refuse(gap, "without position_ids it numbers a sequence otherwise than 0, 1, ... (an offset), so the "
                          "per-sequence positions of a packed row would differ from the stock model's"
@@ -154,7 +163,8 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
         model=top.__name__, hops=tuple((c.__name__, a) for c, a in hops), owner=owner.__name__,
         language_model_attr=lm_attr, tower_attrs=towers, projector_attrs=projectors, text_family=text_type,
         placeholder=placeholder, owner_mask=owner_mask, mask_inputs=mask_inputs, batched_images=_batched(owner),
-        embeds_need_ids=any(_refuses_embeds_alone(c) for c, _ in hops))
+        embeds_need_ids=any(_refuses_embeds_alone(c) for c, _ in hops),
+        token_inputs=_token_inputs(owner, lm_attr, text_cls))
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
@@ -192,11 +202,15 @@ def _self_assignments(cls: type) -> list[tuple[str, ast.expr]]:
 
 
 def _text_config_attr(cls: type) -> str | None:
-    """The one attribute ``cls.__init__`` builds from ``config.text_config`` (a call taking it), else None."""
-    found = [a for a, v in _self_assignments(cls) if isinstance(v, ast.Call) and any(
-        ast.unparse(x) in ("config.text_config", "config.get_text_config()") for x in (*v.args, *(k.value for k in
-                                                                                                v.keywords)))]
-    return found[0] if len(set(found)) == 1 else None
+    """The one attribute ``cls.__init__`` builds from ``config.text_config`` (a call taking it; of several, the one
+    call taking nothing else: Gemma 3n's projectors take the vision or audio config too), else None."""
+    texts = ("config.text_config", "config.get_text_config()")
+    calls = [(a, [ast.unparse(x) for x in (*v.args, *(k.value for k in v.keywords))])
+             for a, v in _self_assignments(cls) if isinstance(v, ast.Call)]
+    found = {a for a, given in calls if any(g in texts for g in given)}
+    if len(found) > 1:
+        found = {a for a, given in calls if a in found and len(given) == 1}
+    return found.pop() if len(found) == 1 else None
 
 
 def _submodules(module: Any, owner: type, lm_attr: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -204,6 +218,8 @@ def _submodules(module: Any, owner: type, lm_attr: str) -> tuple[tuple[str, ...]
     towers: list[str] = []
     others: list[str] = []
     for attr, value in _self_assignments(owner):
+        if isinstance(value, ast.IfExp):  # an optional tower: X(...) if config.vision_config is not None else None
+            value = value.body
         if attr == lm_attr or not isinstance(value, ast.Call):
             continue
         builds = "from_config" in ast.unparse(value.func) or _built_classes(module, owner, "__init__", attr=attr)
@@ -212,10 +228,12 @@ def _submodules(module: Any, owner: type, lm_attr: str) -> tuple[tuple[str, ...]
     return tuple(dict.fromkeys(towers)), tuple(dict.fromkeys(others))
 
 
-def _forwards_to(cls: type, attr: str, *, to_language_model: bool) -> str:
+def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
     """Why ``cls.forward`` may not hand a packed row on to ``self.attr`` ("" when it does): every call of it passes
-    ``position_ids=position_ids`` and the forward's ``**kwargs``, the forward assigns no ``position_ids``, and (to a
-    language model) passes nothing but `LANGUAGE_MODEL_KEYWORDS`."""
+    ``position_ids=position_ids`` (or, where the forward names no such parameter, leaves them in) the forward's
+    ``**kwargs``, the forward assigns no ``position_ids``, and to a
+    language model (``text_model`` given: its class) passes nothing but `LANGUAGE_MODEL_KEYWORDS` and what the text
+    model computes itself (`_text_model_computes`)."""
     fn = _method(cls, "forward")
     if fn is None:
         return f"{cls.__name__}.forward cannot be read"
@@ -225,12 +243,14 @@ def _forwards_to(cls: type, attr: str, *, to_language_model: bool) -> str:
         return f"{cls.__name__}.forward does not call self.{attr}"
     for call in calls:
         keywords = {k.arg: ast.unparse(k.value) for k in call.keywords if k.arg is not None}
-        if keywords.get("position_ids") != "position_ids":
+        named = "position_ids" in {a.arg for a in fn.args.args + fn.args.kwonlyargs}  # else they travel in **kwargs
+        if keywords.get("position_ids") != "position_ids" and (named or "position_ids" in keywords):
             return f"{cls.__name__}.forward passes position_ids={keywords.get('position_ids')} to self.{attr}"
         if var_kw is None or not any(k.arg is None and ast.unparse(k.value) == var_kw for k in call.keywords):
             return f"{cls.__name__}.forward calls self.{attr} without its **kwargs"
-        extra = sorted(k for k, v in keywords.items() if k not in LANGUAGE_MODEL_KEYWORDS and v != "None")
-        if to_language_model and extra:
+        extra = sorted(k for k, v in keywords.items() if k not in LANGUAGE_MODEL_KEYWORDS and v != "None"
+                       and not (text_model is not None and _text_model_computes(fn, attr, k, v, text_model)))
+        if text_model is not None and extra:
             return f"{cls.__name__}.forward passes {', '.join(extra)} to its language model"
     defaults = {id(n) for g in ast.walk(fn) if isinstance(g, ast.If) and ast.unparse(g.test) == "position_ids is None"
                 for n in g.body if _counts_the_row(n)}
@@ -242,21 +262,62 @@ def _forwards_to(cls: type, attr: str, *, to_language_model: bool) -> str:
     return ""
 
 
+def _text_model_computes(fn: ast.FunctionDef, attr: str, keyword: str, value: str, text_model: type) -> bool:
+    """Whether ``fn`` (an owner's forward) passes its language model ``self.attr`` as ``keyword`` only what the text
+    model's own forward computes for it when not given: the value is a name (``per_layer_inputs``) that ``fn`` takes
+    as a parameter (the caller's own) or assigns only as None or ``self.attr.<method>(...)``, and ``text_model.forward``
+    takes ``keyword`` and assigns it from ``self.<method>(...)`` itself (Gemma 3n's and Gemma 4's per-layer inputs: a
+    lookup of each token). Such a value is what the patched text model computes on a packed row, token by token."""
+    text_fn = _method(text_model, "forward")
+    if text_fn is None or keyword not in {a.arg for a in text_fn.args.args + text_fn.args.kwonlyargs}:
+        return False
+    own = {ast.unparse(n.value.func)[len("self."):] for n in ast.walk(text_fn) if isinstance(n, ast.Assign)
+           and [ast.unparse(t) for t in n.targets] == [keyword] and isinstance(n.value, ast.Call)
+           and ast.unparse(n.value.func).count(".") == 1 and ast.unparse(n.value.func).startswith("self.")}
+    assigns = [n for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+               and any(isinstance(t, ast.Name) and t.id == value
+                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+    params = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+    return value.isidentifier() and (bool(assigns) or value in params) and all(
+        isinstance(n, ast.Assign) and len(n.targets) == 1 and (ast.unparse(n.value) == "None" or (  # none: its own
+            isinstance(n.value, ast.Call) and ast.unparse(n.value.func).rsplit(".", 1)[0] == f"self.{attr}"
+            and ast.unparse(n.value.func).rsplit(".", 1)[-1] in own)) for n in assigns)
+
+
+def _token_inputs(owner: type, attr: str, text_model: type) -> tuple[str, ...]:
+    """The keywords ``owner.forward`` hands its language model ``self.attr`` that the text model computes itself
+    (`_text_model_computes`): Gemma 4's ``per_layer_inputs``."""
+    fn = _method(owner, "forward")
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == f"self.{attr}"] if fn else []
+    return tuple(dict.fromkeys(k.arg for c in calls for k in c.keywords if k.arg is not None and fn is not None
+                               and k.arg not in LANGUAGE_MODEL_KEYWORDS and ast.unparse(k.value) != "None"
+                               and _text_model_computes(fn, attr, k.arg, ast.unparse(k.value), text_model)))
+
+
 def _counts_the_row(node: ast.stmt) -> bool:
     """Whether ``node`` (inside ``if position_ids is None:``) sets the default positions every text model takes
     without them: the row counted from 0 after the cache (``torch.arange(...) + past_seen_tokens``,
-    ``cache_position``), reshaped (``.unsqueeze``, ``.expand``, ``.view``). An offset (PaliGemma's ``+ 1``) is not."""
+    ``torch.arange(cache_length, seq_len + cache_length)`` (Fuyu), ``cache_position``), reshaped (``.unsqueeze``,
+    ``.expand``, ``.view``). An offset (PaliGemma's ``+ 1``) is not."""
     if not (isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["position_ids"]):
         return False
 
+    def cached(e: ast.expr) -> bool:  # the cache's length, by its name
+        return isinstance(e, ast.Name) and ("past" in e.id or e.id == "cache_length")
+
     def plain(e: ast.expr) -> bool:
         if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Add):
-            return plain(e.left) and isinstance(e.right, ast.Name) and "past" in e.right.id
+            return plain(e.left) and cached(e.right)
         if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute):
             if e.func.attr in ("unsqueeze", "expand", "view", "to"):
                 return plain(e.func.value)
-            return ast.unparse(e.func) == "torch.arange" and bool(e.args) and not isinstance(e.args[0], ast.Constant) \
-                and len(e.args) == 1
+            if ast.unparse(e.func) != "torch.arange" or not e.args or isinstance(e.args[0], ast.Constant):
+                return False
+            if len(e.args) == 2:  # arange(start, stop + start): start the cache length
+                stop = e.args[1]
+                return cached(e.args[0]) and isinstance(stop, ast.BinOp) and isinstance(stop.op, ast.Add) and (
+                    ast.unparse(stop.right) == ast.unparse(e.args[0])) and not isinstance(stop.left, ast.Constant)
+            return len(e.args) == 1
         return isinstance(e, ast.Name) and e.id in ("cache_position", "position_ids")
 
     return plain(node.value)

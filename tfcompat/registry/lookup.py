@@ -186,7 +186,8 @@ def _vision_lines(v: VisionDerivation) -> list[str]:
         "  images: the model's own forward (tower, projector, placeholders); pixel values "
         + ("(B, images, ...) per row" if v.batched_images else "(images, ...)")
         + ("; its forward refuses inputs_embeds without input_ids (no embed_inputs, no Ulysses)"
-           if v.embeds_need_ids else ""),
+           if v.embeds_need_ids else "")
+        + (f"; it computes {', '.join(v.token_inputs)} from the token ids (no embed_inputs)" if v.token_inputs else ""),
         *([] if v.owner_mask == "attention_mask" else [
             f"  mask: {v.owner} builds its own ({v.owner_mask}); on packed rows the boundaries replace it"
             + (f"; rows whose {', '.join(v.mask_inputs)} mark images (bidirectional within each) run the stock "
@@ -250,10 +251,19 @@ def family(key: str) -> Family:
                 raise
             try:
                 return _derived(key, installed)
+            except PatchError as text_exc:  # its language model is the type itself (GIT): the text reading says why
+                raise (text_exc if derive_vision.default_text_type(key) == key else exc) from None
+    if installed is not None and key in derivable_types():
+        try:
+            return _derived(key, installed)
+        except PatchError as exc:  # a causal LM around a text model of another type (an audio tower in front)
+            text_type = derive_vision.default_text_type(key)
+            if text_type in (None, key):
+                raise
+            try:
+                return _derived_vision(key, text_type, installed)
             except PatchError:
                 raise exc from None
-    if installed is not None and key in derivable_types():
-        return _derived(key, installed)
     norm = {k.replace("_", "").replace("-", "").lower(): k for k in known}
     guess = norm.get(str(key).replace("_", "").replace("-", "").lower())
     guesses = [guess] if guess else difflib.get_close_matches(str(key), list(known), n=2)

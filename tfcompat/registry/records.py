@@ -191,7 +191,9 @@ class VisionDerivation:
     that shape a mask it builds itself (token types: bidirectional attention within images); batched_images: the
     owner reads pixel values as ``(B, images, ...)`` (one row of the batch per text row), not ``(images, ...)``;
     embeds_need_ids: a forward on the way raises for ``inputs_embeds`` without ``input_ids`` (4.53's Idefics2), so
-    embeddings computed outside it (`tfcompat.embed_inputs`, Ulysses) cannot be fed to it.
+    embeddings computed outside it (`tfcompat.embed_inputs`, Ulysses) cannot be fed to it; token_inputs: what the
+    owner computes from the token ids for its language model besides the embeddings (Gemma 4's ``per_layer_inputs``),
+    which embeddings computed outside it do not carry.
     """
 
     model: str
@@ -206,6 +208,7 @@ class VisionDerivation:
     mask_inputs: tuple[str, ...]
     batched_images: bool
     embeds_need_ids: bool = False
+    token_inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -285,6 +288,10 @@ class Family:
         builds from a checkpoint of the family): its entries are the text half of the family's, without vision.
         `tfcompat.registry.family` finds it by its key; `tfcompat.families.FAMILIES` does not list it (its tests
         are the parent's). None: the family has none.
+    moe_token_types: ``(config, input_ids (B, L)) -> (B, L)`` int tensor for a family whose MoE routes each token by
+        its modality (ERNIE-4.5-VL's text and vision experts): what the processor passes as
+        ``moe_mm_token_type_ids`` (0 text, 1 image, 2 video, start/end tokens with their kind). `tfcompat.pack`
+        builds it from the ids; sequence parallelism is refused (the ids are not sliced per rank). None: no such MoE.
     """
 
     key: str
@@ -296,6 +303,7 @@ class Family:
     vision_placeholder: Callable[[Any, str, tuple[int, int, int]], list[int]] | None = None
     text_variants: tuple[tuple[str, str], ...] = ()
     text_only: Family | None = None
+    moe_token_types: Callable[[Any, torch.Tensor], torch.Tensor] | None = None
 
     @property
     def is_vision(self) -> bool:

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from . import glm4v, qwen2_vl, qwen3_vl
+from . import ernie4_5_vl, glm4v, qwen2_vl, qwen3_vl
 
 __all__ = ["REFERENCES", "Reference", "ReferenceRopeIndex"]
 
@@ -40,6 +40,7 @@ class Reference(NamedTuple):
 
 
 REFERENCES: dict[str, Reference] = {
+    "ernie4_5_vl": Reference("ernie4_5_vl", ernie4_5_vl.rope_index, ernie4_5_vl.DEVIATIONS),
     "glm4v": Reference("glm4v", glm4v.rope_index, glm4v.DEVIATIONS),
     "qwen2_vl": Reference("qwen2_vl", qwen2_vl.rope_index, qwen2_vl.DEVIATIONS),
     "qwen3_vl": Reference("qwen3_vl", qwen3_vl.rope_index, qwen3_vl.DEVIATIONS),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..records import Family
 from . import (
+    ernie4_5_vl_moe,
     glm4v,
     glm4v_moe,
     glm46v,
@@ -25,7 +26,7 @@ from . import (
 __all__ = ["FAMILIES"]
 
 FAMILIES: tuple[Family, ...] = (
-    glm4v.FAMILY, glm4v_moe.FAMILY, glm46v.FAMILY,
+    glm4v.FAMILY, glm4v_moe.FAMILY, glm46v.FAMILY, ernie4_5_vl_moe.FAMILY,
     qwen2_vl.FAMILY, qwen2_5_vl.FAMILY, qwen3_vl.FAMILY, qwen3_vl_moe.FAMILY, llama.FAMILY, qwen2.FAMILY,
     qwen3.FAMILY, qwen3_5.FAMILY, qwen3_5_moe.FAMILY, qwen3_next.FAMILY,
 )
