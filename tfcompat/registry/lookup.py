@@ -365,6 +365,14 @@ def resolve_model(model: torch.nn.Module) -> Resolved:
         key = next((k for k, name in derive.causal_lm_types().items() if name == type(model).__name__
                     and k in derivable_types()), key)
     resolved = resolve(key)
+    vision = derive_vision.vision_key(key) if isinstance(key, str) else None
+    if (not resolved.spec.is_vision and vision is not None and resolved.entry.derived is not None
+            and type(model).__name__ == derive_vision.vision_types()[vision]
+            and type(model).__name__ != derive.causal_lm_types().get(key)):
+        # the type resolved as its causal LM (its vision-language entry cannot be derived), and this is its own
+        # vision-language class: its refusal is the vision derivation's
+        fam = _derived_vision(key, derive_vision.default_text_type(key), resolved.transformers_version)
+        return resolve_entry(fam, fam.entries[0], resolved.transformers_version, False)
     text_type = getattr(getattr(config, "text_config", None), "model_type", None)
     derived = resolved.entry.derived_vision
     if derived is not None and text_type != derived.text_family:  # the text model this instance was built with
