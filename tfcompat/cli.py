@@ -186,7 +186,8 @@ def markdown(report: dict[str, Any]) -> str:
             others = [row for row in rows if row["status"] == status]
             if others:
                 lines.append(f"- {what} {label} ({len(others)}): " + "; ".join(
-                    f"`{row['model_type']}` ({_reason_kind(row['reason']).rstrip('.')})" for row in others))
+                    f"`{row['model_type']}` ({_reason_kind(row['reason']).rstrip('.').replace('`', '')})"
+                    for row in others))  # only type names in backticks
     return "\n".join(lines)
 
 
