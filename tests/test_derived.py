@@ -638,7 +638,7 @@ def test_gemma4_packs_with_images(model_type, bidirectional):
         control = compare(logits_of(model, **{k: v for k, v in inputs.items() if not k.startswith("tfcompat")
                                               and k != "position_ids"}), expected)
     grads = compare_gradients(got_grads, expected_grads)
-    if diff <= 1e-5 < grads <= 4e-5:
+    if diff <= 1e-5 and 2e-5 < grads <= 4e-5:
         # measured 2.3e-5 to 3.4e-5 on 5.5.4 and 5.10.4 (1.1e-5 to 1.5e-5 elsewhere), spread evenly over every
         # layer's weights: fp32 noise of the tiny Gemma 4, not one wrong gradient (forward 3.3e-6 to 4.0e-6)
         pytest.xfail(f"Gemma 4 on {INSTALLED_VERSION}: gradients {grads:.1e} over the 2e-5 tolerance, diffuse")
