@@ -465,6 +465,8 @@ def test_owner_hands_its_language_model_per_token_inputs_the_text_model_computes
     entry = tfcompat.resolve("gemma4").entry
     assert entry.derived_vision is not None and ("Gemma4Model", "language_model") in entry.derived_vision.hops
     outcome = check("gemma4", "sdpa")
+    if outcome.status == "unbuildable":  # 5.14: its text config's per-layer attributes refuse the zoo's shrink
+        pytest.skip(f"the tiny zoo cannot build gemma4 on {INSTALLED_VERSION}: {outcome.reason.splitlines()[0]}")
     assert outcome.status == "pass", outcome.reason
     model = build("gemma4", "sdpa")
     seqs = sample_sequences(model.config)
@@ -590,10 +592,13 @@ _GEMMA4_VISION = {
 
 def _gemma4_with_vision(model_type: str, impl: str, bidirectional: str | None) -> torch.nn.Module:
     """The zoo's tiny ``model_type`` with a tiny vision tower (its config has none by default; `_GEMMA4_VISION`)."""
-    from tfcompat.tiny_models import model_class_name, tiny_config
+    from tfcompat.tiny_models import TinyModelError, model_class_name, tiny_config
 
     transformers = importlib.import_module("transformers")
-    config = tiny_config(model_type)
+    try:
+        config = tiny_config(model_type)
+    except TinyModelError as exc:  # 5.14: the text config's per-layer attributes refuse the zoo's shrink
+        pytest.skip(f"the tiny zoo cannot build {model_type} on {INSTALLED_VERSION}: {exc.what}")
     name, sizes, _, _ = _GEMMA4_VISION[model_type]
     config.vision_config = getattr(transformers, name)(**sizes)
     config.text_config.use_bidirectional_attention = bidirectional
