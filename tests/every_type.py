@@ -126,6 +126,31 @@ def compare_gradients(got: dict[str, torch.Tensor], expected: dict[str, torch.Te
                default=0.0)
 
 
+def two_rows_checkpointed(model: torch.nn.Module) -> tuple[float, float]:
+    """Two packed rows of two sequences each through the patched ``model`` under non-reentrant gradient
+    checkpointing (train mode): ``(logits diff, gradient diff)`` against stock per sequence (`compare`,
+    `compare_gradients`); the recomputation must find the boundaries again."""
+    import tfcompat
+
+    seqs = sample_sequences(model.config, lengths=(7, 13, 12, 8))
+    with torch.no_grad():
+        expected = stock_per_sequence(model, seqs)
+    w = projection(expected[0].shape[-1])
+    expected_grads = gradients(model, lambda: sum((o @ w).sum() for o in stock_per_sequence(model, seqs)))
+    rows = [packed_inputs(seqs[:2]), packed_inputs(seqs[2:])]
+    inputs = {k: torch.cat([r[k] for r in rows]) for k in rows[0]}  # (2, 20) each
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    with tfcompat.patch(model):
+        logits = model(**inputs, use_cache=False).logits.float()  # (2, 20, V)
+        with torch.no_grad():
+            diff = compare(logits.detach().reshape(-1, logits.shape[-1]), expected)
+        model.zero_grad(set_to_none=True)
+        (logits @ w).sum().backward()
+        got = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return diff, compare_gradients(got, expected_grads)
+
+
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     why = next((line.strip() for line in text if line.strip().startswith("why:")), "")

@@ -26,6 +26,7 @@ from tests.every_type import (
     projection,
     sample_sequences,
     stock_per_sequence,
+    two_rows_checkpointed,
 )
 from tfcompat.errors import PatchError
 from tfcompat.hf import mixers as hf_mixers
@@ -98,24 +99,8 @@ def test_two_packed_rows_and_gradient_checkpointing():
     """Two rows of two sequences each; under non-reentrant checkpointing the recomputation finds the boundaries
     again (the decoder layer's pre-hook replays)."""
     model = _model("lfm2")
-    seqs = sample_sequences(model.config, lengths=(7, 13, 12, 8))
-    with torch.no_grad():
-        expected = stock_per_sequence(model, seqs)
-    w = projection(expected[0].shape[-1])
-    expected_grads = gradients(model, lambda: sum((o @ w).sum() for o in stock_per_sequence(model, seqs)))
-    rows = [packed_inputs(seqs[:2]), packed_inputs(seqs[2:])]
-    inputs = {k: torch.cat([r[k] for r in rows]) for k in rows[0]}  # (2, 20) each
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    with tfcompat.patch(model):
-        logits = model(**inputs, use_cache=False).logits.float()  # (2, 20, V)
-        with torch.no_grad():
-            diff = compare(logits.detach().reshape(-1, logits.shape[-1]), expected)
-        model.zero_grad(set_to_none=True)
-        (logits @ w).sum().backward()
-        got = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    assert diff <= TOLERANCE, diff
-    assert compare_gradients(got, expected_grads) <= GRAD_TOLERANCE
+    diff, grads = two_rows_checkpointed(model)
+    assert diff <= TOLERANCE and grads <= GRAD_TOLERANCE, (diff, grads)
 
 
 def test_records_explain_and_undo():
