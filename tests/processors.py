@@ -39,6 +39,7 @@ class Recipe:
     image: image processor arguments (sizes of the tiny tower). processor: processor arguments.
     prompt: the text that stands for one image in a prompt.
     tokenizer_class: a tokenizer class to load instead of the family's (None: the family's, by ``AutoTokenizer``).
+    image_processor_class: where ``AutoImageProcessor`` does not know the family (InternVL on 4.x).
     """
 
     tokens: dict[str, str | None]
@@ -47,6 +48,7 @@ class Recipe:
     image: dict[str, Any] = dataclasses.field(default_factory=dict)
     processor: dict[str, Any] = dataclasses.field(default_factory=dict)
     tokenizer_class: str | None = None
+    image_processor_class: str | None = None
 
 
 _QWEN_TOKENS: dict[str, str | None] = {"<|image_pad|>": "image_token_id", "<|video_pad|>": "video_token_id",
@@ -54,14 +56,15 @@ _QWEN_TOKENS: dict[str, str | None] = {"<|image_pad|>": "image_token_id", "<|vid
                                        "<|vision_end|>": "vision_end_token_id"}
 # Qwen-style towers take flattened patches: the 8 x 8 patches of the tiny tower, merged 2 x 2, at most 64 x 64 pixels
 _QWEN_IMAGE = {"patch_size": 8, "merge_size": 2, "temporal_patch_size": 2,
-               "size": {"shortest_edge": 16 * 16, "longest_edge": 64 * 64}}
+               "size": {"shortest_edge": 16 * 16, "longest_edge": 64 * 64},  # 5.x
+               "min_pixels": 16 * 16, "max_pixels": 64 * 64}  # 4.x
 _IDEFICS3 = Recipe(
     tokens={"<image>": "image_token_id", "<fake_token_around_image>": None, "<global-img>": None,
             "<end_of_utterance>": None, **{f"<row_{r}_col_{c}>": None for r in (1, 2) for c in (1, 2)}},
     prompt="<image>",
     # one 32 x 32 tile (4 tokens after the 2 x 2 pixel shuffle), split into 2 x 2 tiles plus the global one when larger
     image={"size": {"longest_edge": 64}, "max_image_size": {"longest_edge": 32}},
-    processor={"image_seq_len": 4},
+    processor={"image_seq_len": 4}, tokenizer_class="PreTrainedTokenizerFast",
 )
 
 RECIPES: dict[str, Recipe] = {
@@ -71,7 +74,8 @@ RECIPES: dict[str, Recipe] = {
         tokens={"<|image|>": "image_token_id", "<|video|>": "video_token_id",
                 "<|begin_of_image|>": "image_start_token_id", "<|end_of_image|>": "image_end_token_id",
                 "<|begin_of_video|>": "video_start_token_id", "<|end_of_video|>": "video_end_token_id"},
-        prompt="<|begin_of_image|><|image|><|end_of_image|>", image=_QWEN_IMAGE, tokenizer_class="TokenizersBackend"),
+        prompt="<|begin_of_image|><|image|><|end_of_image|>", image=_QWEN_IMAGE,
+        tokenizer_class="PreTrainedTokenizerFast"),
     "llava_onevision": Recipe(
         tokens={"<image>": "image_token_index", "<video>": "video_token_index"}, prompt="<image>",
         image={"size": {"height": 32, "width": 32}, "image_grid_pinpoints": [[32, 32]]},
@@ -88,7 +92,7 @@ RECIPES: dict[str, Recipe] = {
         prompt="<IMG_CONTEXT>",
         # 32 x 32 tiles, the image cropped into up to 4 of them plus its thumbnail; 4 tokens a tile
         image={"size": {"height": 32, "width": 32}, "crop_to_patches": True, "max_patches": 4},
-        processor={"image_seq_length": 4}),
+        processor={"image_seq_length": 4}, image_processor_class="GotOcr2ImageProcessor"),
     "gemma3": Recipe(
         tokens={"<image_soft_token>": "image_token_index", "<start_of_image>": "boi_token_index",
                 "<end_of_image>": "eoi_token_index"},
@@ -97,8 +101,8 @@ RECIPES: dict[str, Recipe] = {
         processor={"image_seq_length": 4}),
     "mistral3": Recipe(
         tokens={"[IMG]": "image_token_index", "[IMG_BREAK]": None, "[IMG_END]": None}, prompt="[IMG]",
-        image={"patch_size": 8, "size": {"longest_edge": 64}},
-        processor={"patch_size": 8, "spatial_merge_size": 2}, tokenizer_class="TokenizersBackend"),
+        image={"patch_size": 8, "size": {"longest_edge": 32}},  # the tiny tower's rotary table: 4 x 4 patches
+        processor={"patch_size": 8, "spatial_merge_size": 2}, tokenizer_class="PreTrainedTokenizerFast"),
     "idefics3": _IDEFICS3,
     "smolvlm": _IDEFICS3,
 }
@@ -146,7 +150,9 @@ def _tokenizer_files(config: Any, recipe: Recipe, folder: str) -> None:
     with open(f"{folder}/tokenizer_config.json", "w") as f:
         json.dump(settings, f)
     with open(f"{folder}/preprocessor_config.json", "w") as f:
-        json.dump({}, f)  # AutoImageProcessor then picks the family's class from config.json
+        # AutoImageProcessor picks the family's class from config.json where none is named
+        json.dump({} if recipe.image_processor_class is None else
+                  {"image_processor_type": recipe.image_processor_class}, f)
     config.save_pretrained(folder)
 
 

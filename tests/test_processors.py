@@ -19,8 +19,8 @@ import tfcompat
 from tests import every_type, processors
 from tfcompat.tiny_models import tiny_model
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("PIL") is None,
-                                reason="real image processors need Pillow (not installed)")
+needs_pillow = pytest.mark.skipif(importlib.util.find_spec("PIL") is None,
+                                  reason="real image processors need Pillow (not installed)")
 
 
 def _logits(model: torch.nn.Module, inputs: Any) -> torch.Tensor:
@@ -48,6 +48,7 @@ def _cases() -> list[Any]:
     return [pytest.param(t, marks=gemma3) if t == "gemma3" else t for t in sorted(processors.RECIPES)]
 
 
+@needs_pillow
 @pytest.mark.parametrize("model_type", _cases())
 def test_processor_outputs_pack_as_they_come(model_type: str) -> None:
     model = tiny_model(model_type, "image_text_to_text", attn_implementation="sdpa")
@@ -80,6 +81,7 @@ def test_processor_outputs_pack_as_they_come(model_type: str) -> None:
     grad_diff = every_type.compare_gradients(got_grads, expected_grads)
     with torch.no_grad():  # the control: the same row unpatched, positions running on
         unpatched = {k: v for k, v in inputs.items() if not k.startswith("tfcompat") and k != "position_ids"}
+        unpatched["attention_mask"] = torch.ones_like(inputs["input_ids"])  # 4.x M-RoPE forwards need one
         control = every_type.compare(_logits(model, unpatched), expected)
     print(f"{model_type}: logits {diff:.1e}, embedded {embedded_diff}, gradients {grad_diff:.1e}, "
           f"control {control:.1e}")
@@ -87,3 +89,14 @@ def test_processor_outputs_pack_as_they_come(model_type: str) -> None:
     assert embedded_diff is None or embedded_diff <= every_type.TOLERANCE
     assert grad_diff <= every_type.GRAD_TOLERANCE
     assert control > 1e-3
+
+
+def test_blank_segment_ids_dropped_where_the_forward_takes_none() -> None:
+    """Rule: a generic tokenizer's ``token_type_ids`` (all zeros; 4.x ``PreTrainedTokenizerFast`` returns them) pack
+    as nothing for a forward without them, as the stock forward swallows them; other values stay an unknown key."""
+    model = tiny_model("llava_next", "image_text_to_text", attn_implementation="sdpa")
+    ids = torch.arange(1, 6)[None]
+    packed = tfcompat.pack(model, [{"input_ids": ids, "token_type_ids": torch.zeros_like(ids)}, {"input_ids": ids}])
+    assert "token_type_ids" not in packed.model_inputs
+    with pytest.raises(tfcompat.InvalidInputError, match=r"example 0 has unknown keys \['token_type_ids'\]"):
+        tfcompat.pack(model, [{"input_ids": ids, "token_type_ids": torch.ones_like(ids)}])
