@@ -127,15 +127,23 @@ def image(height: int, width: int, seed: int) -> Any:
     return Image.fromarray(pixels.numpy())
 
 
+def token_id(config: Any, attr: str | None) -> int | None:
+    """The id ``config`` names ``attr``, on the model config or its text config; None where neither names one (4.53's
+    Qwen2.5-VL config names no vision start / end ids: the token then takes a free id)."""
+    value = None if attr is None else getattr(config, attr, None)
+    return value if value is not None or attr is None else getattr(config.get_text_config(), attr, None)
+
+
 def _tokenizer_files(config: Any, recipe: Recipe, folder: str) -> None:
     """tokenizer.json (a character BPE without merges, the recipe's tokens at their config ids), its config, and the
     model's config.json (AutoTokenizer reads the family from it)."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-    vocab = {tok: getattr(config, attr) for tok, attr in recipe.tokens.items() if attr is not None}
+    named = {tok: token_id(config, attr) for tok, attr in recipe.tokens.items()}
+    vocab = {tok: i for tok, i in named.items() if i is not None}
     taken = special_token_ids(config) | set(vocab.values())
     free = iter(i for i in range(VOCAB) if i not in taken)
-    names = [t for t, a in recipe.tokens.items() if a is None] + _CHARACTERS + _COMMON
+    names = [t for t, i in named.items() if i is None] + _CHARACTERS + _COMMON
     vocab.update({tok: next(free) for tok in names if tok not in vocab})
     vocab.update({f"<filler_{i}>": i for i in free})  # every id below VOCAB taken: a class's own tokens land none above
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
@@ -194,9 +202,9 @@ def build(model: torch.nn.Module) -> Any:
     # a class that rebuilds its vocabulary (5.x GemmaTokenizer) may keep some added tokens as plain words
     tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in recipe.tokens], special_tokens=True)
     for token, attr in recipe.tokens.items():
-        if attr is not None and tokenizer.convert_tokens_to_ids(token) != getattr(config, attr):
+        if token_id(config, attr) is not None and tokenizer.convert_tokens_to_ids(token) != token_id(config, attr):
             raise AssertionError(f"{type(tokenizer).__name__} gives {token} id "
-                                 f"{tokenizer.convert_tokens_to_ids(token)}, the config {getattr(config, attr)}")
+                                 f"{tokenizer.convert_tokens_to_ids(token)}, the config {token_id(config, attr)}")
     cls = getattr(transformers, PROCESSOR_MAPPING_NAMES[config.model_type])
     extra = {"video_processor": None} if "video_processor" in inspect.signature(cls.__init__).parameters else {}
     with _without_video_processor_check():

