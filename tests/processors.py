@@ -40,6 +40,7 @@ class Recipe:
     prompt: the text that stands for one image in a prompt.
     tokenizer_class: a tokenizer class to load instead of the family's (None: the family's, by ``AutoTokenizer``).
     image_processor_class: where ``AutoImageProcessor`` does not know the family (InternVL on 4.x).
+    images_required: the processor refuses text alone (PaliGemma): a text-only sample is its tokenizer's output.
     """
 
     tokens: dict[str, str | None]
@@ -49,6 +50,7 @@ class Recipe:
     processor: dict[str, Any] = dataclasses.field(default_factory=dict)
     tokenizer_class: str | None = None
     image_processor_class: str | None = None
+    images_required: bool = False
 
 
 _QWEN_TOKENS: dict[str, str | None] = {"<|image_pad|>": "image_token_id", "<|video_pad|>": "video_token_id",
@@ -103,6 +105,24 @@ RECIPES: dict[str, Recipe] = {
         tokens={"[IMG]": "image_token_index", "[IMG_BREAK]": None, "[IMG_END]": None}, prompt="[IMG]",
         image={"patch_size": 8, "size": {"longest_edge": 32}},  # the tiny tower's rotary table: 4 x 4 patches
         processor={"patch_size": 8, "spatial_merge_size": 2}, tokenizer_class="PreTrainedTokenizerFast"),
+    "qwen2_vl": Recipe(tokens=_QWEN_TOKENS, prompt="<|vision_start|><|image_pad|><|vision_end|>", image=_QWEN_IMAGE),
+    "qwen3_5": Recipe(tokens=_QWEN_TOKENS, prompt="<|vision_start|><|image_pad|><|vision_end|>", image=_QWEN_IMAGE),
+    "llava": Recipe(
+        tokens={"<image>": "image_token_index"}, prompt="<image>",
+        image={"size": {"shortest_edge": 32}, "crop_size": {"height": 32, "width": 32}},
+        processor={"patch_size": 8, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}),
+    "paligemma": Recipe(
+        tokens={"<image>": "image_token_index"}, extra={"image_token": "<image>"}, prompt="<image>",
+        image={"size": {"height": 32, "width": 32}, "image_seq_length": 16}, images_required=True,
+        tokenizer_class="GemmaTokenizerFast"),  # 4.x checks the class; 5.x names GemmaTokenizer so too
+    "aya_vision": Recipe(
+        tokens={"<|IMG_PATCH|>": "image_token_index", "<image>": None, "<|START_OF_IMG|>": None,
+                "<|END_OF_IMG|>": None, "<|IMG_LINE_BREAK|>": None, "TILE": None, "TILE_GLOBAL": None},
+        prompt="<image>",
+        # 32 x 32 tiles of 8 x 8 patches, pixel-shuffled 2 x 2: 4 tokens a tile
+        image={"size": {"height": 32, "width": 32}, "crop_to_patches": True, "max_patches": 4},
+        processor={"patch_size": 8, "img_size": 32, "downsample_factor": 2},
+        image_processor_class="GotOcr2ImageProcessor"),
     "idefics3": _IDEFICS3,
     "smolvlm": _IDEFICS3,
 }
@@ -199,6 +219,9 @@ def build(model: torch.nn.Module) -> Any:
         _tokenizer_files(config, recipe, folder)
         tokenizer = AutoTokenizer.from_pretrained(folder)
         image_processor = AutoImageProcessor.from_pretrained(folder, **recipe.image)
+    for key, value in recipe.image.items():  # 4.x image processors drop arguments they have no parameter for
+        if not hasattr(image_processor, key):
+            setattr(image_processor, key, value)
     # a class that rebuilds its vocabulary (5.x GemmaTokenizer) may keep some added tokens as plain words
     tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in recipe.tokens], special_tokens=True)
     for token, attr in recipe.tokens.items():
@@ -217,7 +240,8 @@ def samples(processor: Any, model_type: str, seed: int = 0) -> list[Any]:
     prompt = RECIPES[model_type].prompt
     one = processor(text=[f"{text(seed, 3)} {prompt} {text(seed + 1, 2)}"], images=[image(37, 53, seed)],
                     return_tensors="pt")
-    alone = processor(text=[text(seed + 2, 5)], return_tensors="pt")
+    alone = (processor.tokenizer if RECIPES[model_type].images_required else processor)(
+        text=[text(seed + 2, 5)], return_tensors="pt")
     two = processor(text=[f"{text(seed + 3, 2)} {prompt} {text(seed + 4, 2)} {prompt} {text(seed + 5, 1)}"],
                     images=[image(64, 48, seed + 6), image(37, 53, seed + 7)], return_tensors="pt")
     return [one, alone, two]

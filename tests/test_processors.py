@@ -69,7 +69,11 @@ def test_processor_outputs_pack_as_they_come(model_type: str) -> None:
                     f"Qwen2.5-VL's config lacks vision_start_token_id, GLM-4.1V's patch layout): {exc}"[:300])
     w = every_type.projection(expected[0].shape[-1])
     expected_grads = every_type.gradients(model, lambda: sum((_logits(model, s) @ w).sum() for s in samples))
-    with tfcompat.patch(model):
+    try:
+        handle = tfcompat.patch(model)
+    except every_type.REFUSALS as exc:  # a typed refusal is an outcome of its own (tests/test_every_vlm.py)
+        pytest.skip(f"{model_type}: patch() refuses it: {str(exc).splitlines()[0]}")
+    with handle:
         inputs = tfcompat.pack(model, samples).model_inputs
         with torch.no_grad():
             diff = every_type.compare(_logits(model, inputs), expected)
