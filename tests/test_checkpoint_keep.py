@@ -115,12 +115,15 @@ def test_kept_outputs_give_the_stock_gradients_and_skip_the_recompute(family, ke
         assert calls["gate_proj"] == [layers, layers - gate_kept if kept else layers], (kept, calls)
 
 
-@pytest.mark.parametrize(("family", "attn", "packed"), [("qwen2", "sdpa", False), ("qwen3_moe", "sdpa", True),
-                                                    ("gpt_oss", "eager", True)])
-def test_equal_to_full_checkpointing_on_ordinary_calls_moe_and_sinks(family, attn, packed):
+@pytest.mark.parametrize(("family", "attn", "packed", "keep"), [
+    ("qwen2", "sdpa", False, ("attention", "mlp")), ("qwen3_moe", "sdpa", True, ("attention", "mlp")),
+    ("gpt_oss", "eager", True, ("attention", "mlp")), ("phi3", "sdpa", True, "mlp_in"),
+    ("qwen2", "sdpa", False, {"attention": 1, "mlp_in": 1.0})])
+def test_equal_to_full_checkpointing_on_ordinary_calls_moe_and_sinks(family, attn, packed, keep):
     """Rule: kept outputs give full checkpointing's gradients on the stock path too (an unpacked batch of a patched
-    model), for MoE blocks (qwen3_moe, gpt_oss: tuple outputs, routers) and with sinks and sliding windows (gpt_oss);
-    the control is the same patch without kept outputs."""
+    model), for MoE blocks (qwen3_moe, gpt_oss: tuple outputs, routers), with sinks and sliding windows (gpt_oss), and
+    for "mlp_in" on a fused gate/up projection (phi3's gate_up_proj); the control is the same patch without kept
+    outputs, and each kind must have kept a module (not a vacuous patch)."""
     if family not in causal_lm_types():
         pytest.skip(f"transformers {installed_transformers()} ships no {family}")
 
@@ -131,11 +134,13 @@ def test_equal_to_full_checkpointing_on_ordinary_calls_moe_and_sinks(family, att
         else:
             inputs = {"input_ids": torch.randint(0, model.config.vocab_size, (2, 7),
                                                  generator=torch.Generator().manual_seed(1))}
-        with tfcompat.patch(model, checkpoint_keep=keep):
+        with tfcompat.patch(model, checkpoint_keep=keep) as handle:
+            for kind in [keep] if isinstance(keep, str) else keep:
+                assert f"kept through gradient checkpointing ({kind})" in handle.explain(), kind
             model(**inputs, use_cache=False).logits.float().pow(2).mean().backward()
         return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
-    full, kept = grads(()), grads(("attention", "mlp"))
+    full, kept = grads(()), grads(keep)
     assert kept.keys() == full.keys()
     for name in full:
         torch.testing.assert_close(kept[name], full[name], rtol=1e-6, atol=1e-7 * float(full[name].abs().max()),
