@@ -62,3 +62,8 @@ date
 # print(",".join(chosen + peers))
 # ---- call D (warm after C): the low-memory points
 source .h20/setup.sh >/dev/null || exit 3; cd .h20/code; T="tfcompat_fused[auto]"; timeout 300 python3 bench/train_step.py --variants "$T@attention:10+logits,$T@attention:12+logits,$T@attention:14+logits,$T@attention:16+logits,$T@attention:10+mlp_in:1+logits,$T@attention:10+mlp_in:2+logits,$T@attention:6+mlp_in:2+logits,$T@mlp_in:3+logits,liger_flex" --out $OUT/train_step_low.json 2>&1 | tee $OUT/train_step_low.txt | grep -v "^speed-up" | tail -13; date
+# ---- (a start refused: "no device machine could be started right now", 90 s of device time)
+# ---- call E (fresh machine): keep FA4's first part
+nvidia-smi -L; cp .h20/p1/cu13.part.aa /tmp/ && echo "p1 kept under /tmp"; date
+# ---- call F (warm after E; carry .h20/code .h20/whl .h20/setup.sh .h20/p2): FA4; long context with the per-layer policies
+source .h20/setup.sh || exit 3; cd .h20/code; T="tfcompat_fused[auto]"; timeout 420 python3 bench/train_step.py --long --variants "$T@logits,$T@attention+logits,$T@attention+mlp_in:2+logits,$T@attention+mlp_in+logits,$T@attention+mlp+logits,liger_flex,liger_flex@attention+mlp_in,liger_flex@attention+mlp" --out $OUT/train_step_long.json 2>&1 | tee $OUT/train_step_long.txt | grep -v "^speed-up" | tail -12; date
