@@ -280,17 +280,53 @@ def family(key: str) -> Family:
 @functools.cache
 def _derived(key: str, version: str) -> Family:
     derived = derive.derive(key, version)
+    _refuse_upstream_bug(key, derived, version)
+    return derived
+
+
+def _refuse_upstream_bug(key: str, derived: Family, version: str) -> None:
     bug = upstream.bug_in(derived.entries[-1].module, version)
     if bug is not None:
         raise PatchError(f"{key} on transformers {version} has an upstream bug packing cannot reproduce ({bug.name})",
                          family=key, transformers_version=version, why=bug.what,
                          supported=f"{key} outside transformers {bug.versions}", fix=bug.fix)
-    return derived
 
 
 @functools.cache
 def _derived_vision(key: str, text_type: str | None, version: str) -> Family:
-    return derive_vision.derive(key, version, text_type, lambda t: match(t, version)[0])
+    return derive_vision.derive(key, version, text_type, lambda t, built: _language_model_entry(t, version, built))
+
+
+def _language_model_entry(text_type: str, version: str, built: type | None) -> Entry:
+    """The entry on ``version`` of a vision-language model's language model, ``text_type``: its own family's (written,
+    a written family's text-only model, or derived from its causal LM); for a text type without one, the written
+    family whose text model it is (``qwen3_vl_text``: ``qwen3_vl``'s entry), else one derived from its text model
+    class (``MODEL_MAPPING_NAMES``, else ``built``: the class the vision-language model builds from its text config).
+    Raises the type's `UnknownFamilyError` where no text model class is found."""
+    try:
+        return match(text_type, version)[0]
+    except UnknownFamilyError:
+        text = derive.text_model_class(text_type) or built
+        if text is None:
+            raise
+    written = next((entry for entry in map(functools.partial(_entry_on, version=version), families().values())
+                    if entry is not None and entry.classes.get("text_model") == text.__name__
+                    and entry.module_of("text_model") == text.__module__), None)
+    return written or _derived_text_model(text_type, version, text).entries[0]
+
+
+def _entry_on(fam: Family, version: str) -> Entry | None:
+    try:
+        return match(fam.key, version)[0]
+    except UnsupportedVersionError:
+        return None
+
+
+@functools.cache
+def _derived_text_model(key: str, version: str, text: type) -> Family:
+    derived = derive.derive_text_model(key, version, text)
+    _refuse_upstream_bug(key, derived, version)
+    return derived
 
 
 @functools.cache
@@ -372,6 +408,12 @@ def resolve_model(model: torch.nn.Module) -> Resolved:
         # the type resolved as its causal LM (its vision-language entry cannot be derived), and this is its own
         # vision-language class: its refusal is the vision derivation's
         fam = _derived_vision(key, derive_vision.default_text_type(key), resolved.transformers_version)
+        return resolve_entry(fam, fam.entries[0], resolved.transformers_version, False)
+    if (resolved.entry.derived_vision is not None and type(model).__name__ == derive.causal_lm_types().get(key)
+            and type(model).__name__ != derive_vision.vision_types().get(vision or "") and key in derivable_types()):
+        # the type's causal LM on its text config alone (Emu3ForCausalLM), not its vision-language class: its entry is
+        # the causal LM's own
+        fam = _derived(key, resolved.transformers_version)
         return resolve_entry(fam, fam.entries[0], resolved.transformers_version, False)
     text_type = getattr(getattr(config, "text_config", None), "model_type", None)
     derived = resolved.entry.derived_vision
