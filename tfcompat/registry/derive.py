@@ -25,6 +25,11 @@ tuning (`temperature_guard`), a decoder counting ``position_ids`` over the row f
 (`positions_from_row`) or leaving its positions module to count them (`positions_module_from_row`, MVP), and learned
 positions counted from a padding index (`own_positions`, RoBERTa).
 
+A vision-language model's text type without a causal LM (``glm_ocr_text``, ``molmo2_text``) is read the same way
+from its text model class as the root (`derive_text_model`): the one ``MODEL_MAPPING_NAMES`` names (`text_model_class`),
+or the one the vision-language model builds from its text config. Whether a text model takes M-RoPE positions is read
+from its forward and its rotary embedding's (`_text_layout`), so that `tfcompat.registry.derive_vision` refuses it.
+
 `derive` gives the `Family` (one `Entry`, for the installed release line); `attention_call` reads one attention
 class (also for written families, at `patch()`), and `passed_values` evaluates what one attention module passes.
 """
@@ -47,9 +52,9 @@ from .mixers import LAYER_ROLES, layer_call, mixer_call
 from .records import AttentionCall, Derivation, Entry, Family, MixerCall, RopeConfigKey, TextModelLayout
 
 __all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "OwnPositions", "attention_call",
-           "causal_lm_types", "cross_attrs", "derive", "guard_holds", "layer_kind", "module_name", "own_positions",
-           "passed_values", "positions_from_row", "positions_module_from_row", "takes_row_positions",
-           "temperature_guard"]
+           "causal_lm_types", "cross_attrs", "derive", "derive_text_model", "guard_holds", "layer_kind", "module_name",
+           "own_positions", "passed_values", "positions_from_row", "positions_module_from_row", "takes_row_positions",
+           "temperature_guard", "text_model_class"]
 
 # what an attention forward may pass to the attention function, and what the packed path makes of it
 ATTENTION_KEYWORDS = {

@@ -4,7 +4,9 @@
 entry whose range holds a version, and `resolve` probes it (`tfcompat.probing`) on the installed release. A
 version newer than every declared range resolves against the newest entry by probing, with a warning. A causal LM
 without a written table (`derivable_types`) gets an entry derived from its modeling module on the installed
-release (`tfcompat.registry.derive`); written tables win where they exist.
+release (`tfcompat.registry.derive`); written tables win where they exist. A vision-language type derives in front
+of its language model's family (`tfcompat.registry.derive_vision`): written, derived from a causal LM, the written
+family whose text model it is, or derived from the text model class itself where its type has no causal LM.
 """
 
 from __future__ import annotations
@@ -133,8 +135,10 @@ class Resolved:
             f"{self.family} on transformers {self.transformers_version}: {how} entry {e.versions} ({e.why})",
             f"  module: {e.module}",
             *([] if e.derived is None else [
-                f"  derived from: {e.derived.causal_lm}.{e.derived.text_model_attr} -> {e.derived.text_model}, decoder "
-                f"layers {', '.join(e.derived.decoder_layers)}, config {e.derived.config}",
+                "  derived from: " + (f"{e.derived.causal_lm}.{e.derived.text_model_attr} -> " if e.derived.causal_lm
+                                     else "(no causal LM: the text model itself) ")
+                + f"{e.derived.text_model}, decoder layers {', '.join(e.derived.decoder_layers)}, config "
+                f"{e.derived.config}",
                 (f"  attention call seen: {e.derived.attention.describe()}" if e.derived.softmax_attention
                  else "  attention: no module dispatches through AttentionInterface for the packed core"),
                 *([] if not e.derived.per_sequence_why else [
