@@ -178,3 +178,22 @@ def test_encoder_decoder_models_are_refused_naming_why():
         with pytest.raises(PatchError, match=r"encoder|position_bias|cross") as info:
             tfcompat.resolve(model_type)
         assert "unknown model family" not in str(info.value)
+
+
+def _causal_lms_beside_their_vision_class() -> list[str]:
+    """Types with a causal LM class (on the text config alone: Emu3ForCausalLM) besides a vision-language class, whose
+    vision-language entry derives now that its text type derives from its text model."""
+    lms = derive.causal_lm_types()
+    return [t for t in TYPES if t in lms and lms[t] != vision_types()[t] and t not in lookup.families()
+            and isinstance(r := RESOLUTIONS.get(t, _resolution(t)), tfcompat.Resolved)
+            and r.entry.derived_vision is not None]
+
+
+@pytest.mark.parametrize("model_type", _causal_lms_beside_their_vision_class())
+def test_the_causal_lm_beside_a_vision_class_keeps_its_own_entry(model_type):
+    from tests.every_type import check
+
+    outcome = check(model_type, "sdpa")
+    if outcome.status == "unbuildable":
+        pytest.xfail(f"{model_type}: tiny causal LM cannot be built: {outcome.reason}")
+    assert outcome.status == "pass", outcome.reason

@@ -413,8 +413,9 @@ def resolve_model(model: torch.nn.Module) -> Resolved:
         # vision-language class: its refusal is the vision derivation's
         fam = _derived_vision(key, derive_vision.default_text_type(key), resolved.transformers_version)
         return resolve_entry(fam, fam.entries[0], resolved.transformers_version, False)
-    if (resolved.entry.derived_vision is not None and type(model).__name__ == derive.causal_lm_types().get(key)
-            and type(model).__name__ != derive_vision.vision_types().get(vision or "") and key in derivable_types()):
+    if (vision is not None and resolved.entry.derived_vision is not None and key in derivable_types()
+            and type(model).__name__ == derive.causal_lm_types().get(key)
+            and type(model).__name__ != derive_vision.vision_types()[vision]):
         # the type's causal LM on its text config alone (Emu3ForCausalLM), not its vision-language class: its entry is
         # the causal LM's own
         fam = _derived(key, resolved.transformers_version)
