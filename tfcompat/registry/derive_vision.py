@@ -131,9 +131,12 @@ def derive(model_type: str, version: str, text_type: str | None,
     except TfcompatError as exc:
         if lm_attr is None and isinstance(exc, UnknownFamilyError):  # no family, and no class found to derive one
             raise _no_language_model(refuse, top, owner, module) from None
-        raise refuse(f"its language model {text_type} is not a text family tfcompat patches",
-                     f"{type(exc).__name__}: {exc.what}" + (f" ({exc.why})" if exc.why else ""),
-                     fix=exc.fix or "run it unpatched") from None
+        derived = exc.what.startswith(f"cannot derive {text_type}: ")  # its structure, read: the reason is what
+        raise refuse(f"its language model {text_type} " + (
+            f"cannot be patched: {exc.what.removeprefix(f'cannot derive {text_type}: ')}" if derived
+            else "is not a text family tfcompat patches"),
+            f"{type(exc).__name__}: {exc.what}" + (f" ({exc.why})" if exc.why else ""),
+            fix=exc.fix or "run it unpatched") from None
     if text.text_model_positions != "text":
         raise refuse(f"its language model {text_type} takes M-RoPE positions",
                      "derived vision-language entries cover 1-D RoPE text models; M-RoPE families are written tables")
