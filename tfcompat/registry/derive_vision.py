@@ -1,5 +1,7 @@
 """Deriving a vision-language entry from the installed transformers: a vision tower, a projector and placeholder
-tokens in front of a text model that tfcompat already patches (a written or derived text family, 1-D RoPE).
+tokens in front of a text model that tfcompat already patches (a written or derived text family, 1-D RoPE; a text
+type without a causal LM derives from the text model class the owner builds: `derive.derive_text_model`). An
+encoder-decoder model, whose decoder reads the encoder's states, is refused as such.
 
 What a packed row of such a model needs is what its text model needs, plus proof that the packed position ids and
 the forward context reach the text model: each forward from the vision-language class down to the text model (read
