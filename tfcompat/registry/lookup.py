@@ -284,16 +284,12 @@ def family(key: str) -> Family:
 @functools.cache
 def _derived(key: str, version: str) -> Family:
     derived = derive.derive(key, version)
-    _refuse_upstream_bug(key, derived, version)
-    return derived
-
-
-def _refuse_upstream_bug(key: str, derived: Family, version: str) -> None:
     bug = upstream.bug_in(derived.entries[-1].module, version)
     if bug is not None:
         raise PatchError(f"{key} on transformers {version} has an upstream bug packing cannot reproduce ({bug.name})",
                          family=key, transformers_version=version, why=bug.what,
                          supported=f"{key} outside transformers {bug.versions}", fix=bug.fix)
+    return derived
 
 
 @functools.cache
@@ -328,9 +324,7 @@ def _entry_on(fam: Family, version: str) -> Entry | None:
 
 @functools.cache
 def _derived_text_model(key: str, version: str, text: type) -> Family:
-    derived = derive.derive_text_model(key, version, text)
-    _refuse_upstream_bug(key, derived, version)
-    return derived
+    return derive.derive_text_model(key, version, text)
 
 
 @functools.cache
