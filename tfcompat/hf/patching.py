@@ -143,7 +143,9 @@ def patch(
         would not compute exactly, or without liger-kernel), ``"auto"`` (where exact, if liger-kernel imports).
     checkpoint_keep: under gradient checkpointing (on, non-reentrant, before `patch`), the modules of each
         checkpointed layer whose outputs are kept rather than recomputed in the backward: ``"attention"``
-        (projections, rotary, attention call), ``"mlp"``, or both (`tfcompat.hf.checkpointing`).
+        (projections, rotary, attention call), ``"mlp"``, ``"mlp_in"`` (the MLP's gate / up projections), or
+        several; per layer with ``{kind: count or fraction}`` (the last layers), e.g. ``{"attention": 1.0,
+        "mlp_in": 8}`` (`tfcompat.hf.checkpointing`).
 
     Idempotent: patching a patched model with the same options returns its handle. Everything that cannot
     apply raises `PatchError` here, never inside a forward. See the module docstring for what is changed.
@@ -157,7 +159,7 @@ def patch(
         raise PatchError(f"unknown attention backend {backend!r}", supported=", ".join(get_args(Backend)),
                          fix="pass one of the supported backends")
     ulysses_group = _check_group(ulysses_group)
-    keep = tuple(sorted(hf_checkpointing.kinds_of(checkpoint_keep)))
+    keep = hf_checkpointing.policy_of(checkpoint_keep)
     options = {"remove_padding": remove_padding, "ulysses_group": ulysses_group, "backend": backend,
                "linear_backend": linear_backend, "fused": fused, "checkpoint_keep": keep}
     existing = vars(model).get(_HANDLE_ATTR)
@@ -180,7 +182,7 @@ def patch(
     plan = _plan(model, resolved, ulysses_group, linear_backend, backend)
     vision = plan_vision(model, resolved, plan.text_models, [f[0] for f in plan.features], ulysses_group)
     fused_modules = hf_fused.prepare(model, fused, resolved.family, resolved.transformers_version)
-    if keep and plan.mixers.note.startswith(hf_mixers.LAYER_NOTE):
+    if any(n for _, n in keep) and plan.mixers.note.startswith(hf_mixers.LAYER_NOTE):
         raise resolved.error(PatchError, "checkpoint_keep where the decoder layers run per sequence",
                              why="tfcompat replaces those layers' forwards with a loop over the row's sequences; the "
                              "modules kept from recomputation are the packed path's", supported="checkpoint_keep=()",
