@@ -280,17 +280,23 @@ def family(key: str) -> Family:
 @functools.cache
 def _derived(key: str, version: str) -> Family:
     derived = derive.derive(key, version)
-    bug = upstream.bug_in(derived.entries[-1].module, version)
-    if bug is not None:
-        raise PatchError(f"{key} on transformers {version} has an upstream bug packing cannot reproduce ({bug.name})",
-                         family=key, transformers_version=version, why=bug.what,
-                         supported=f"{key} outside transformers {bug.versions}", fix=bug.fix)
+    _refuse_upstream_bug(key, derived.entries[-1].module, version)
     return derived
 
 
 @functools.cache
 def _derived_vision(key: str, text_type: str | None, version: str) -> Family:
+    _refuse_upstream_bug(key, derive.module_name(key), version)  # first: a bug may keep its config from building
     return derive_vision.derive(key, version, text_type, lambda t: match(t, version)[0])
+
+
+def _refuse_upstream_bug(key: str, module: str, version: str) -> None:
+    """The refusal naming the declared upstream bug of ``module`` and type ``key`` on ``version``, if any."""
+    bug = upstream.bug_in(module, version, key)
+    if bug is not None:
+        raise PatchError(f"{key} on transformers {version} has an upstream bug packing cannot reproduce ({bug.name})",
+                         family=key, transformers_version=version, why=bug.what,
+                         supported=f"{key} outside transformers {bug.versions}", fix=bug.fix)
 
 
 @functools.cache
