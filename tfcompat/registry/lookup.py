@@ -279,14 +279,13 @@ def family(key: str) -> Family:
 
 @functools.cache
 def _derived(key: str, version: str) -> Family:
-    derived = derive.derive(key, version)
-    _refuse_upstream_bug(key, derived.entries[-1].module, version)
-    return derived
+    _refuse_upstream_bug(key, derive.module_name(key), version)  # first: a bug may keep its model from building
+    return derive.derive(key, version)
 
 
 @functools.cache
 def _derived_vision(key: str, text_type: str | None, version: str) -> Family:
-    _refuse_upstream_bug(key, derive.module_name(key), version)  # first: a bug may keep its config from building
+    _refuse_upstream_bug(key, derive.module_name(key), version)
     return derive_vision.derive(key, version, text_type, lambda t: match(t, version)[0])
 
 

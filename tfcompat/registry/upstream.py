@@ -54,14 +54,14 @@ UPSTREAM_BUGS: tuple[UpstreamBug, ...] = (
         "llama4_output_image_outputs", ("transformers.models.llama4.modeling_llama4",), VersionRange("5.24"),
         what="Llama4ForConditionalGeneration.forward builds its output with image_outputs=outputs.image_outputs, "
         "where outputs is the language model's MoeCausalLMOutputWithPast, which has no such field: every forward "
-        "returning a model output (return_dict, the default) raises AttributeError, with or without images (no release "
-        "fixes it yet: 5.24 is the latest)",
+        "raises AttributeError, with or without images, return_dict or not (no release fixes it yet: 5.24 is the "
+        "latest)",
         fix="use transformers 4.53, 4.56-4.57 or 5.2-5.23 for Llama 4", model_types=("llama4",)),
     UpstreamBug(
         "bool_config_field_typed_int", tuple(f"transformers.models.{m}.modeling_{m}" for m in (
             "aya_vision", "big_bird", "chameleon", "cohere2", "cohere2_vision", "ernie4_5", "ernie4_5_moe",
-            "ernie4_5_vl_moe", "falcon_h1", "mbart", "mvp", "olmo", "olmo2", "olmo3", "olmoe", "paddleocr_vl",
-            "phimoe")), VersionRange("5.4", "5.5"),
+            "falcon_h1", "mbart", "mvp", "olmo", "olmo2", "olmo3", "olmoe", "paddleocr_vl", "phimoe")),
+        VersionRange("5.4", "5.5"),
         what="the config class (or its text config's) annotates a bool field as int (Cohere2Config.use_cache: int = "
         "True, Olmo2Config.tie_word_embeddings: int = False, Ernie4_5_MoeConfig.use_bias, ...), and huggingface_hub's "
         "strict validation (>= 1.9) rejects a bool for an int: the config builds neither from its class defaults nor "
