@@ -71,12 +71,12 @@ UPSTREAM_BUGS: tuple[UpstreamBug, ...] = (
         needs=("huggingface_hub", VersionRange("1.9"))),
     UpstreamBug(
         "smolvlm_image_blocks_of_patch_size", ("transformers.models.smolvlm.modeling_smolvlm",),
-        VersionRange("5.20", "5.21"),
+        VersionRange("5.20.1", "5.21"),
         what="SmolVLMModel.inputs_merger cuts the image features into blocks of vision_config.patch_size rows (a "
         "patch's side in pixels) instead of an image's token count: the stock forward raises (view / 'not divisible "
         "by patch_size') wherever an image's token count is not a multiple of the patch size (SmolVLM2-2.2B: 81 "
-        "tokens, patch 14), so there is no stock model to match (5.19 and 5.21 take the count from the features)",
-        fix="use transformers <= 5.19 or >= 5.21 for SmolVLM", model_types=("smolvlm",)),
+        "tokens, patch 14), so there is no stock model to match (5.20.0 and 5.21 take the count from the features)",
+        fix="use transformers <= 5.20.0 or >= 5.21 for SmolVLM", model_types=("smolvlm",)),
 )
 
 
