@@ -54,7 +54,9 @@ def _moe_scores_misaligned(bug: UpstreamBug) -> None:
 
 def _pad_token_id_on_composite(bug: UpstreamBug) -> None:
     """The composite built from a config that names pad_token_id in its text config only (as published checkpoints
-    do) raises; control: with the top config given the text config's, it builds."""
+    do) raises; with the top config given the text config's, it builds, and its forward with an image raises while
+    the same forward on text alone runs (control)."""
+    from tests.every_type import image_sequence, sample_sequences
     from tfcompat.tiny_models import tiny_config
 
     for model_type in _types_of(bug):
@@ -64,7 +66,12 @@ def _pad_token_id_on_composite(bug: UpstreamBug) -> None:
         with pytest.raises(AttributeError, match="has no attribute 'pad_token_id'"):
             cls(config)
         config.pad_token_id = config.text_config.pad_token_id
-        assert cls(config).pad_token_id == config.pad_token_id
+        model = cls(config).float().eval()
+        with torch.no_grad():
+            ids = sample_sequences(config, lengths=(6,))[0][None]
+            assert torch.isfinite(model(input_ids=ids, use_cache=False).logits).all()
+            with pytest.raises(AttributeError, match="has no attribute 'pooler_output'"):
+                model(**image_sequence(model), use_cache=False)
 
 
 def _output_image_outputs(bug: UpstreamBug) -> None:

@@ -48,7 +48,9 @@ UPSTREAM_BUGS: tuple[UpstreamBug, ...] = (
         "llama4_pad_token_id_on_composite", ("transformers.models.llama4.modeling_llama4",), VersionRange("5.0", "5.2"),
         what="Llama4ForConditionalGeneration.__init__ reads config.pad_token_id, which 5.x composite configs no longer "
         "hold (Llama4Config declares none; a published config names it in text_config only): the model does not "
-        "build from its config (AttributeError; transformers#43525, fixed in 5.2)",
+        "build from its config (AttributeError; transformers#43525, fixed in 5.2); built with one set by hand, its "
+        "forward with images still raises (it reads get_image_features(...).pooler_output, and the vision model "
+        "returns a BaseModelOutput without one; 5.2 returns BaseModelOutputWithPooling)",
         fix="use transformers 4.53, 4.56-4.57 or >= 5.2 for Llama 4", model_types=("llama4",)),
     UpstreamBug(
         "llama4_output_image_outputs", ("transformers.models.llama4.modeling_llama4",), VersionRange("5.24"),
