@@ -18,15 +18,14 @@ import torch
 
 import tfcompat
 from tfcompat.errors import PatchError
-from tfcompat.registry import families
 from tfcompat.registry.derive import causal_lm_types, module_name
 from tfcompat.registry.derive_vision import vision_types
 from tfcompat.registry.upstream import UPSTREAM_BUGS, UpstreamBug, bug_in
 from tfcompat.registry.versions import VersionRange, installed_transformers
 
 VERSION = str(installed_transformers())
-# the derived types of the installed release (a written family's table says its own releases) -> their declared bug
-DECLARED = {t: b for t in sorted({*causal_lm_types(), *vision_types()} - set(families()))
+# the causal-LM and vision-language types of the installed release -> their declared bug
+DECLARED = {t: b for t in sorted({*causal_lm_types(), *vision_types()})
             if (b := bug_in(module_name(t), VERSION, t)) is not None}
 
 

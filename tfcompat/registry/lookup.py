@@ -347,6 +347,7 @@ def resolve(key: str) -> Resolved:
 @functools.cache
 def _resolve(key: str, version: str) -> Resolved:
     entry, forward_compatible = match(key, version)
+    _refuse_upstream_bug(key, entry.module, version)  # a written family's (a derived one's refused it already)
     if forward_compatible:
         warnings.warn(
             f"tfcompat: transformers {version} is newer than every {key} entry; resolved by probing the newest "

@@ -62,7 +62,8 @@ UPSTREAM_BUGS: tuple[UpstreamBug, ...] = (
     UpstreamBug(
         "bool_config_field_typed_int", tuple(f"transformers.models.{m}.modeling_{m}" for m in (
             "aya_vision", "big_bird", "chameleon", "cohere2", "cohere2_vision", "ernie4_5", "ernie4_5_moe",
-            "falcon_h1", "mbart", "mvp", "olmo", "olmo2", "olmo3", "olmoe", "paddleocr_vl", "phimoe")),
+            "ernie4_5_vl_moe", "falcon_h1", "mbart", "mvp", "olmo", "olmo2", "olmo3", "olmoe", "paddleocr_vl",
+            "phimoe")),
         VersionRange("5.4", "5.5"),
         what="the config class (or its text config's) annotates a bool field as int (Cohere2Config.use_cache: int = "
         "True, Olmo2Config.tie_word_embeddings: int = False, Ernie4_5_MoeConfig.use_bias, ...), and huggingface_hub's "
