@@ -425,11 +425,6 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
         raise r.error(PatchError, f"{type(model).__name__} cannot run sequence parallel",
                       why="it pools one score per sequence from tokens that sit on other ranks", supported=entry,
                       fix="score packed rows without ulysses_group (tfcompat pools one score per sequence there)")
-    if group is not None and r.spec.moe_token_types is not None:
-        raise r.error(PatchError, f"{r.family} cannot run sequence parallel",
-                      why="its MoE sends each token to text or vision experts by moe_mm_token_type_ids, which "
-                      "tfcompat.ulysses.shard_inputs does not slice to a rank's tokens", supported=entry,
-                      fix="patch without ulysses_group (packed rows on one process route every token as stock does)")
     text_models = [m for m in model.modules() if isinstance(m, r.text_model_cls)]
     derived = r.entry.derived
     why = derived.per_sequence_why if derived is not None else ""
@@ -656,6 +651,13 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
             raise r.error(InvalidInputError, "the shard's group is not the group the model was patched with",
                           why=f"patched with {_describe(group)}, inputs sharded over {_describe(ctx.group)}",
                           fix="shard_inputs(..., group=g) with the same g as patch(model, ulysses_group=g)")
+        for name, value in (*a.items(), *extra.items()):  # token types: the same tokens as the row (or the shard)
+            if name.endswith("token_type_ids") and isinstance(value, torch.Tensor) \
+                    and tuple(value.shape[:2]) != tuple(tokens.shape[:2]):
+                raise r.error(InvalidInputError, f"{name} and the input tokens differ in shape",
+                              why=f"{name} {tuple(value.shape)}, tokens {tuple(tokens.shape[:2])}",
+                              fix=f"pass one {name} entry per input token; under Ulysses, shard_inputs(..., "
+                              f"per_token={{'{name}': ...}}) slices the whole row's to this rank")
         extra[CONTEXT_KWARG] = ctx._replace(backend=backend)
         visual = extra.pop(VISUAL_KWARG, None)
         if visual is not None:

@@ -291,7 +291,7 @@ class Family:
     moe_token_types: ``(config, input_ids (B, L)) -> (B, L)`` int tensor for a family whose MoE routes each token by
         its modality (ERNIE-4.5-VL's text and vision experts): what the processor passes as
         ``moe_mm_token_type_ids`` (0 text, 1 image, 2 video, start/end tokens with their kind). `tfcompat.pack`
-        builds it from the ids; sequence parallelism is refused (the ids are not sliced per rank). None: no such MoE.
+        builds it from the ids; `tfcompat.ulysses.shard_inputs` slices it to a rank's tokens. None: no such MoE.
     """
 
     key: str
