@@ -25,6 +25,7 @@ import torch
 
 import tfcompat
 from tfcompat.errors import InvalidInputError, PatchError, UnknownFamilyError, UnsupportedVersionError
+from tfcompat.registry.upstream import UPSTREAM_BUGS
 from tfcompat.selfcheck import vision_placeholder
 from tfcompat.tiny_models import Kind, TinyModelError, attention_implementations, tiny_image, tiny_model, tiny_video
 
@@ -157,6 +158,17 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}{' (' + why + ')' if why else ''}"[:240]
 
 
+def _unbuildable(model_type: str, exc: BaseException) -> Outcome:
+    """``unbuildable`` for ``exc``, or ``refused`` where `tfcompat.resolve` refuses the type for a declared upstream
+    bug (`tfcompat.registry.upstream`: a stock model that does not build or run on the release)."""
+    try:
+        tfcompat.resolve(model_type)
+    except REFUSALS as refusal:
+        if getattr(refusal, "why", None) in {bug.what for bug in UPSTREAM_BUGS}:
+            return Outcome(model_type, "refused", _reason(refusal))
+    return Outcome(model_type, "unbuildable", _reason(exc))
+
+
 def _patch(model_type: str, model: torch.nn.Module) -> Any:
     """`tfcompat.patch(model)`'s handle, or the `Outcome` of a refusal (a typed error) or a defect (an untyped one)."""
     try:
@@ -179,7 +191,7 @@ def check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> 
         w = projection(expected[0].shape[-1])
         expected_grads = gradients(model, lambda: sum((o @ w).sum() for o in stock_per_sequence(model, seqs)))
     except Exception as exc:  # noqa: BLE001 -- the zoo reports every reason a type cannot be built or run
-        return Outcome(model_type, "unbuildable", _reason(exc))
+        return _unbuildable(model_type, exc)
     handle = _patch(model_type, model)
     if isinstance(handle, Outcome):
         return handle
@@ -325,7 +337,7 @@ def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0)
     try:
         model = build(model_type, attn_implementation, kind="image_text_to_text", seed=seed)
     except Exception as exc:  # noqa: BLE001 -- the zoo reports every reason a type cannot be built or run
-        return Outcome(model_type, "unbuildable", _reason(exc))
+        return _unbuildable(model_type, exc)
     try:
         examples, video_note = vlm_examples(model, seed=seed), ""
         if len(examples) > 3:  # the video row, where the stock forward runs it (else the zoo's video layout is not

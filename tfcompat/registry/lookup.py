@@ -283,17 +283,13 @@ def family(key: str) -> Family:
 
 @functools.cache
 def _derived(key: str, version: str) -> Family:
-    derived = derive.derive(key, version)
-    bug = upstream.bug_in(derived.entries[-1].module, version)
-    if bug is not None:
-        raise PatchError(f"{key} on transformers {version} has an upstream bug packing cannot reproduce ({bug.name})",
-                         family=key, transformers_version=version, why=bug.what,
-                         supported=f"{key} outside transformers {bug.versions}", fix=bug.fix)
-    return derived
+    _refuse_upstream_bug(key, derive.module_name(key), version)  # first: a bug may keep its model from building
+    return derive.derive(key, version)
 
 
 @functools.cache
 def _derived_vision(key: str, text_type: str | None, version: str) -> Family:
+    _refuse_upstream_bug(key, derive.module_name(key), version)
     return derive_vision.derive(key, version, text_type, lambda t, built: _language_model_entry(t, version, built))
 
 
@@ -325,6 +321,15 @@ def _entry_on(fam: Family, version: str) -> Entry | None:
 @functools.cache
 def _derived_text_model(key: str, version: str, text: type) -> Family:
     return derive.derive_text_model(key, version, text)
+
+
+def _refuse_upstream_bug(key: str, module: str, version: str) -> None:
+    """The refusal naming the declared upstream bug of ``module`` and type ``key`` on ``version``, if any."""
+    bug = upstream.bug_in(module, version, key)
+    if bug is not None:
+        raise PatchError(f"{key} on transformers {version} has an upstream bug packing cannot reproduce ({bug.name})",
+                         family=key, transformers_version=version, why=bug.what,
+                         supported=f"{key} outside transformers {bug.versions}", fix=bug.fix)
 
 
 @functools.cache
@@ -376,6 +381,7 @@ def resolve(key: str) -> Resolved:
 @functools.cache
 def _resolve(key: str, version: str) -> Resolved:
     entry, forward_compatible = match(key, version)
+    _refuse_upstream_bug(key, entry.module, version)  # a written family's (a derived one's refused it already)
     if forward_compatible:
         warnings.warn(
             f"tfcompat: transformers {version} is newer than every {key} entry; resolved by probing the newest "
