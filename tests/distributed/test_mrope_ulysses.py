@@ -20,4 +20,4 @@ SDPA = [t for t in TYPES if "sdpa" in attention_implementations(t, "image_text_t
 @pytest.mark.parametrize("world", [2, 4])
 def test_sp_equals_single_process(world):
     """Rule: logits and every parameter's gradient (summed over ranks) match SP=1, images included."""
-    run_world(vlm_workers.vlm_sp_equals_single, world, SDPA[0])
+    run_world(vlm_workers.vlm_sp_equals_single, world, SDPA[0], True)  # images: the zoo's video is Qwen-VL's
