@@ -27,8 +27,10 @@ same backend for every variant, ``--head``), the loss ``-(logprobs * advantage).
 Liger's monkey patch cannot be undone: the three liger variants run last, on the same model.
 
 A suffix sets a variant's gradient checkpointing: ``@none`` turns it off for the variant; ``@attention``,
-``@mlp``, ``@attention+mlp`` keep those modules' outputs out of the recompute (``patch(checkpoint_keep=...)``; a
-stock variant gets the same through `tfcompat.hf.checkpointing` alone), e.g. ``liger_flex_tfhead@attention+mlp``;
+``@mlp``, ``@mlp_in``, ``@attention+mlp`` keep those modules' outputs out of the recompute
+(``patch(checkpoint_keep=...)``; a stock variant gets the same through `tfcompat.hf.checkpointing` alone), e.g.
+``liger_flex_tfhead@attention+mlp``; ``kind:N`` keeps a kind in the last N layers only (``kind:0.5``: a fraction),
+e.g. ``@attention+mlp_in:8`` (``checkpoint_keep={"attention": 1.0, "mlp_in": 8}``);
 ``logits`` among them (``@logits``, ``@attention+logits``, ``@none+logits``) keeps the head's logits for its
 backward (tfcompat's head, ``keep_logits=True``: one lm-head matmul less, ``2 * T * V`` bytes more).
 
@@ -315,32 +317,43 @@ class _Changes:
         self.undo.append(lambda: setattr(target, attr, old) if had else delattr(target, attr))
 
 
+def keep_policy(mode: str) -> dict[str, int | float]:
+    """``checkpoint_keep`` of a suffix: "attention+mlp_in:8" -> {"attention": 1.0, "mlp_in": 8} ("kind:0.5": a
+    fraction of the layers)."""
+    policy: dict[str, int | float] = {}
+    for token in mode.split("+") if mode else []:
+        kind, _, n = token.partition(":")
+        policy[kind] = 1.0 if not n else float(n) if "." in n else int(n)
+    return policy
+
+
 @contextlib.contextmanager
-def checkpointing(model: torch.nn.Module, mode: str, stock: bool) -> Iterator[tuple[str, ...]]:
+def checkpointing(model: torch.nn.Module, mode: str, stock: bool) -> Iterator[dict[str, int | float]]:
     """A variant's checkpointing (the part of its name after ``@``): "" = full (as built), "none" = off for the
-    variant, else kinds kept out of the recompute joined by ``+`` ("attention+mlp"); yields the kinds for
-    ``patch(checkpoint_keep=...)``, or applies them itself to a stock variant."""
+    variant, else kinds kept out of the recompute joined by ``+`` ("attention+mlp", "attention+mlp_in:8"); yields
+    the policy for ``patch(checkpoint_keep=...)``, or applies it itself to a stock variant."""
     if mode == "none":
         model.gradient_checkpointing_disable()
         try:
-            yield ()
+            yield {}
         finally:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return
-    kinds = tuple(mode.split("+")) if mode else ()
-    if not stock or not kinds:
-        yield kinds
+    policy = keep_policy(mode)
+    if not stock or not policy:
+        yield policy
         return
     from tfcompat.errors import PatchError
     from tfcompat.hf import checkpointing as ckpt
 
     layer = stack_of(model).layers[0]
     attention_cls = type(next(c for c in layer.children() if type(c).__name__.endswith("Attention")))
-    kept, holders = ckpt.plan(model, kinds, attention_cls, lambda cls, what, **kw: PatchError(what, **kw))
+    kept, holders = ckpt.plan(model, ckpt.policy_of(policy), attention_cls,
+                              lambda cls, what, **kw: PatchError(what, **kw))
     changes = _Changes()
     ckpt.apply(changes, kept, holders)
     try:
-        yield ()
+        yield {}
     finally:
         for fn in reversed(changes.undo):
             fn()
@@ -521,10 +534,10 @@ def main() -> None:
     for full in names:
         n, at, mode = full.partition("@")  # @none: no checkpointing; @attention+mlp: kept out of the recompute
         suffix = at + mode
-        kinds = set(mode.split("+")) - {"logits"} if mode else set()
-        if kinds and kinds != {"none"} and not kinds <= {"attention", "mlp"}:
-            raise SystemExit(f"unknown checkpointing {mode!r} in {full!r}: none, attention, mlp, attention+mlp, "
-                             "each with +logits")
+        kinds = {k.partition(":")[0] for k in mode.split("+")} - {"logits"} if mode else set()
+        if kinds and kinds != {"none"} and not kinds <= {"attention", "mlp", "mlp_in"}:
+            raise SystemExit(f"unknown checkpointing {mode!r} in {full!r}: none, attention, mlp, mlp_in, "
+                             "attention+mlp, kind:N (the last N layers), each with +logits")
         if n == "liger_flex" and "logits" in mode:
             raise SystemExit(f"{full!r}: Liger's own head keeps no logits (+logits is for tfcompat's head)")
         if n.endswith("]") and n[:n.index("[")] in ("tfcompat", "tfcompat_fused", "liger_tfcompat"):

@@ -36,8 +36,8 @@ def _loss(logits: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 class _Counter:
-    """Calls of the packed attention's core and of each layer's q / gate projection, split by forward and
-    backward (a call while autograd's engine runs = a recompute)."""
+    """Calls of the packed attention's core, of each layer's q projection and of its gate projection's forward,
+    split by forward and backward (a call while autograd's engine runs = a recompute)."""
 
     def __init__(self, model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = {"attention": [0, 0], "q_proj": [0, 0], "gate_proj": [0, 0]}
@@ -49,20 +49,32 @@ class _Counter:
 
         monkeypatch.setattr(hf_attention, "varlen_attention", counted)
         for name, module in model.named_modules():
-            for proj in ("q_proj", "gate_proj"):
-                if name.endswith(proj):
-                    module.register_forward_hook(lambda *_, p=proj: self._count(p))
+            if name.endswith("q_proj"):
+                module.register_forward_hook(lambda *_: self._count("q_proj"))
+            if name.endswith("gate_proj"):  # its forward, not its call: "mlp_in" calls it and returns the kept output
+                module.forward = self._counted(module.forward, "gate_proj")
+
+    def _counted(self, forward, what):
+        def counted(*args, **kwargs):
+            self._count(what)
+            return forward(*args, **kwargs)
+        return counted
 
     def _count(self, what: str) -> None:
         self.calls[what][int(torch._C._current_graph_task_id() != -1)] += 1
 
 
-@pytest.mark.parametrize(("family", "keep"), [("qwen2", "attention"), ("qwen2", "mlp"), ("qwen2", ("attention", "mlp")),
-                                            ("llama", ("attention", "mlp")), ("qwen3", "attention")])
-def test_kept_outputs_give_the_stock_gradients_and_skip_the_recompute(family, keep, monkeypatch):
+@pytest.mark.parametrize(("family", "keep", "attention_kept", "gate_kept"), [
+    ("qwen2", "attention", 3, 0), ("qwen2", "mlp", 0, 3), ("qwen2", ("attention", "mlp"), 3, 3),
+    ("llama", ("attention", "mlp"), 3, 3), ("qwen3", "attention", 3, 0), ("qwen2", "mlp_in", 0, 3),
+    ("llama", {"attention": 2, "mlp_in": 1.0}, 2, 3), ("qwen2", {"attention": 0.5, "mlp": 1, "mlp_in": 2}, 2, 2),
+    ("qwen3", {"mlp": 1, "mlp_in": 1.0}, 0, 3)])
+def test_kept_outputs_give_the_stock_gradients_and_skip_the_recompute(family, keep, attention_kept, gate_kept,
+                                                                     monkeypatch):
     """Rule: with checkpoint_keep, the loss and every gradient equal the unpatched model's per sequence (fp32), and
-    the kept modules run once per layer in the forward and never in the backward; the control (no keep) runs them
-    again in the backward, so the count can fail."""
+    the kept modules run once per layer in the forward and never in the backward, in the layers the policy selects
+    (a count or fraction per kind; "mlp_in" keeps the gate projection too); the control (no keep) runs them again
+    in the backward, so the count can fail."""
     layers = 3
     stock = _model(family)
     seqs = sample_sequences(stock, LENGTHS, [None] * 3, seed=4)
@@ -78,7 +90,6 @@ def test_kept_outputs_give_the_stock_gradients_and_skip_the_recompute(family, ke
         start += n
     expected = {n: p.grad for n, p in stock.named_parameters() if p.grad is not None}
 
-    kinds = {keep} if isinstance(keep, str) else set(keep)
     full = None
     for kept in ((), keep):  # the control without kept outputs (full recompute), then the patch under test
         model = _model(family)
@@ -98,19 +109,21 @@ def test_kept_outputs_give_the_stock_gradients_and_skip_the_recompute(family, ke
                 torch.testing.assert_close(g, full[name], rtol=1e-6, atol=1e-7 * scale,
                                            msg=lambda m, name=name: f"{name} vs full recompute: {m}")
         full = grads
-        keeps_attention = bool(kept) and "attention" in kinds
-        keeps_mlp = bool(kept) and "mlp" in kinds
-        assert calls["attention"] == [layers, 0 if keeps_attention else layers], (kept, calls)
-        assert calls["q_proj"] == [layers, 0 if keeps_attention else layers], (kept, calls)
-        assert calls["gate_proj"] == [layers, 0 if keeps_mlp else layers], (kept, calls)
+        recomputed_attention = layers - attention_kept if kept else layers
+        assert calls["attention"] == [layers, recomputed_attention], (kept, calls)
+        assert calls["q_proj"] == [layers, recomputed_attention], (kept, calls)
+        assert calls["gate_proj"] == [layers, layers - gate_kept if kept else layers], (kept, calls)
 
 
-@pytest.mark.parametrize(("family", "attn", "packed"), [("qwen2", "sdpa", False), ("qwen3_moe", "sdpa", True),
-                                                    ("gpt_oss", "eager", True)])
-def test_equal_to_full_checkpointing_on_ordinary_calls_moe_and_sinks(family, attn, packed):
+@pytest.mark.parametrize(("family", "attn", "packed", "keep"), [
+    ("qwen2", "sdpa", False, ("attention", "mlp")), ("qwen3_moe", "sdpa", True, ("attention", "mlp")),
+    ("gpt_oss", "eager", True, ("attention", "mlp")), ("phi3", "sdpa", True, "mlp_in"),
+    ("qwen2", "sdpa", False, {"attention": 1, "mlp_in": 1.0})])
+def test_equal_to_full_checkpointing_on_ordinary_calls_moe_and_sinks(family, attn, packed, keep):
     """Rule: kept outputs give full checkpointing's gradients on the stock path too (an unpacked batch of a patched
-    model), for MoE blocks (qwen3_moe, gpt_oss: tuple outputs, routers) and with sinks and sliding windows (gpt_oss);
-    the control is the same patch without kept outputs."""
+    model), for MoE blocks (qwen3_moe, gpt_oss: tuple outputs, routers), with sinks and sliding windows (gpt_oss), and
+    for "mlp_in" on a fused gate/up projection (phi3's gate_up_proj); the control is the same patch without kept
+    outputs, and each kind must have kept a module (not a vacuous patch)."""
     if family not in causal_lm_types():
         pytest.skip(f"transformers {installed_transformers()} ships no {family}")
 
@@ -121,15 +134,96 @@ def test_equal_to_full_checkpointing_on_ordinary_calls_moe_and_sinks(family, att
         else:
             inputs = {"input_ids": torch.randint(0, model.config.vocab_size, (2, 7),
                                                  generator=torch.Generator().manual_seed(1))}
-        with tfcompat.patch(model, checkpoint_keep=keep):
+        with tfcompat.patch(model, checkpoint_keep=keep) as handle:
+            for kind in [keep] if isinstance(keep, str) else keep:
+                assert f"kept through gradient checkpointing ({kind})" in handle.explain(), kind
             model(**inputs, use_cache=False).logits.float().pow(2).mean().backward()
         return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
-    full, kept = grads(()), grads(("attention", "mlp"))
+    full, kept = grads(()), grads(keep)
     assert kept.keys() == full.keys()
     for name in full:
         torch.testing.assert_close(kept[name], full[name], rtol=1e-6, atol=1e-7 * float(full[name].abs().max()),
                                    msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_mlp_in_leaves_no_mlp_matmul_to_recompute(monkeypatch):
+    """Rule: with "mlp_in" the backward completes no matmul of the MLP (the gate / up projections are kept, and the
+    recompute stops at the down projection's input, its last saved tensor); the control (full recompute) completes
+    the gate and up matmuls of every layer in the backward, and also stops before the down projection's."""
+    linear = torch.nn.functional.linear
+
+    def run(keep):
+        model = _model("qwen2")
+        cfg = model.config
+        shapes = {(cfg.intermediate_size, cfg.hidden_size): "gate/up", (cfg.hidden_size, cfg.intermediate_size): "down"}
+        done = {"gate/up": 0, "down": 0}
+
+        def counted(x, w, b=None):
+            out = linear(x, w, b)
+            if torch._C._current_graph_task_id() != -1 and tuple(w.shape) in shapes:
+                done[shapes[tuple(w.shape)]] += 1  # completed in the backward: a recomputed matmul
+            return out
+
+        monkeypatch.setattr(torch.nn.functional, "linear", counted)
+        inputs = pack(model, sample_sequences(model, LENGTHS, [None] * 3, seed=4))
+        with tfcompat.patch(model, checkpoint_keep=keep):
+            model(**inputs, use_cache=False).logits.float().pow(2).mean().backward()
+        monkeypatch.setattr(torch.nn.functional, "linear", linear)
+        return done
+
+    assert run(()) == {"gate/up": 2 * 3, "down": 0}
+    assert run("mlp_in") == {"gate/up": 0, "down": 0}
+
+
+def test_counts_and_fractions_select_the_last_layers():
+    """Rule: a count or fraction keeps a kind in the last layers holding it; "mlp" takes precedence over "mlp_in" in a
+    layer both select; the handle's options hold the sorted pairs and patching again with them returns the handle."""
+    model = _model("qwen2")
+    keep = {"mlp_in": 1.0, "attention": 2, "mlp": 0.34}
+    handle = tfcompat.patch(model, checkpoint_keep=keep)
+    layers = model.model.layers
+    assert [("forward" in vars(layer.self_attn)) for layer in layers] == [False, True, True]
+    assert [("forward" in vars(layer.mlp)) for layer in layers] == [False, False, True]
+    assert [("forward" in vars(layer.mlp.gate_proj)) for layer in layers] == [True, True, False]
+    assert [("forward" in vars(layer.mlp.up_proj)) for layer in layers] == [True, True, False]
+    assert handle.options["checkpoint_keep"] == (("attention", 2), ("mlp", 0.34), ("mlp_in", 1.0))
+    assert tfcompat.patch(model, checkpoint_keep=handle.options["checkpoint_keep"]) is handle
+    assert tfcompat.patch(model, checkpoint_keep=dict(keep)) is handle
+    handle.undo()
+    with tfcompat.patch(model, checkpoint_keep={"attention": 0, "mlp": 0.0}) as nothing:
+        assert "forward" not in vars(layers[2].self_attn) and "forward" not in vars(layers[2].mlp)
+        assert "kept through gradient checkpointing" not in nothing.explain()
+
+
+@pytest.mark.parametrize(("keep", "match"), [
+    ({"attention": True}, r"checkpoint_keep\['attention'\] = True"),
+    ({"mlp": -1}, r"checkpoint_keep\['mlp'\] = -1"),
+    ({"mlp": 1.5}, r"checkpoint_keep\['mlp'\] = 1.5"),
+    ({"mlp": float("nan")}, r"checkpoint_keep\['mlp'\] = nan"),
+    ({"mlp": "all"}, r"checkpoint_keep\['mlp'\] = 'all'"),
+    ({"mlp_out": 1.0}, r"unknown checkpoint_keep kinds \['mlp_out'\]"),
+    (3, "checkpoint_keep=3 is a int"),
+    ({"attention": 4}, r"checkpoint_keep\['attention'\] = 4 but 3 checkpointed layers hold it"),
+])
+def test_bad_layer_selections_are_refused_at_patch_time(keep, match):
+    """Rule: a kind's layers are a count 0..layers or a fraction in [0, 1] (not a bool, a string or NaN); anything
+    else is a PatchError at patch() that names the value, and nothing is changed."""
+    model = _model("qwen2")
+    with pytest.raises(tfcompat.PatchError, match=match):
+        tfcompat.patch(model, checkpoint_keep=keep)
+    assert not tfcompat.is_patched(model)
+    assert all("forward" not in vars(m) for m in model.model.layers[2].modules())
+
+
+def test_mlp_in_without_input_projections_is_refused():
+    """Rule: "mlp_in" on a model whose MLP blocks have no gate / up projection children (gpt-oss's experts) is a
+    PatchError naming the kind; "mlp" on the same model is accepted (the control)."""
+    if "gpt_oss" not in causal_lm_types():
+        pytest.skip(f"transformers {installed_transformers()} ships no gpt_oss")
+    with pytest.raises(tfcompat.PatchError, match=r"checkpoint_keep \['mlp_in'\] matches no module"):
+        tfcompat.patch(_model("gpt_oss", attn="eager"), checkpoint_keep="mlp_in")
+    tfcompat.patch(_model("gpt_oss", attn="eager"), checkpoint_keep="mlp").undo()
 
 
 def test_refusals_at_patch_time():

@@ -1,6 +1,7 @@
 """ERNIE-4.5-VL's own rules beyond the every-family tests (test_packed, test_mrope, test_pack, test_embedding): its
 MoE sends each token to text or vision experts by ``moe_mm_token_type_ids``, which tfcompat builds as the processor
-does, and which sequence parallelism cannot slice (refused at patch time)."""
+does; under sequence parallelism `tfcompat.ulysses.shard_inputs` slices them to a rank's tokens
+(tests/distributed/test_routed_ulysses.py: sp = 2 and 4 equal stock per sequence)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch.distributed as dist
 
 import tfcompat
 from tests.helpers import max_token_diff
-from tfcompat.errors import PatchError
+from tfcompat.errors import InvalidInputError
 from tfcompat.registry import installed_families
 from tfcompat.selfcheck import sample_case, sample_sequences, stock_inputs, tiny_model
 
@@ -55,14 +56,45 @@ def test_packed_row_routes_vision_tokens_to_the_vision_experts(family):
     assert max_token_diff(unrouted.logits[0], expected) > 1e-3
 
 
-@pytest.mark.parametrize("family", MOE_ROUTED)
-def test_sequence_parallel_refused(family):
-    model = tiny_model(family, "sdpa")
+@pytest.fixture
+def world_of_one():
+    """A one-rank gloo group in this process: patch(ulysses_group=...) and shard_inputs without spawning ranks."""
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        with pytest.raises(PatchError, match=f"{family} cannot run sequence parallel") as info:
-            tfcompat.patch(model, ulysses_group=dist.group.WORLD)
-        assert "moe_mm_token_type_ids" in info.value.why
+        yield dist.group.WORLD
     finally:
         dist.destroy_process_group()
-    assert not tfcompat.is_patched(model)
+
+
+@pytest.mark.parametrize("family", MOE_ROUTED)
+def test_sequence_parallel_slices_the_routing_ids(family, world_of_one):
+    """Rule: patch(ulysses_group=...) takes the family; shard_inputs hands the forward the routing ids of the
+    `tfcompat.embed_inputs` result (a one-rank group: the whole row), and the shard equals stock per sequence."""
+    r = tfcompat.resolve(family)
+    model = tiny_model(family, "sdpa")
+    seqs = sample_sequences(model, *sample_case(family), seed=5)
+    with torch.no_grad():
+        expected = [model(**stock_inputs(r, model, s), use_cache=False).logits[0] for s in seqs]
+    packed = tfcompat.pack(model, [{"input_ids": s.input_ids, **s.vision_inputs()} for s in seqs]).model_inputs
+    vision = {k: v for k, v in packed.items() if k.startswith(("pixel_values", "image_grid", "video_grid"))}
+    with tfcompat.patch(model, ulysses_group=world_of_one), torch.no_grad():
+        embedded = tfcompat.embed_inputs(model, packed["input_ids"], **vision)
+        shard = tfcompat.ulysses.shard_inputs(position_ids=packed["position_ids"], inputs_embeds=embedded,
+                                              group=world_of_one)
+        assert torch.equal(shard.model_inputs["moe_mm_token_type_ids"], packed["moe_mm_token_type_ids"])
+        got = model(**shard.model_inputs, use_cache=False).logits[0]
+    assert max_token_diff(got, expected) <= 1e-5
+
+
+@pytest.mark.parametrize("family", MOE_ROUTED)
+def test_routing_ids_of_another_length_are_refused(family):
+    """Rule: routing ids that do not match the forward's tokens (the whole row's handed to a rank's shard, say) raise
+    a typed error naming them, not torch's IndexError from the MoE block."""
+    model = tiny_model(family, "sdpa")
+    seqs = sample_sequences(model, *sample_case(family), seed=5)
+    packed = tfcompat.pack(model, [{"input_ids": s.input_ids, **s.vision_inputs()} for s in seqs]).model_inputs
+    packed["moe_mm_token_type_ids"] = packed["moe_mm_token_type_ids"][:, :-1]
+    match = "moe_mm_token_type_ids and the input tokens differ in shape"
+    with tfcompat.patch(model), torch.no_grad(), pytest.raises(InvalidInputError, match=match) as info:
+        model(**packed, use_cache=False)
+    assert "per_token" in info.value.fix

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
@@ -53,7 +54,8 @@ class Shard:
 
     model_inputs: kwargs for the patched model: the local ``input_ids`` or ``inputs_embeds`` ``(1, T/sp[, H])``,
         the local ``position_ids`` (last dim sliced), the forward context (global boundaries, group) and, from an
-        `tfcompat.embed_inputs` result, this rank's share of its extras (`tfcompat.extras.VisualExtras`).
+        `tfcompat.embed_inputs` result, this rank's share of its extras (`tfcompat.extras.VisualExtras`), and this
+        rank's slice ``(1, T/sp, ...)`` of each per-token input (``per_token``, the embed_inputs result's token types).
     labels: the local labels ``(1, T/sp)``, shifted on the global sequence (``labels[t] = ids[t + 1]``) before
         slicing, with ``ignore_index`` at each sequence's last token and on the pad; None if none given.
     total: tokens before padding; padded: after padding to a multiple of ``sp``.
@@ -84,6 +86,7 @@ def shard_inputs(
     pad_token_id: int = 0,
     ignore_index: int = -100,
     transport: Literal["auto"] | Transport = "auto",
+    per_token: Mapping[str, torch.Tensor] | None = None,
 ) -> Shard:
     """Pad a packed row to a multiple of the group size and take this rank's slice.
 
@@ -98,6 +101,10 @@ def shard_inputs(
     transport: how the attention layers' all-to-alls move data (`tfcompat.a2a`): ``"symm_mem"`` (CUDA, every
     rank on one host with peer access), ``"all_to_all"`` (any backend), or ``"auto"``, which takes ``"symm_mem"``
     where every rank can. The choice travels in the forward context.
+    per_token: the forward's other inputs with one entry per token of the row, by name, each ``(1, T, ...)``: token
+    types (``mm_token_type_ids``, ``token_type_ids``; ``moe_mm_token_type_ids``, by which ERNIE-4.5-VL's MoE sends
+    each token to text or vision experts). Padded with 0 (text) and sliced to this rank's tokens like the ids; an
+    `tfcompat.embed_inputs` result brings its own (`Embedded.model_inputs`).
     """
     if not (dist.is_available() and dist.is_initialized()):
         raise InvalidInputError("shard_inputs needs an initialized torch.distributed",
@@ -111,8 +118,18 @@ def shard_inputs(
     if (input_ids is None) == (inputs_embeds is None):
         raise InvalidInputError("shard_inputs takes exactly one of input_ids and inputs_embeds",
                                 fix="pass input_ids (1, T), or inputs_embeds (1, T, H) / the embed_inputs result")
+    if per_token is not None and not isinstance(per_token, Mapping):
+        raise InvalidInputError("shard_inputs: per_token is not a mapping", why=f"got {type(per_token).__name__}",
+                                fix="pass {name: (1, T) tensor}, e.g. per_token={'mm_token_type_ids': types}")
     visual = None
+    extras = dict(per_token or {})
     if isinstance(inputs_embeds, Embedded):
+        carried = {k: v for k, v in inputs_embeds.model_inputs().items() if k not in ("inputs_embeds", VISUAL_KWARG)}
+        if set(carried) & set(extras):
+            raise InvalidInputError(f"per-token inputs given twice: {sorted(set(carried) & set(extras))}",
+                                    why="the embed_inputs result carries them and per_token names them too",
+                                    fix="leave them out of per_token (the embed_inputs result brings its own)")
+        extras.update(carried)
         # visual first: mypy retypes inputs_embeds as it binds the targets
         visual, inputs_embeds = inputs_embeds.visual, inputs_embeds.inputs_embeds
     if transport not in ("auto", *get_args(Transport)):
@@ -136,6 +153,7 @@ def shard_inputs(
         raise InvalidInputError("labels and the packed row differ in shape",
                                 why=f"labels {tuple(labels.shape)}, row (1, {total})",
                                 fix="pass one label per token of the row, (1, T) like input_ids (unshifted)")
+    _check_per_token(extras, total)
     if visual is not None and tuple(visual.visual_pos_masks.shape) != (1, total):
         raise InvalidInputError("the visual extras do not match the packed row",
                                 why=f"visual_pos_masks {tuple(visual.visual_pos_masks.shape)}, row (1, {total})",
@@ -172,6 +190,9 @@ def shard_inputs(
         before = int(counts[: local.start].sum())
         inside = int(counts[local.start: min(local.stop, total)].sum())
         inputs[VISUAL_KWARG] = visual.pad_and_slice(pad, local, before, inside)
+    for name, x in extras.items():  # the pad's entries are 0: text
+        row = torch.cat([x, x.new_zeros(1, pad, *x.shape[2:])], dim=1)  # (1, T, ...) -> (1, T + pad, ...)
+        inputs[name] = row[:, local]
     inputs[CONTEXT_KWARG] = ForwardContext(seqs, group=group, transport=transport)
 
     local_labels = None
@@ -179,6 +200,21 @@ def shard_inputs(
         row = torch.cat([labels, labels.new_full((1, pad), ignore_index)], dim=1)  # (1, T) -> (1, T + pad)
         local_labels = shift_labels(row, seqs, ignore_index)[:, local]
     return Shard(inputs, local_labels, group, rank, sp, total, padded, seqs)
+
+
+def _check_per_token(extras: dict[str, Any], total: int) -> None:
+    """Each of ``extras`` is a ``(1, total, ...)`` tensor, named apart from the inputs `shard_inputs` builds itself."""
+    for name, x in extras.items():
+        if name in ("input_ids", "inputs_embeds", "position_ids", "labels", CONTEXT_KWARG, VISUAL_KWARG):
+            raise InvalidInputError(f"shard_inputs: per_token names {name!r}, which shard_inputs builds itself",
+                                    supported="token types and other inputs of the forward with one entry per token",
+                                    fix=f"pass {name} as shard_inputs' own argument, or leave it out")
+        if not isinstance(x, torch.Tensor) or x.ndim < 2 or tuple(x.shape[:2]) != (1, total):
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise InvalidInputError(f"per-token input {name} does not match the packed row",
+                                    why=f"{name} {got}, row (1, {total})",
+                                    fix=f"pass one {name} entry per token of the whole row, (1, T) like input_ids "
+                                    "(shard_inputs slices it to this rank)")
 
 
 def gather_outputs(x: torch.Tensor, shard: Shard, dim: int = 1) -> torch.Tensor:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import tfcompat
 from tests.distributed import workers
 from tests.distributed.harness import run_world
+from tfcompat.core.extras import Embedded
 from tfcompat.registry import installed_families
 from tfcompat.selfcheck import sample_case
 
@@ -15,7 +19,7 @@ pytestmark = pytest.mark.dist
 
 # every registered family on its packed sample (Family.sample_vision: images and videos for the VLMs), plus
 # one KV head; the sample's totals are not multiples of 2 or 4, so the pad segment is always exercised
-# (a family whose MoE routes by per-token modality ids refuses sequence parallelism: tests/test_ernie4_5_vl.py)
+# (a family whose MoE routes by per-token modality ids: test_routed_ulysses.py, against stock and every gradient)
 CASES = {f"{key}-sample": (key, *sample_case(key), {}) for key, fam in installed_families().items()
          if fam.moe_token_types is None}
 CASES["llama-kv1"] = ("llama", [9, 5, 8], [None, None, None], {"num_key_value_heads": 1})
@@ -54,6 +58,37 @@ def test_transport_choice_on_gloo():
 
 def test_forward_without_shard_raises():
     run_world(workers.forward_without_shard_raises, 2)
+
+
+@pytest.fixture
+def world_of_one():
+    """A one-rank gloo group in this process (shard_inputs' checks, without spawning ranks)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_per_token_inputs_checked(world_of_one):
+    """Rule: per-token inputs are ``(1, T, ...)`` tensors in a mapping, named apart from shard_inputs' own arguments,
+    given once (an embed_inputs result brings its own routing ids)."""
+    ids, pos = torch.arange(3, 10)[None], torch.arange(7)[None]
+    shard = tfcompat.ulysses.shard_inputs(ids, pos, group=world_of_one, per_token={"token_type_ids": ids % 2})
+    assert torch.equal(shard.model_inputs["token_type_ids"], ids % 2)
+    for per_token, match in (({"token_type_ids": ids[:, :-1]}, "per-token input token_type_ids does not match"),
+                             ({"mm_token_type_ids": [0] * 7}, "per-token input mm_token_type_ids does not match"),
+                             ({"position_ids": pos}, "per_token names 'position_ids', which shard_inputs builds"),
+                             (ids, "per_token is not a mapping")):
+        with pytest.raises(tfcompat.InvalidInputError, match=match) as info:
+            tfcompat.ulysses.shard_inputs(ids, pos, group=world_of_one, per_token=per_token)
+        assert info.value.fix
+    embedded = Embedded(torch.zeros(1, 7, 4), moe_token_types=ids % 2)
+    assert torch.equal(tfcompat.ulysses.shard_inputs(position_ids=pos, inputs_embeds=embedded, group=world_of_one)
+                       .model_inputs["moe_mm_token_type_ids"], ids % 2)
+    with pytest.raises(tfcompat.InvalidInputError, match=r"per-token inputs given twice: \['moe_mm_token_type_ids'\]"):
+        tfcompat.ulysses.shard_inputs(position_ids=pos, inputs_embeds=embedded, group=world_of_one,
+                                      per_token={"moe_mm_token_type_ids": ids % 2})
 
 
 class TestShardGather:

@@ -25,14 +25,17 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             if p.grad is not None and any(w in n for w in WATCHED + ("visual",))}
 
 
-def assert_summed_grads_equal(rank: int, grads: dict[str, torch.Tensor], ref_grads: dict[str, torch.Tensor]) -> None:
+def assert_summed_grads_equal(rank: int, grads: dict[str, torch.Tensor], ref_grads: dict[str, torch.Tensor]) -> float:
     """Each rank's gradients, summed over the group (each rank holds its tokens' share), equal the single-process
-    ones within 1e-5 of max(1, |reference|)."""
+    ones within 1e-5 of max(1, |reference|); returns the largest such relative difference."""
+    worst = 0.0
     for name, g in grads.items():
         dist.all_reduce(g)
         scale = max(1.0, float(ref_grads[name].abs().max()))
         gdiff = float((g - ref_grads[name]).abs().max())
         assert gdiff <= 1e-5 * scale, f"rank {rank}: grad {name} differs by {gdiff:.3e} (scale {scale:.2e})"
+        worst = max(worst, gdiff / scale)
+    return worst
 
 
 def sharded_logits(model: torch.nn.Module, inputs: dict, group: dist.ProcessGroup, transport: str = "auto",
@@ -167,14 +170,19 @@ def all_to_all_round_trip(rank: int, world: int, t_local: int, heads: int, dim: 
 
 
 def shard_gather_round_trip(rank: int, world: int, lengths: list[int]) -> None:
-    """Every rank holds padded // world tokens of the padded row; gathering restores the row without the pad."""
+    """Every rank holds padded // world tokens of the padded row (ids, positions, and a per-token input padded with 0);
+    gathering restores the row without the pad."""
     ids = torch.randint(3, 100, (1, sum(lengths)), generator=torch.Generator().manual_seed(sum(lengths)))
     text = torch.cat([torch.arange(n) for n in lengths])[None]
     pos = torch.cat([text[None], text[None].expand(3, 1, -1) + 1])  # (4, 1, T): rows differ, to catch mix-ups
-    shard = ulysses.shard_inputs(ids, pos, labels=ids, group=dist.group.WORLD)
+    types = ids % 3  # any per-token input
+    shard = ulysses.shard_inputs(ids, pos, labels=ids, group=dist.group.WORLD, per_token={"token_type_ids": types})
     n = shard.padded // world
     assert shard.padded % world == 0 and shard.padded - shard.total < world
     assert shard.model_inputs["input_ids"].shape == (1, n) and shard.model_inputs["position_ids"].shape == (4, 1, n)
+    local_types = shard.model_inputs["token_type_ids"]
+    assert torch.equal(ulysses.gather_outputs(local_types, shard), types)
+    assert not bool(local_types[0, max(0, shard.total - rank * n):].any()), "the pad's token types are 0 (text)"
     assert shard.seqs.lengths[: len(lengths)] == tuple(lengths)  # then the pad, as its own sequence
     assert sum(shard.seqs.lengths) == shard.padded
     embedded = shard.model_inputs["input_ids"].float()[..., None]  # (1, n, 1): any per-token output

@@ -34,9 +34,10 @@ def _fused() -> str | bool:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_kept_outputs_equal_full_recompute(family, dtype, monkeypatch):
-    """Rule: kept attention and MLP outputs change no gradient (fp32: rel 1e-5 of each tensor's scale; bf16, where
-    the backend may pick other kernels per call: within the bf16 difference of two full-recompute runs x2 + 1e-2)
-    and the attention core runs only in the forward."""
+    """Rule: kept attention and MLP outputs (every layer's, and a per-layer policy with "mlp_in") change no
+    gradient (fp32: rel 1e-5 of each tensor's scale; bf16, where the backend may pick other kernels per call: within
+    the bf16 difference of two full-recompute runs x2 + 1e-2) and the attention core runs only in the forward of the
+    layers keeping attention."""
     fused = _fused()
     calls = [0, 0]
     core = hf_attention.varlen_attention
@@ -62,13 +63,16 @@ def test_kept_outputs_equal_full_recompute(family, dtype, monkeypatch):
 
     loss_full, full, calls_full = step(())
     loss_again, again, _ = step(())
-    loss_kept, kept, calls_kept = step(("attention", "mlp"))
     layers = DIMS["num_hidden_layers"]
-    assert calls_full == [layers, layers] and calls_kept == [layers, 0], (calls_full, calls_kept)
-    assert kept.keys() == full.keys()
-    for n, g in kept.items():
-        scale = float(full[n].abs().max())
-        noise = float((again[n] - full[n]).abs().max())
-        bound = 1e-5 * max(scale, 1e-6) if dtype == torch.float32 else 2 * noise + 1e-2 * scale
-        assert float((g - full[n]).abs().max()) <= bound, n
-    assert abs(loss_kept - loss_full) <= max(2 * abs(loss_again - loss_full), 1e-5 * abs(loss_full))
+    assert calls_full == [layers, layers], calls_full
+    # every layer's attention and MLP; then attention in the last 2 layers, the MLP in the last, gate/up elsewhere
+    for keep, recomputed in ((("attention", "mlp"), 0), ({"attention": 2, "mlp": 1, "mlp_in": 1.0}, 1)):
+        loss_kept, kept, calls_kept = step(keep)
+        assert calls_kept == [layers, recomputed], (keep, calls_kept)
+        assert kept.keys() == full.keys()
+        for n, g in kept.items():
+            scale = float(full[n].abs().max())
+            noise = float((again[n] - full[n]).abs().max())
+            bound = 1e-5 * max(scale, 1e-6) if dtype == torch.float32 else 2 * noise + 1e-2 * scale
+            assert float((g - full[n]).abs().max()) <= bound, (keep, n)
+        assert abs(loss_kept - loss_full) <= max(2 * abs(loss_again - loss_full), 1e-5 * abs(loss_full)), keep

@@ -143,7 +143,9 @@ def patch(
         would not compute exactly, or without liger-kernel), ``"auto"`` (where exact, if liger-kernel imports).
     checkpoint_keep: under gradient checkpointing (on, non-reentrant, before `patch`), the modules of each
         checkpointed layer whose outputs are kept rather than recomputed in the backward: ``"attention"``
-        (projections, rotary, attention call), ``"mlp"``, or both (`tfcompat.hf.checkpointing`).
+        (projections, rotary, attention call), ``"mlp"``, ``"mlp_in"`` (the MLP's gate / up projections), or
+        several; per layer with ``{kind: count or fraction}`` (the last layers), e.g. ``{"attention": 1.0,
+        "mlp_in": 8}`` (`tfcompat.hf.checkpointing`).
 
     Idempotent: patching a patched model with the same options returns its handle. Everything that cannot
     apply raises `PatchError` here, never inside a forward. See the module docstring for what is changed.
@@ -157,7 +159,7 @@ def patch(
         raise PatchError(f"unknown attention backend {backend!r}", supported=", ".join(get_args(Backend)),
                          fix="pass one of the supported backends")
     ulysses_group = _check_group(ulysses_group)
-    keep = tuple(sorted(hf_checkpointing.kinds_of(checkpoint_keep)))
+    keep = hf_checkpointing.policy_of(checkpoint_keep)
     options = {"remove_padding": remove_padding, "ulysses_group": ulysses_group, "backend": backend,
                "linear_backend": linear_backend, "fused": fused, "checkpoint_keep": keep}
     existing = vars(model).get(_HANDLE_ATTR)
@@ -180,7 +182,7 @@ def patch(
     plan = _plan(model, resolved, ulysses_group, linear_backend, backend)
     vision = plan_vision(model, resolved, plan.text_models, [f[0] for f in plan.features], ulysses_group)
     fused_modules = hf_fused.prepare(model, fused, resolved.family, resolved.transformers_version)
-    if keep and plan.mixers.note.startswith(hf_mixers.LAYER_NOTE):
+    if any(n for _, n in keep) and plan.mixers.note.startswith(hf_mixers.LAYER_NOTE):
         raise resolved.error(PatchError, "checkpoint_keep where the decoder layers run per sequence",
                              why="tfcompat replaces those layers' forwards with a loop over the row's sequences; the "
                              "modules kept from recomputation are the packed path's", supported="checkpoint_keep=()",
@@ -425,11 +427,6 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
         raise r.error(PatchError, f"{type(model).__name__} cannot run sequence parallel",
                       why="it pools one score per sequence from tokens that sit on other ranks", supported=entry,
                       fix="score packed rows without ulysses_group (tfcompat pools one score per sequence there)")
-    if group is not None and r.spec.moe_token_types is not None:
-        raise r.error(PatchError, f"{r.family} cannot run sequence parallel",
-                      why="its MoE sends each token to text or vision experts by moe_mm_token_type_ids, which "
-                      "tfcompat.ulysses.shard_inputs does not slice to a rank's tokens", supported=entry,
-                      fix="patch without ulysses_group (packed rows on one process route every token as stock does)")
     text_models = [m for m in model.modules() if isinstance(m, r.text_model_cls)]
     derived = r.entry.derived
     why = derived.per_sequence_why if derived is not None else ""
@@ -656,6 +653,13 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
             raise r.error(InvalidInputError, "the shard's group is not the group the model was patched with",
                           why=f"patched with {_describe(group)}, inputs sharded over {_describe(ctx.group)}",
                           fix="shard_inputs(..., group=g) with the same g as patch(model, ulysses_group=g)")
+        for name, value in (*a.items(), *extra.items()):  # token types: the same tokens as the row (or the shard)
+            if name.endswith("token_type_ids") and isinstance(value, torch.Tensor) \
+                    and tuple(value.shape[:2]) != tuple(tokens.shape[:2]):
+                raise r.error(InvalidInputError, f"{name} and the input tokens differ in shape",
+                              why=f"{name} {tuple(value.shape)}, tokens {tuple(tokens.shape[:2])}",
+                              fix=f"pass one {name} entry per input token; under Ulysses, shard_inputs(..., "
+                              f"per_token={{'{name}': ...}}) slices the whole row's to this rank")
         extra[CONTEXT_KWARG] = ctx._replace(backend=backend)
         visual = extra.pop(VISUAL_KWARG, None)
         if visual is not None:

@@ -12,12 +12,18 @@ Where the owner builds the language model's mask itself (Gemma 3, from ``token_t
 - a packed row whose token types mark images (bidirectional attention within each image) runs the stock attention
   of the pre-patch implementation for that forward, with the mask transformers builds from the packed position ids
   (sequences apart, images bidirectional: exact, as stock per sequence). Only ``eager`` and ``sdpa`` build that
-  mask, and it needs one process: other implementations, Ulysses and padded rows raise `InvalidInputError`.
+  mask, and it needs one process: other implementations, Ulysses and padded rows raise `InvalidInputError`; so does
+  a transformers that remaps a packed row's mask functions to per-sequence positions (5.23+) where the owner hands
+  its image overlay to the mask as such a function (Gemma 3's and Gemma 4's sliding-window masks): each later
+  sequence would read the first one's image positions (`overlay_remapped`).
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
@@ -29,7 +35,7 @@ from ..inputs.derived_vision import owner_of
 from ..registry import Resolved
 from .forward import Router
 
-__all__ = ["EXACT_BLOCK_IMPLEMENTATIONS", "VisionHook", "VisionPlan", "plan_vision", "vision_hooks"]
+__all__ = ["EXACT_BLOCK_IMPLEMENTATIONS", "VisionHook", "VisionPlan", "overlay_remapped", "plan_vision", "vision_hooks"]
 
 # stock implementations whose masks transformers builds from packed position ids (sequences apart), image blocks in
 EXACT_BLOCK_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -131,6 +137,8 @@ class _ImageBlocks:
                    f"packed row with image blocks for {' and '.join(EXACT_BLOCK_IMPLEMENTATIONS)} only")
         elif not hasattr(importlib.import_module("transformers.masking_utils"), "find_packed_sequence_indices"):
             why = "this transformers does not build masks of packed rows from their position ids"
+        elif overlay_remapped(self.r.entry.module):
+            why = overlay_remapped(self.r.entry.module)
         mask = kwargs.get("attention_mask")
         if not why and isinstance(mask, torch.Tensor) and not bool(mask.bool().all()):
             why = "the row has padding; transformers finds packed sequences only in rows without an attention mask"
@@ -156,3 +164,25 @@ class _ImageBlocks:
             self.active -= 1
             for config, _ in self.router.stock:
                 config._attn_implementation = self.router.key
+
+
+@functools.cache
+def overlay_remapped(module_name: str) -> str:
+    """Why transformers' mask of a packed row reads the image overlay of ``module_name`` (a modeling module) at the
+    wrong tokens ("" where it does not): its ``masking_utils`` remaps a packed row's mask functions to per-sequence
+    positions (``remap_positions_for_packed_sequence``) and the module hands an overlay of image blocks or token types
+    to a mask as ``or_mask_function``, which then looks each later sequence's tokens up at the first sequence's
+    positions. Stock per sequence is right; only packed rows meet it."""
+    masking = importlib.import_module("transformers.masking_utils")
+    if not hasattr(masking, "remap_positions_for_packed_sequence"):
+        return ""
+    tree = ast.parse(inspect.getsource(importlib.import_module(module_name)))
+    overlays = [ast.unparse(k.value) for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords
+                if k.arg == "or_mask_function" and ("block" in ast.unparse(k.value) or "token_type" in
+                                                    ast.unparse(k.value))]
+    if not overlays:
+        return ""
+    return (f"this transformers remaps a packed row's mask functions to per-sequence positions (masking_utils."
+            f"remap_positions_for_packed_sequence), and {module_name.rsplit('.', 1)[-1]} hands its image overlay to a "
+            f"mask as one ({overlays[0]}): each later sequence would read the first sequence's image positions (a "
+            "transformers bug of packed rows; stock per sequence is right)")

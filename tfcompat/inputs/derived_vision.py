@@ -42,6 +42,13 @@ def is_derived_vision(r: Resolved) -> bool:
     return r.entry.derived_vision is not None
 
 
+def _is_blank_segments(name: str, value: Any) -> bool:
+    """Whether ``value`` is a tokenizer's ``token_type_ids`` of one segment (all zeros): no information for a forward
+    that takes none (the stock forward swallows them), and generic tokenizers return them by default (4.x
+    ``PreTrainedTokenizerFast``, as a processor's tokenizer); `pack_derived` drops them there."""
+    return name == "token_type_ids" and isinstance(value, torch.Tensor) and not bool(value.any())
+
+
 def owner_of(r: Resolved, model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The module holding the language model (`VisionDerivation.owner`) and the language model; `PatchError` where
     ``model`` holds none."""
@@ -231,7 +238,8 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
 
     Each example: ``input_ids`` ``(L,)`` or ``(1, L)``, optional ``labels``, ``attention_mask`` (all ones), and
     the vision inputs its processor returned under the owner forward's names; per-token ``*token_type_ids`` are
-    concatenated like the ids (zeros, text, for an example without them).
+    concatenated like the ids (zeros, text, for an example without them); ``token_type_ids`` of one segment (all
+    zeros) where the forward takes none are dropped.
     """
     owner, _ = owner_of(r, model)
     params = inspect.signature(owner.forward).parameters
@@ -242,7 +250,8 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
         if not isinstance(ex, Mapping):
             raise r.error(InvalidInputError, f"{what} is not a mapping", why=f"got {type(ex).__name__}",
                           fix="pass one dict per sequence: {'input_ids': ..., 'labels': ..., 'pixel_values': ...}")
-        unknown = sorted(set(ex) - vision_keys - {"input_ids", "labels", "attention_mask"})
+        unknown = sorted(k for k in set(ex) - vision_keys - {"input_ids", "labels", "attention_mask"}
+                         if not _is_blank_segments(k, ex[k]))
         if unknown:
             raise r.error(InvalidInputError, f"{what} has unknown keys {unknown}", why="pack places only the keys "
                           f"{type(owner).__name__}.forward takes", supported=", ".join(sorted(vision_keys)),

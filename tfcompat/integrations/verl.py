@@ -57,9 +57,10 @@ __all__ = ["FUSED_BACKENDS", "FusedOutput", "VerlPatch", "apply_monkey_patch"]
 FUSED_BACKENDS = ("torch", "triton", "liger")  # verl's names; each runs tfcompat.heads with its backend "auto"
 VERL_ULYSSES = "verl.utils.ulysses"
 _ATTR = "_tfcompat_verl"
-# vision keys the forward consumes; the rope-index inputs verl's processor already turned into position ids
+# vision keys the forward consumes; the rope-index inputs verl's processor already turned into position ids, and the
+# MoE routing ids `embed_inputs` rebuilds from the token ids (ERNIE-4.5-VL's)
 _VISION = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
-_ROPE_ONLY = ("second_per_grid_ts", "mm_token_type_ids")
+_REBUILT = ("second_per_grid_ts", "mm_token_type_ids", "moe_mm_token_type_ids")
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,7 @@ class VerlPatch:
         fused = self.options["use_fused_kernels"]
 
         vision = {k: kwargs.pop(k) for k in _VISION if kwargs.get(k) is not None}
-        unexpected = sorted(set(kwargs) - set(_ROPE_ONLY))
+        unexpected = sorted(set(kwargs) - set(_REBUILT))
         if unexpected:
             raise r.error(InvalidInputError, f"unexpected arguments {unexpected}",
                           why="verl's remove-padding actor passes input_ids, position_ids, the multi-modal inputs "

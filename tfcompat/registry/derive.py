@@ -25,6 +25,11 @@ tuning (`temperature_guard`), a decoder counting ``position_ids`` over the row f
 (`positions_from_row`) or leaving its positions module to count them (`positions_module_from_row`, MVP), and learned
 positions counted from a padding index (`own_positions`, RoBERTa).
 
+A vision-language model's text type without a causal LM (``glm_ocr_text``, ``molmo2_text``) is read the same way
+from its text model class as the root (`derive_text_model`): the one ``MODEL_MAPPING_NAMES`` names (`text_model_class`),
+or the one the vision-language model builds from its text config. Whether a text model takes M-RoPE positions is read
+from its forward and its rotary embedding's (`_text_layout`), so that `tfcompat.registry.derive_vision` refuses it.
+
 `derive` gives the `Family` (one `Entry`, for the installed release line); `attention_call` reads one attention
 class (also for written families, at `patch()`), and `passed_values` evaluates what one attention module passes.
 """
@@ -44,12 +49,12 @@ from typing import Any, NamedTuple, cast
 from ..errors import PatchError, UnknownFamilyError
 from . import versions
 from .mixers import LAYER_ROLES, layer_call, mixer_call
-from .records import AttentionCall, Derivation, Entry, Family, MixerCall, RopeConfigKey
+from .records import AttentionCall, Derivation, Entry, Family, MixerCall, RopeConfigKey, TextModelLayout
 
 __all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "OwnPositions", "attention_call",
-           "causal_lm_types", "cross_attrs", "derive", "guard_holds", "layer_kind", "module_name", "own_positions",
-           "passed_values", "positions_from_row", "positions_module_from_row", "takes_row_positions",
-           "temperature_guard"]
+           "causal_lm_types", "cross_attrs", "derive", "derive_text_model", "guard_holds", "layer_kind", "module_name",
+           "own_positions", "passed_values", "positions_from_row", "positions_module_from_row", "takes_row_positions",
+           "temperature_guard", "text_model_class"]
 
 # what an attention forward may pass to the attention function, and what the packed path makes of it
 ATTENTION_KEYWORDS = {
@@ -107,13 +112,8 @@ def derive(model_type: str, version: str) -> Family:
             supported="the written families (tfcompat.registry.families()) and every causal-LM model_type",
             fix="pass transformers' config.model_type of a causal LM")
     where = module_name(model_type)
-
-    def refuse(what: str, why: str, fix: str = "") -> PatchError:
-        return PatchError(f"cannot derive {model_type}: {what}", family=model_type, transformers_version=version,
-                          why=why, supported="decoder-only causal LMs whose decoder layers hold softmax attention "
-                          "dispatched through transformers' AttentionInterface",
-                          fix=fix or "use a model whose structure tfcompat supports, or run it unpatched")
-
+    refuse = _refuser(model_type, version, "decoder-only causal LMs whose decoder layers hold softmax attention "
+                      "dispatched through transformers' AttentionInterface")
     try:
         module = importlib.import_module(where)
     except ImportError as exc:
@@ -134,6 +134,61 @@ def derive(model_type: str, version: str) -> Family:
     if text is None:
         raise refuse(f"no text model found in {lm.__name__}.{prefix}",
                      f"{lm.__name__}.__init__ does not build a class of {where} at self.{prefix}")
+    return _derive_from(model_type, version, module, text, lm, prefix, _config_class(model_type), refuse)
+
+
+def text_model_class(model_type: str) -> type | None:
+    """The text model class that transformers' ``MODEL_MAPPING_NAMES`` maps ``model_type`` to, where the type's
+    modeling module defines it; None otherwise."""
+    name = _auto_name("MODEL_MAPPING_NAMES", model_type)
+    try:
+        return _local_class(importlib.import_module(module_name(model_type)), name) if name else None
+    except ImportError:
+        return None
+
+
+def derive_text_model(model_type: str, version: str, root: type) -> Family:
+    """The family of ``model_type``, a text type without a causal LM (a vision-language model's
+    ``text_config.model_type``: ``glm_ocr_text``), derived from the class ``root`` (found by `text_model_class`, or
+    the class a vision-language model builds from its text config) by the same reading as `derive`: ``root`` is the
+    text model, or a model with a head around the text model it builds at its ``base_model_prefix`` (BLIP's
+    ``BlipTextLMHeadModel``), read as a causal LM; not cached. Without such a head, the entry names no
+    ``for_causal_lm`` and `Derivation.causal_lm` is "".
+
+    Raises `PatchError` naming the feature for a text model whose structure tfcompat cannot prove it handles.
+    """
+    refuse = _refuser(model_type, version, "text models of vision-language models whose decoder layers hold softmax "
+                      "attention dispatched through transformers' AttentionInterface")
+    module = importlib.import_module(root.__module__)
+    prefix = getattr(root, "base_model_prefix", "")
+    inner = _single(_built_classes(module, root, "__init__", attr=prefix)) if prefix else None
+    lm, text = (root, inner) if inner is not None else (None, root)
+    required = _inputs_required(root)
+    if required:
+        raise refuse(f"{root.__name__}.forward requires {', '.join(required)}",
+                     "it raises unless they are given: inputs that a packed row (token ids or embeddings, position "
+                     "ids) does not carry", "run it unpatched, fed as its forward requires")
+    config = getattr(root, "config_class", None)
+    if not isinstance(config, type):
+        raise refuse(f"{root.__name__} names no config_class", "its config's keys (rope settings) cannot be read")
+    return _derive_from(model_type, version, module, text, lm, prefix if lm is not None else "", config, refuse)
+
+
+def _refuser(model_type: str, version: str, supported: str) -> Callable[..., PatchError]:
+    def refuse(what: str, why: str, fix: str = "") -> PatchError:
+        return PatchError(f"cannot derive {model_type}: {what}", family=model_type, transformers_version=version,
+                          why=why, supported=supported,
+                          fix=fix or "use a model whose structure tfcompat supports, or run it unpatched")
+
+    return refuse
+
+
+def _derive_from(model_type: str, version: str, module: Any, text: type, lm: type | None, prefix: str,
+                 config: str | type, refuse: Callable[..., PatchError]) -> Family:
+    """The reading `derive` and `derive_text_model` share, from the text model ``text`` of ``module`` down: held by
+    the causal LM ``lm`` at ``prefix`` (None, "": the text model is the root). config: the config class (or its name
+    in transformers' namespace)."""
+    where = module.__name__
     layers = _layer_classes(module, text)
     holders: list[type] = []  # the class between the text model and its layers: OPTModel.decoder, BertModel.encoder
     stacks = [] if layers else [h for h in _built_classes(module, text, "__init__") if _layer_classes(module, h)]
@@ -158,7 +213,7 @@ def derive(model_type: str, version: str) -> Family:
     mixer_calls: list[MixerCall] = []  # every layer class first: a hybrid is named by its mixer
     per_sequence, unproved = _layer_calls(layers)
     try:
-        found = _softmax_attention(module, lm, text, layers, refuse, mixer_calls)
+        found = _softmax_attention(module, _own_prefix(lm or text), text, layers, refuse, mixer_calls)
         forced = ""
     except PatchError as exc:  # the packed core cannot express it: the decoder layers run per sequence, if proved
         if unproved:
@@ -205,10 +260,10 @@ def derive(model_type: str, version: str) -> Family:
                      "run the model unpatched")
     per_sequence = () if row else per_sequence  # no fallback at patch() for a layer type the core cannot run
     cache = [p for p in _CACHE_PARAMS if p in inspect.signature(cast(Any, attention).forward).parameters]
-    config_cls = _config_class(model_type)
-    rope_key: RopeConfigKey = "rope_parameters" if "rope_parameters" in _config_fields(config_cls) else "rope_scaling"
+    config_cls = config if isinstance(config, str) else config.__name__
+    rope_key: RopeConfigKey = "rope_parameters" if "rope_parameters" in _config_fields(config) else "rope_scaling"
     derivation = Derivation(
-        causal_lm=lm.__name__, text_model=text.__name__, text_model_attr=prefix,
+        causal_lm=lm.__name__ if lm is not None else "", text_model=text.__name__, text_model_attr=prefix,
         decoder_layers=tuple(c.__name__ for c in layers), attention=call, config=config_cls, mixers=tuple(mixer_calls),
         per_sequence=per_sequence, per_sequence_why=forced, softmax_attention=softmax)
     release = versions.parse(version).release
@@ -218,27 +273,56 @@ def derive(model_type: str, version: str) -> Family:
         versions=versions.VersionRange(line, f"{release[0]}.{release[1] + 1}"),
         module=where,
         classes={"attention": attention.__name__, "text_model": text.__name__, "decoder_layer": layers[0].__name__,
-                 "for_causal_lm": lm.__name__, **({"cross_attention": cross[0].__name__} if cross else {})},
+                 **({"for_causal_lm": lm.__name__} if lm is not None else {}),
+                 **({"cross_attention": cross[0].__name__} if cross else {})},
         rotary=None,
         rope_config_key=rope_key,
-        text_model_positions="text",
+        text_model_positions=_text_layout(module, text),
         layer_forwards_kwargs=all(passes),
         rope_index_mm_token_types=False,
         cache_kwarg=cast(Any, cache[0]) if cache else None,
         why=f"derived from {where} on transformers {version}",
         derived=derivation,
     )
-    return Family(key=model_type, entries=(entry,), tiny_config=functools.partial(_tiny_config, config_cls))
+    return Family(key=model_type, entries=(entry,), tiny_config=functools.partial(_tiny_config, config))
 
 
-def _softmax_attention(module: Any, lm: type, text: type, layers: list[type], refuse: Callable[..., PatchError],
+def _own_prefix(root: type) -> str:
+    """The model's own name in its class names, from the causal LM or text model at the root (``MambaForCausalLM``,
+    ``Molmo2TextModel``: ``Mamba``, ``Molmo2``): `MIXER_PATTERN` is read after it."""
+    return re.sub(r"(ForCausalLM|(Text)?Model)$", "", root.__name__)
+
+
+def _text_layout(module: Any, text: type) -> TextModelLayout:
+    """The position ids ``text`` (a text model class) takes (`tfcompat.registry.records.Entry.text_model_positions`):
+    M-RoPE where its forward, or the forward of a module its ``__init__`` builds (its rotary embedding), expands
+    ``position_ids`` to one row per M-RoPE axis (``.expand(3, B, -1)``; a 1-D model's expand takes two sizes); then
+    "text+mrope" where the text model's forward also reads the text row ``position_ids[0]``, else "mrope"."""
+    layers = set(_layer_classes(module, text))
+    forwards = [_method(c, "forward") for c in (text, *(c for c in _built_classes(module, text, "__init__")
+                                                         if c not in layers))]
+
+    def axes(fn: ast.FunctionDef | None) -> bool:
+        return fn is not None and any(
+            isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == ["position_ids"]
+            and any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "expand"
+                    and len(c.args) == 3 for c in ast.walk(n.value)) for n in ast.walk(fn))
+
+    if not any(axes(fn) for fn in forwards):
+        return "text"
+    fn = forwards[0]
+    text_row = fn is not None and any(ast.unparse(n) == "position_ids[0]" for n in ast.walk(fn))
+    return "text+mrope" if text_row else "mrope"
+
+
+def _softmax_attention(module: Any, prefix: str, text: type, layers: list[type], refuse: Callable[..., PatchError],
                        mixer_calls: list[MixerCall]) -> tuple[type | None, list[type], list[bool], list[type]]:
     """The attention class of ``layers`` (of ``text``) that the packed core runs, the cross-attention class (empty or
     one), per layer class holding it whether each chain down to it passes ``**kwargs``, and the layer classes (the
     decoder layer class first); ``(None, [], [True], layers)`` for layers of per-sequence mixers alone (Mamba).
     `PatchError` (from ``refuse``) for attention the core cannot express. Adds the per-sequence mixers to
-    ``mixer_calls``."""
-    mixing = [layer for layer in layers if _per_sequence_mixers(module, layer, lm, refuse, mixer_calls)]
+    ``mixer_calls``. prefix: the model's own name in its class names (`_own_prefix`)."""
+    mixing = [layer for layer in layers if _per_sequence_mixers(module, layer, prefix, refuse, mixer_calls)]
     chains: dict[type, list[tuple[type, ...]]] = {}  # decoder layer -> its chains (layer, ..., attention)
     for layer in layers:
         chains[layer] = _attention_chains(module, layer)
@@ -687,12 +771,12 @@ def _token_mixers(module: Any, layer: type, prefix: str, seen: frozenset[type] =
     return list(dict.fromkeys(out))
 
 
-def _per_sequence_mixers(module: Any, layer: type, lm: type, refuse: Callable[..., PatchError],
+def _per_sequence_mixers(module: Any, layer: type, prefix: str, refuse: Callable[..., PatchError],
                          out: list[MixerCall]) -> bool:
     """Whether ``layer`` holds token mixers other than softmax attention; each child class holding them is added to
     ``out`` as a mixer run per sequence (`tfcompat.registry.mixers`). `PatchError` (from ``refuse``) where a mixer
-    sits in the layer itself or in an attention, or its forward is not proved per sequence."""
-    prefix = lm.__name__.removesuffix("ForCausalLM")
+    sits in the layer itself or in an attention, or its forward is not proved per sequence. prefix: the model's own
+    name in its class names (`_own_prefix`)."""
     mixers = _token_mixers(module, layer, prefix)
     if not mixers:
         return False
@@ -1144,9 +1228,10 @@ def _config_class(model_type: str) -> str:
     return cast(str, names[model_type])
 
 
-def _config_fields(name: str) -> set[str]:
-    """The keys a config class takes (its ``__init__`` parameters, or its dataclass fields on 5.x)."""
-    cls = getattr(importlib.import_module("transformers"), name)
+def _config_fields(config: str | type) -> set[str]:
+    """The keys a config class (or its name in transformers' namespace) takes (its ``__init__`` parameters, or its
+    dataclass fields on 5.x)."""
+    cls: Any = getattr(importlib.import_module("transformers"), config) if isinstance(config, str) else config
     fields = set(inspect.signature(cls.__init__).parameters)
     return fields | set(getattr(cls, "__dataclass_fields__", {})) | set(getattr(cls, "__annotations__", {}))
 
@@ -1155,11 +1240,11 @@ _TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_l
              num_key_value_heads=2, head_dim=16, max_position_embeddings=512, pad_token_id=0)
 
 
-def _tiny_config(config_cls: str, entry: Entry) -> tuple[str, dict[str, Any]]:
+def _tiny_config(config: str | type, entry: Entry) -> tuple[str, dict[str, Any]]:
     """A tiny config of a derived family: the common size keys its config class takes (the self-check's model;
     families with more size keys need them shrunk by the caller)."""
-    fields = _config_fields(config_cls)
-    return config_cls, {k: v for k, v in _TINY.items() if k in fields}
+    fields = _config_fields(config)
+    return config if isinstance(config, str) else config.__name__, {k: v for k, v in _TINY.items() if k in fields}
 
 
 def layer_kind(config: Any, index: int | None) -> str | None:

@@ -1,5 +1,7 @@
 """Deriving a vision-language entry from the installed transformers: a vision tower, a projector and placeholder
-tokens in front of a text model that tfcompat already patches (a written or derived text family, 1-D RoPE).
+tokens in front of a text model that tfcompat already patches (a written or derived text family, 1-D RoPE; a text
+type without a causal LM derives from the text model class the owner builds: `derive.derive_text_model`). An
+encoder-decoder model, whose decoder reads the encoder's states, is refused as such.
 
 What a packed row of such a model needs is what its text model needs, plus proof that the packed position ids and
 the forward context reach the text model: each forward from the vision-language class down to the text model (read
@@ -21,6 +23,8 @@ import importlib
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
+
+import torch
 
 from ..errors import PatchError, TfcompatError, UnknownFamilyError
 from . import versions
@@ -69,14 +73,17 @@ def default_text_type(model_type: str) -> str | None:
         return None
 
 
-def derive(model_type: str, version: str, text_type: str | None, text_entry: Callable[[str], Entry]) -> Family:
+def derive(model_type: str, version: str, text_type: str | None,
+           text_entry: Callable[[str, type | None], Entry]) -> Family:
     """The family of the vision-language ``model_type`` whose language model is ``text_type`` (its config's
     ``text_config.model_type``), on the installed transformers (reported as ``version``); not cached.
 
     A causal LM that is not image-text-to-text but holds a text model of another type (an audio tower in front of
     it: MossTranscribeDiarize) derives alike, from its causal-LM class.
 
-    text_entry: the installed release's entry of a text family (raises a tfcompat error where there is none).
+    text_entry: ``(text type, the class the owner builds from its text config or None) -> entry``: the installed
+    release's entry of the language model's family, written or derived (a text type without a causal LM derives
+    from that class, `tfcompat.registry.derive.derive_text_model`); raises a tfcompat error where there is none.
     Raises `UnknownFamilyError` for a type that is neither, `PatchError` naming what is missing.
     """
     names = vision_types()
@@ -105,16 +112,6 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
     if text_type in (model_type, key) or text_type in vision_types():
         raise refuse(f"its language model is {text_type}, a vision-language type itself",
                      "the text model is not built from a separate text family's config")
-    try:
-        text = text_entry(text_type)
-    except TfcompatError as exc:
-        raise refuse(f"its language model {text_type} is not a text family tfcompat patches",
-                     f"{type(exc).__name__}: {exc.what}" + (f" ({exc.why})" if exc.why else ""),
-                     fix=exc.fix or "run it unpatched") from None
-    if text.linear_attention is not None:
-        raise refuse(f"its language model {text_type} is a hybrid (linear attention)",
-                     "the packed linear-attention layers are bridged for written families only")
-
     hops: list[tuple[type, str]] = []
     owner = top
     if _text_config_attr(top) is None:  # the language model sits one level down: at base_model_prefix (5.x), or
@@ -129,11 +126,25 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
                 owner = inner[0]
                 break
     lm_attr = _text_config_attr(owner)
+    # [] for AutoModel.from_config: the text model is the text type's own
+    built = _built_classes(module, owner, "__init__", attr=lm_attr) if lm_attr is not None else []
+    try:
+        text = text_entry(text_type, _language_model_class(module, owner, lm_attr))
+    except TfcompatError as exc:
+        if lm_attr is None and isinstance(exc, UnknownFamilyError):  # no family, and no class found to derive one
+            raise _no_language_model(refuse, top, owner, module) from None
+        derived = exc.what.startswith(f"cannot derive {text_type}: ")  # its structure, read: the reason is what
+        raise refuse(f"its language model {text_type} " + (
+            f"cannot be patched: {exc.what.removeprefix(f'cannot derive {text_type}: ')}" if derived
+            else "is not a text family tfcompat patches"),
+            f"{type(exc).__name__}: {exc.what}" + (f" ({exc.why})" if exc.why else ""),
+            fix=exc.fix or "run it unpatched") from None
+    if text.linear_attention is not None:
+        raise refuse(f"its language model {text_type} is a hybrid (linear attention)",
+                     "the packed linear-attention layers are bridged for written families only")
     if lm_attr is None:
-        raise refuse(f"no language model found in {owner.__name__}",
-                     f"{owner.__name__}.__init__ assigns no attribute from config.text_config")
+        raise _no_language_model(refuse, top, owner, module)
     hops.append((owner, lm_attr))
-    built = _built_classes(module, owner, "__init__", attr=lm_attr)  # [] for AutoModel.from_config: the text model
     if built and built[0].__name__ != text.classes["text_model"]:  # a causal LM around it (Llama 4)
         inner_attr = next((a for a, _ in _self_assignments(built[0]) if text.classes["text_model"] in
                            [c.__name__ for c in _built_classes(module, built[0], "__init__", attr=a)]), None)
@@ -152,11 +163,11 @@ def derive(model_type: str, version: str, text_type: str | None, text_entry: Cal
     positions_call = _positions_call(owner)
     layout = text.text_model_positions
     if positions_call:  # M-RoPE numbered by the owner's own method, per sequence (`inputs.derived_vision`)
-        if not _takes_text_row(text_cls):
-            raise refuse(f"{text_cls.__name__}.forward takes no text row in front of its M-RoPE rows",
+        if layout != "text+mrope":
+            raise refuse(f"{text_cls.__name__}.forward takes no text row in front of three M-RoPE rows",
                          "a packed row's M-RoPE position ids go to the text model as (4, B, L) = [text; t; h; w]; "
-                         "this text model takes another number of rows")
-        layout = "text+mrope"
+                         f"this text model takes {'(B, L)' if layout == 'text' else '(3, B, L)'} or another number "
+                         "of rows")
     elif layout != "text":
         raise refuse(f"its language model {text_type} takes M-RoPE positions",
                      f"{owner.__name__}.forward numbers no M-RoPE positions itself (no `position_ids = self.<method>"
@@ -194,6 +205,32 @@ def _default_config(model_type: str) -> Any:
         return names[model_type]()
     except Exception:  # noqa: BLE001 -- see default_text_type
         return None
+
+
+def _language_model_class(module: Any, owner: type, lm_attr: str | None) -> type | None:
+    """The class ``owner.__init__`` builds its language model ``self.lm_attr`` from: one of ``module``, or one it
+    imports from another module (BLIP's ``BlipTextLMHeadModel``); None for ``AutoModel.from_config`` or several."""
+    built = _built_classes(module, owner, "__init__", attr=lm_attr) if lm_attr is not None else []
+    if built:
+        return built[0] if len(built) == 1 else None
+    value = dict(_self_assignments(owner)).get(lm_attr or "")
+    name = value.func.id if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) else ""
+    found = getattr(module, name, None)
+    return found if isinstance(found, type) and issubclass(found, torch.nn.Module) else None
+
+
+def _no_language_model(refuse: Callable[..., PatchError], top: type, owner: type, module: Any) -> PatchError:
+    """The refusal for a model whose owner builds no attribute from its text config: an encoder-decoder one names its
+    encoder and decoder (its decoder reads the encoder's states: no language model a packed row feeds)."""
+    holders = [owner, *(c for c in _built_classes(module, top, "__init__", attr=getattr(top, "base_model_prefix", ""))
+                        if c is not owner)]
+    pair = next((c for c in holders if {"encoder", "decoder"} <= {a for a, _ in _self_assignments(c)}), None)
+    if pair is not None:
+        return refuse(f"{pair.__name__} is an encoder-decoder model (self.encoder, self.decoder)",
+                      "its decoder reads the encoder's states (cross-attention); tfcompat patches a language model "
+                      "that a packed row's token embeddings and position ids alone feed")
+    return refuse(f"no language model found in {owner.__name__}",
+                  f"{owner.__name__}.__init__ assigns no attribute from config.text_config")
 
 
 def _self_assignments(cls: type) -> list[tuple[str, ast.expr]]:
@@ -295,14 +332,6 @@ def _own_positions_call(node: ast.stmt, owner: type) -> tuple[str, tuple[tuple[s
             or len(keywords) != len(node.value.keywords) or any(v not in params | {"None"} for _, v in keywords)):
         return ()
     return method, keywords
-
-
-def _takes_text_row(text_model: type) -> bool:
-    """Whether ``text_model.forward`` takes ``(4, B, L)`` position ids as a text row and three M-RoPE rows (it
-    compares ``position_ids.shape[0] == 4``)."""
-    fn = _method(text_model, "forward")
-    return fn is not None and any(isinstance(n, ast.Compare) and ast.unparse(n) == "position_ids.shape[0] == 4"
-                                  for n in ast.walk(fn))
 
 
 def _text_model_computes(fn: ast.FunctionDef, attr: str, keyword: str, value: str, text_model: type) -> bool:

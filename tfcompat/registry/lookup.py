@@ -4,7 +4,9 @@
 entry whose range holds a version, and `resolve` probes it (`tfcompat.probing`) on the installed release. A
 version newer than every declared range resolves against the newest entry by probing, with a warning. A causal LM
 without a written table (`derivable_types`) gets an entry derived from its modeling module on the installed
-release (`tfcompat.registry.derive`); written tables win where they exist.
+release (`tfcompat.registry.derive`); written tables win where they exist. A vision-language type derives in front
+of its language model's family (`tfcompat.registry.derive_vision`): written, derived from a causal LM, the written
+family whose text model it is, or derived from the text model class itself where its type has no causal LM.
 """
 
 from __future__ import annotations
@@ -133,8 +135,10 @@ class Resolved:
             f"{self.family} on transformers {self.transformers_version}: {how} entry {e.versions} ({e.why})",
             f"  module: {e.module}",
             *([] if e.derived is None else [
-                f"  derived from: {e.derived.causal_lm}.{e.derived.text_model_attr} -> {e.derived.text_model}, decoder "
-                f"layers {', '.join(e.derived.decoder_layers)}, config {e.derived.config}",
+                "  derived from: " + (f"{e.derived.causal_lm}.{e.derived.text_model_attr} -> " if e.derived.causal_lm
+                                     else "(no causal LM: the text model itself) ")
+                + f"{e.derived.text_model}, decoder layers {', '.join(e.derived.decoder_layers)}, config "
+                f"{e.derived.config}",
                 (f"  attention call seen: {e.derived.attention.describe()}" if e.derived.softmax_attention
                  else "  attention: no module dispatches through AttentionInterface for the packed core"),
                 *([] if not e.derived.per_sequence_why else [
@@ -293,7 +297,37 @@ def _derived(key: str, version: str) -> Family:
 
 @functools.cache
 def _derived_vision(key: str, text_type: str | None, version: str) -> Family:
-    return derive_vision.derive(key, version, text_type, lambda t: match(t, version)[0])
+    return derive_vision.derive(key, version, text_type, lambda t, built: _language_model_entry(t, version, built))
+
+
+def _language_model_entry(text_type: str, version: str, built: type | None) -> Entry:
+    """The entry on ``version`` of a vision-language model's language model, ``text_type``: its own family's (written,
+    a written family's text-only model, or derived from its causal LM); for a text type without one, the written
+    family whose text model it is (``qwen3_vl_text``: ``qwen3_vl``'s entry), else one derived from its text model
+    class (``MODEL_MAPPING_NAMES``, else ``built``: the class the vision-language model builds from its text config).
+    Raises the type's `UnknownFamilyError` where no text model class is found."""
+    try:
+        return match(text_type, version)[0]
+    except UnknownFamilyError:
+        text = derive.text_model_class(text_type) or built
+        if text is None:
+            raise
+    written = next((entry for entry in map(functools.partial(_entry_on, version=version), families().values())
+                    if entry is not None and entry.classes.get("text_model") == text.__name__
+                    and entry.module_of("text_model") == text.__module__), None)
+    return written or _derived_text_model(text_type, version, text).entries[0]
+
+
+def _entry_on(fam: Family, version: str) -> Entry | None:
+    try:
+        return match(fam.key, version)[0]
+    except UnsupportedVersionError:
+        return None
+
+
+@functools.cache
+def _derived_text_model(key: str, version: str, text: type) -> Family:
+    return derive.derive_text_model(key, version, text)
 
 
 @functools.cache
@@ -375,6 +409,13 @@ def resolve_model(model: torch.nn.Module) -> Resolved:
         # the type resolved as its causal LM (its vision-language entry cannot be derived), and this is its own
         # vision-language class: its refusal is the vision derivation's
         fam = _derived_vision(key, derive_vision.default_text_type(key), resolved.transformers_version)
+        return resolve_entry(fam, fam.entries[0], resolved.transformers_version, False)
+    if (vision is not None and resolved.entry.derived_vision is not None and key in derivable_types()
+            and type(model).__name__ == derive.causal_lm_types().get(key)
+            and type(model).__name__ != derive_vision.vision_types()[vision]):
+        # the type's causal LM on its text config alone (Emu3ForCausalLM), not its vision-language class: its entry is
+        # the causal LM's own
+        fam = _derived(key, resolved.transformers_version)
         return resolve_entry(fam, fam.entries[0], resolved.transformers_version, False)
     text_type = getattr(getattr(config, "text_config", None), "model_type", None)
     derived = resolved.entry.derived_vision

@@ -151,7 +151,9 @@ class Derivation:
     """Where a derived entry came from: the classes read, in the entry's module, and what its attention passes.
 
     causal_lm, text_model: class names; text_model_attr: the causal LM's attribute holding the text model (its
-    ``base_model_prefix``); decoder_layers: every decoder-layer class the text model builds;
+    ``base_model_prefix``); causal_lm and text_model_attr are "" for a text model derived without a causal LM (a
+    vision-language model's text type: `tfcompat.registry.derive.derive_text_model`); decoder_layers: every
+    decoder-layer class the text model builds;
     attention: the attention class's call (`AttentionCall`); config: the config class name; mixers: the token
     mixers other than softmax attention that run per sequence (`MixerCall`), none for an attention-only model.
     per_sequence: the decoder layers proved to run once per sequence with the model's own attention
@@ -294,7 +296,7 @@ class Family:
     moe_token_types: ``(config, input_ids (B, L)) -> (B, L)`` int tensor for a family whose MoE routes each token by
         its modality (ERNIE-4.5-VL's text and vision experts): what the processor passes as
         ``moe_mm_token_type_ids`` (0 text, 1 image, 2 video, start/end tokens with their kind). `tfcompat.pack`
-        builds it from the ids; sequence parallelism is refused (the ids are not sliced per rank). None: no such MoE.
+        builds it from the ids; `tfcompat.ulysses.shard_inputs` slices it to a rank's tokens. None: no such MoE.
     """
 
     key: str

@@ -14,8 +14,9 @@ overlaps the video's positions; 5.3-5.5 flatten a video's frames (one t for all,
 Its MoE block sends text tokens to the text experts and image/video tokens (with their start and end tokens) to the
 vision experts by ``moe_mm_token_type_ids``, per token, each token on its own scores (softmax top-k, no capacity):
 a packed row routes each token as its sequence alone does. `tfcompat.pack` builds ``moe_mm_token_type_ids`` from the
-ids as the processor does; a caller of `tfcompat.embed_inputs` passes the processor's own with the embeddings.
-Sequence parallelism is refused (`Family.moe_token_types`: the routing ids are not sliced to a rank's tokens).
+ids as the processor does; `tfcompat.embed_inputs` returns them with the embeddings. Under sequence parallelism
+`tfcompat.ulysses.shard_inputs` slices them to a rank's tokens with the embeddings (routing is per token: a rank's
+slice routes as the whole row does).
 """
 
 from __future__ import annotations
