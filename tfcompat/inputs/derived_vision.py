@@ -1,12 +1,13 @@
-"""`embed_inputs`, `rope_index` and `pack` for derived vision-language families (1-D RoPE text models behind a
+"""`embed_inputs`, `rope_index` and `pack` for derived vision-language families (text models behind a
 vision tower: `tfcompat.registry.records.VisionDerivation`).
 
 Nothing family-specific is written here: the model's own forward embeds the tokens, runs the tower and scatters the
 features (image sizes, patch masks, tiles and all), and `embed_inputs` captures the ``inputs_embeds`` its owner hands
 the language model (a forward pre-hook that records them and stops the forward). Position ids are the text row,
-``0 .. L-1`` per sequence over attended tokens. A packed row concatenates the examples' tokens and their vision
-inputs in sequence order: on dim 0 (``(images, ...)``), or on dim 1 where the owner reads ``(B, images, ...)``,
-zero-padded to the largest trailing shape as processors pad a batch.
+``0 .. L-1`` per sequence over attended tokens, and where the model numbers M-RoPE itself, below it the rows its own
+method numbers for each sequence alone (`mrope_positions`). A packed row concatenates the examples' tokens and their
+vision inputs in sequence order: on dim 0 (``(images, ...)``), or on dim 1 where the owner reads ``(B, images,
+...)``, zero-padded to the largest trailing shape as processors pad a batch.
 """
 
 from __future__ import annotations
@@ -84,9 +85,10 @@ def mrope_positions(r: Resolved, owner: torch.nn.Module, call: tuple[str, tuple[
     the text row. ``mm_token_type_ids`` it needs and is not given: 1 at the image token, 2 at the video token
     (the processors' convention)."""
     method, keywords = call
-    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     text = text_row_from_mask(attention_mask, input_ids.shape[0], input_ids.shape[1], device=input_ids.device)
-    given = {"input_ids": input_ids, "attention_mask": mask, **{k: x for k, x in inputs.items() if x is not None}}
+    # the mask as the caller gives it: some owners number M-RoPE only with one (Qwen2.5-Omni)
+    given = {"input_ids": input_ids, "attention_mask": attention_mask,
+             **{k: x for k, x in inputs.items() if x is not None}}
     if "mm_token_type_ids" in (n for _, n in keywords) and given.get("mm_token_type_ids") is None:
         given["mm_token_type_ids"] = _token_types(owner.config, input_ids)
     if "inputs_embeds" in (n for _, n in keywords):
@@ -283,7 +285,7 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
     v = r.entry.derived_vision
     if v is not None and v.positions_call:  # each sequence numbered alone: (4, 1, L_i) -> (4, 1, T)
         positions = torch.cat([mrope_positions(r, owner, v.positions_call, x[None],
-                                               {k: ex[k] for k in vision_keys if k in ex})
+                                               {k: ex[k] for k in vision_keys if k in ex}, ex.get("attention_mask"))
                                for ex, x in zip(examples, ids_list)], dim=-1)
     else:
         positions = torch.cat([torch.arange(len(x), device=ids.device) for x in ids_list])[None]  # (T,) -> (1, T)

@@ -32,7 +32,8 @@ def rope_index(
     impl: Impl = "installed",
 ) -> torch.Tensor:
     """Position ids ``(4, B, L)`` = ``[text; t; h; w]`` for ``input_ids (B, L)``, on every transformers version;
-    for a derived vision-language family (1-D RoPE: LLaVA, InternVL, Gemma 3, ...) the text row alone, ``(B, L)``.
+    for a derived vision-language family with 1-D RoPE (LLaVA, InternVL, Gemma 3, ...) the text row alone, ``(B, L)``;
+    for one whose model numbers M-RoPE itself (GLM-OCR, PaddleOCR-VL, ...) ``(4, B, L)`` from its own method.
 
     Calls the installed ``get_rope_index`` with that version's signature (building ``mm_token_type_ids``
     where it is required). The text row counts attended tokens (``attention_mask``), padding gets 1.

@@ -1,7 +1,9 @@
 """Deriving a vision-language entry from the installed transformers: a vision tower, a projector and placeholder
-tokens in front of a text model that tfcompat already patches (a written or derived text family, 1-D RoPE; a text
-type without a causal LM derives from the text model class the owner builds: `derive.derive_text_model`). An
-encoder-decoder model, whose decoder reads the encoder's states, is refused as such.
+tokens in front of a text model that tfcompat already patches (a written or derived text family; a text type without
+a causal LM derives from the text model class the owner builds: `derive.derive_text_model`). Its positions are the
+text row (1-D RoPE), or M-RoPE that the owner numbers itself when given none (``position_ids =
+self.compute_3d_position_ids(...)``, the 5.x Qwen-VL descendants: GLM-OCR, PaddleOCR-VL, ...), which tfcompat calls
+per sequence. An encoder-decoder model, whose decoder reads the encoder's states, is refused as such.
 
 What a packed row of such a model needs is what its text model needs, plus proof that the packed position ids and
 the forward context reach the text model: each forward from the vision-language class down to the text model (read
@@ -98,7 +100,8 @@ def derive(model_type: str, version: str, text_type: str | None,
 
     def refuse(what: str, why: str, fix: str = "") -> PatchError:
         return PatchError(f"cannot derive {model_type}: {what}", family=model_type, transformers_version=version,
-                          why=why, supported="vision-language models whose language model is a 1-D RoPE text model "
+                          why=why, supported="vision-language models whose language model is a text model "
+                          "(1-D RoPE, or M-RoPE the model numbers itself) "
                           "tfcompat patches, reached with position_ids and **kwargs from the top forward",
                           fix=fix or "run it unpatched")
 
@@ -163,7 +166,7 @@ def derive(model_type: str, version: str, text_type: str | None,
     positions_call = _positions_call(owner)
     layout = text.text_model_positions
     if positions_call:  # M-RoPE numbered by the owner's own method, per sequence (`inputs.derived_vision`)
-        if layout != "text+mrope":
+        if layout != "text+mrope" or not _four_rows(text_cls):
             raise refuse(f"{text_cls.__name__}.forward takes no text row in front of three M-RoPE rows",
                          "a packed row's M-RoPE position ids go to the text model as (4, B, L) = [text; t; h; w]; "
                          f"this text model takes {'(B, L)' if layout == 'text' else '(3, B, L)'} or another number "
@@ -319,19 +322,31 @@ def _positions_call(owner: type) -> tuple[str, tuple[tuple[str, str], ...]] | tu
 
 def _own_positions_call(node: ast.stmt, owner: type) -> tuple[str, tuple[tuple[str, str], ...]] | tuple[()]:
     """`_positions_call` of one statement: a method of ``owner`` called with keywords only, each a parameter of
-    its forward (or None)."""
+    its forward that the forward does not reassign (``inputs_embeds`` aside: the method reads only its shape), or
+    None."""
     if not (isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["position_ids"]
             and isinstance(node.value, ast.Call) and not node.value.args):
         return ()
     func = ast.unparse(node.value.func)
     method = func.removeprefix("self.")
     fn = _method(owner, "forward")
-    params = {a.arg for a in fn.args.args + fn.args.kwonlyargs} if fn is not None else set()
+    assigned = {t.id for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)
+                } - {"inputs_embeds"} if fn is not None else set()
+    params = {a.arg for a in fn.args.args + fn.args.kwonlyargs} - assigned if fn is not None else set()
     keywords = tuple((k.arg, ast.unparse(k.value)) for k in node.value.keywords if k.arg is not None)
     if (func == method or not method.isidentifier() or not callable(getattr(owner, method, None))
             or len(keywords) != len(node.value.keywords) or any(v not in params | {"None"} for _, v in keywords)):
         return ()
     return method, keywords
+
+
+def _four_rows(text_model: type) -> bool:
+    """Whether ``text_model.forward`` reads ``(4, B, L)`` position ids as a text row and three M-RoPE rows (it compares
+    ``position_ids.shape[0] == 4``; HunYuan-VL's compares with its number of axes, four, plus one)."""
+    fn = _method(text_model, "forward")
+    return fn is not None and any(isinstance(n, ast.Compare) and ast.unparse(n) == "position_ids.shape[0] == 4"
+                                  for n in ast.walk(fn))
 
 
 def _text_model_computes(fn: ast.FunctionDef, attr: str, keyword: str, value: str, text_model: type) -> bool:

@@ -181,7 +181,7 @@ class Derivation:
 @dataclass(frozen=True)
 class VisionDerivation:
     """Where a derived vision-language entry came from (`tfcompat.registry.derive_vision`): a vision tower, a
-    projector and placeholder tokens in front of a 1-D RoPE text model that tfcompat patches as its text family.
+    projector and placeholder tokens in front of a text model that tfcompat patches as its text family.
 
     model: the vision-language class; hops: ``(class, attribute)`` from it down to the text model, each class's
     forward proved to pass ``position_ids`` and ``**kwargs`` on to that attribute; owner: the class holding the
