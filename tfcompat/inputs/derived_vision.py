@@ -1,12 +1,13 @@
-"""`embed_inputs`, `rope_index` and `pack` for derived vision-language families (1-D RoPE text models behind a
+"""`embed_inputs`, `rope_index` and `pack` for derived vision-language families (text models behind a
 vision tower: `tfcompat.registry.records.VisionDerivation`).
 
 Nothing family-specific is written here: the model's own forward embeds the tokens, runs the tower and scatters the
 features (image sizes, patch masks, tiles and all), and `embed_inputs` captures the ``inputs_embeds`` its owner hands
 the language model (a forward pre-hook that records them and stops the forward). Position ids are the text row,
-``0 .. L-1`` per sequence over attended tokens. A packed row concatenates the examples' tokens and their vision
-inputs in sequence order: on dim 0 (``(images, ...)``), or on dim 1 where the owner reads ``(B, images, ...)``,
-zero-padded to the largest trailing shape as processors pad a batch.
+``0 .. L-1`` per sequence over attended tokens, and where the model numbers M-RoPE itself, below it the rows its own
+method numbers for each sequence alone (`mrope_positions`). A packed row concatenates the examples' tokens and their
+vision inputs in sequence order: on dim 0 (``(images, ...)``), or on dim 1 where the owner reads ``(B, images,
+...)``, zero-padded to the largest trailing shape as processors pad a batch.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from ..errors import InvalidInputError, PatchError
 from ..registry import Resolved
 from .vision_inputs import check_token_ids
 
-__all__ = ["dummy_features", "embed_derived", "is_derived_vision", "owner_of", "pack_derived", "text_positions"]
+__all__ = ["dummy_features", "embed_derived", "is_derived_vision", "mrope_positions", "owner_of", "pack_derived",
+           "text_positions"]
 
 # forward parameters that are not vision inputs of an example
 _NOT_VISION = frozenset({"self", "input_ids", "attention_mask", "position_ids", "labels", "inputs_embeds", "cache",
@@ -72,6 +74,54 @@ def text_positions(r: Resolved, input_ids: Any, attention_mask: torch.Tensor | N
     return text_row_from_mask(attention_mask, input_ids.shape[0], input_ids.shape[1], device=input_ids.device)
 
 
+@torch.no_grad()
+def mrope_positions(r: Resolved, owner: torch.nn.Module, call: tuple[str, tuple[tuple[str, str], ...]],
+                    input_ids: torch.Tensor, inputs: Mapping[str, Any],
+                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``(4, B, L)`` = ``[text; t; h; w]`` for ``input_ids (B, L)`` of a derived M-RoPE family: the M-RoPE rows from
+    the owner's own numbering ``call`` (`tfcompat.registry.records.VisionDerivation.positions_call`: what its
+    forward computes when given no positions), called with ``inputs`` (its forward's vision inputs by name) and no
+    cache; the owner's state (``rope_deltas``) is left as it was. Rows it numbers none for (text only) count like
+    the text row. ``mm_token_type_ids`` it needs and is not given: 1 at the image token, 2 at the video token
+    (the processors' convention)."""
+    method, keywords = call
+    text = text_row_from_mask(attention_mask, input_ids.shape[0], input_ids.shape[1], device=input_ids.device)
+    # the mask as the caller gives it: some owners number M-RoPE only with one (Qwen2.5-Omni)
+    given = {"input_ids": input_ids, "attention_mask": attention_mask,
+             **{k: x for k, x in inputs.items() if x is not None}}
+    if "mm_token_type_ids" in (n for _, n in keywords) and given.get("mm_token_type_ids") is None:
+        given["mm_token_type_ids"] = _token_types(owner.config, input_ids)
+    if "inputs_embeds" in (n for _, n in keywords):
+        given["inputs_embeds"] = cast(Any, owner).get_input_embeddings()(input_ids)
+    state = dict(vars(owner))  # the method records rope_deltas for generation: a call from here must not
+    try:
+        mrope = getattr(owner, method)(**{k: given.get(n) for k, n in keywords})
+    finally:
+        for key in [k for k in vars(owner) if k not in state or vars(owner)[k] is not state[k]]:
+            if key in state:
+                setattr(owner, key, state[key])
+            else:
+                delattr(owner, key)
+    if mrope is None:  # no vision input: the text model numbers the row itself, every row alike
+        mrope = text[None].expand(3, -1, -1)
+    if not isinstance(mrope, torch.Tensor) or tuple(mrope.shape) != (3, *input_ids.shape):
+        raise r.error(InvalidInputError, f"{type(owner).__name__}.{method} numbered no (3, B, L) M-RoPE positions",
+                      why=f"got {tuple(mrope.shape) if isinstance(mrope, torch.Tensor) else type(mrope).__name__} "
+                      f"for input_ids {tuple(input_ids.shape)}",
+                      fix="report it: this release changed the owner's numbering")
+    return torch.cat([text[None].to(mrope.device, mrope.dtype), mrope], dim=0)  # (1, B, L) + (3, B, L)
+
+
+def _token_types(config: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    """``(B, L)`` modality of each token: 0 text, 1 at ``config.image_token_id``, 2 at ``config.video_token_id``."""
+    types = torch.zeros_like(input_ids, dtype=torch.int32)
+    for value, attr in ((1, "image_token_id"), (2, "video_token_id")):
+        token = getattr(config, attr, None)
+        if isinstance(token, int):
+            types[input_ids == token] = value
+    return types
+
+
 def embed_derived(r: Resolved, model: torch.nn.Module, input_ids: Any, vision: dict[str, Any]) -> Embedded:
     """The ``(B, L, H)`` embeddings the model's owner hands its language model for ``input_ids`` and ``vision``
     (its own forward's vision keyword arguments: pixel values, image sizes, patch masks, ...).
@@ -106,8 +156,11 @@ def embed_derived(r: Resolved, model: torch.nn.Module, input_ids: Any, vision: d
         raise _Captured
 
     hook = language_model.register_forward_pre_hook(record, with_kwargs=True)
+    # positions given (any: the capture stops the forward before they are used), so that an owner numbering M-RoPE
+    # itself does not (it would want mm_token_type_ids, which are not vision inputs)
+    given = {"position_ids": input_ids} if v is not None and v.positions_call else {}
     try:
-        owner(input_ids=input_ids, **{k: v for k, v in vision.items() if v is not None})
+        owner(input_ids=input_ids, **given, **{k: v for k, v in vision.items() if v is not None})
     except _Captured:
         pass
     finally:
@@ -229,9 +282,15 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
                       fix=f"give every example labels (all {ignore_index} where no loss is wanted), or none")
     ids = torch.cat(ids_list)[None]  # (T,) -> (1, T)
     seqs = from_lengths([len(x) for x in ids_list], device=ids.device)
-    positions = torch.cat([torch.arange(len(x), device=ids.device) for x in ids_list])[None]  # (T,) -> (1, T)
+    v = r.entry.derived_vision
+    if v is not None and v.positions_call:  # each sequence numbered alone: (4, 1, L_i) -> (4, 1, T)
+        positions = torch.cat([mrope_positions(r, owner, v.positions_call, x[None],
+                                               {k: ex[k] for k in vision_keys if k in ex}, ex.get("attention_mask"))
+                               for ex, x in zip(examples, ids_list)], dim=-1)
+    else:
+        positions = torch.cat([torch.arange(len(x), device=ids.device) for x in ids_list])[None]  # (T,) -> (1, T)
     inputs: dict[str, Any] = {"input_ids": ids, "position_ids": positions}
-    batched = r.entry.derived_vision is not None and r.entry.derived_vision.batched_images
+    batched = v is not None and v.batched_images
     for name in sorted(vision_keys):
         try:  # a processor called without return_tensors gives lists of numbers (LLaVA-OneVision's image counts)
             parts = [torch.as_tensor(ex[name]) for ex in examples if ex.get(name) is not None]

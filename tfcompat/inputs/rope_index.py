@@ -12,7 +12,7 @@ import torch
 from ..core.position_ids import text_row_from_mask
 from ..errors import InvalidInputError
 from ..registry import families
-from .derived_vision import is_derived_vision, text_positions
+from .derived_vision import is_derived_vision, mrope_positions, owner_of, text_positions
 from .reference_rope import REFERENCES
 from .vision_inputs import family_of, vision_call
 
@@ -32,7 +32,8 @@ def rope_index(
     impl: Impl = "installed",
 ) -> torch.Tensor:
     """Position ids ``(4, B, L)`` = ``[text; t; h; w]`` for ``input_ids (B, L)``, on every transformers version;
-    for a derived vision-language family (1-D RoPE: LLaVA, InternVL, Gemma 3, ...) the text row alone, ``(B, L)``.
+    for a derived vision-language family with 1-D RoPE (LLaVA, InternVL, Gemma 3, ...) the text row alone, ``(B, L)``;
+    for one whose model numbers M-RoPE itself (GLM-OCR, PaddleOCR-VL, ...) ``(4, B, L)`` from its own method.
 
     Calls the installed ``get_rope_index`` with that version's signature (building ``mm_token_type_ids``
     where it is required). The text row counts attended tokens (``attention_mask``), padding gets 1.
@@ -47,6 +48,14 @@ def rope_index(
     and ``second_per_grid_ts`` for a family whose index takes none, or of another length than the videos.
     """
     r = family_of(model)
+    derived = r.entry.derived_vision
+    if derived is not None and derived.positions_call:  # M-RoPE numbered by the model's own method
+        if second_per_grid_ts is not None:
+            raise r.error(InvalidInputError, f"{r.family} takes no second_per_grid_ts in rope_index",
+                          fix="drop the argument")
+        text_positions(r, input_ids, attention_mask)  # the ids' and the mask's checks
+        grids = {"image_grid_thw": image_grid_thw, "video_grid_thw": video_grid_thw}
+        return mrope_positions(r, owner_of(r, model)[0], derived.positions_call, input_ids, grids, attention_mask)
     if is_derived_vision(r):  # 1-D RoPE: the text row is all there is (the same contract's first row)
         if image_grid_thw is not None or video_grid_thw is not None or second_per_grid_ts is not None:
             raise r.error(InvalidInputError, f"{r.family} takes no vision grids in rope_index",

@@ -1,7 +1,9 @@
 """Deriving a vision-language entry from the installed transformers: a vision tower, a projector and placeholder
-tokens in front of a text model that tfcompat already patches (a written or derived text family, 1-D RoPE; a text
-type without a causal LM derives from the text model class the owner builds: `derive.derive_text_model`). An
-encoder-decoder model, whose decoder reads the encoder's states, is refused as such.
+tokens in front of a text model that tfcompat already patches (a written or derived text family; a text type without
+a causal LM derives from the text model class the owner builds: `derive.derive_text_model`). Its positions are the
+text row (1-D RoPE), or M-RoPE that the owner numbers itself when given none (``position_ids =
+self.compute_3d_position_ids(...)``, the 5.x Qwen-VL descendants: GLM-OCR, PaddleOCR-VL, ...), which tfcompat calls
+per sequence. An encoder-decoder model, whose decoder reads the encoder's states, is refused as such.
 
 What a packed row of such a model needs is what its text model needs, plus proof that the packed position ids and
 the forward context reach the text model: each forward from the vision-language class down to the text model (read
@@ -98,7 +100,8 @@ def derive(model_type: str, version: str, text_type: str | None,
 
     def refuse(what: str, why: str, fix: str = "") -> PatchError:
         return PatchError(f"cannot derive {model_type}: {what}", family=model_type, transformers_version=version,
-                          why=why, supported="vision-language models whose language model is a 1-D RoPE text model "
+                          why=why, supported="vision-language models whose language model is a text model "
+                          "(1-D RoPE, or M-RoPE the model numbers itself) "
                           "tfcompat patches, reached with position_ids and **kwargs from the top forward",
                           fix=fix or "run it unpatched")
 
@@ -139,9 +142,6 @@ def derive(model_type: str, version: str, text_type: str | None,
             else "is not a text family tfcompat patches"),
             f"{type(exc).__name__}: {exc.what}" + (f" ({exc.why})" if exc.why else ""),
             fix=exc.fix or "run it unpatched") from None
-    if text.text_model_positions != "text":
-        raise refuse(f"its language model {text_type} takes M-RoPE positions",
-                     "derived vision-language entries cover 1-D RoPE text models; M-RoPE families are written tables")
     if text.linear_attention is not None:
         raise refuse(f"its language model {text_type} is a hybrid (linear attention)",
                      "the packed linear-attention layers are bridged for written families only")
@@ -163,6 +163,18 @@ def derive(model_type: str, version: str, text_type: str | None,
                          "per-sequence positions of a packed row would differ from the stock model's"
                          if "own position_ids" in gap else "a packed row's position ids and forward context must "
                          "reach the text model unchanged")
+    positions_call = _positions_call(owner)
+    layout = text.text_model_positions
+    if positions_call:  # M-RoPE numbered by the owner's own method, per sequence (`inputs.derived_vision`)
+        if layout != "text+mrope" or not _four_rows(text_cls):
+            raise refuse(f"{text_cls.__name__}.forward takes no text row in front of three M-RoPE rows",
+                         "a packed row's M-RoPE position ids go to the text model as (4, B, L) = [text; t; h; w]; "
+                         f"this text model takes {'(B, L)' if layout == 'text' else '(3, B, L)'} or another number "
+                         "of rows")
+    elif layout != "text":
+        raise refuse(f"its language model {text_type} takes M-RoPE positions",
+                     f"{owner.__name__}.forward numbers no M-RoPE positions itself (no `position_ids = self.<method>"
+                     "(...)` when none are given) for tfcompat to call per sequence")
     owner_mask = _passed(owner, lm_attr, "attention_mask")
     forward = _method(owner, "forward")
     params = [a.arg for a in forward.args.args + forward.args.kwonlyargs] if forward is not None else []
@@ -175,7 +187,7 @@ def derive(model_type: str, version: str, text_type: str | None,
         language_model_attr=lm_attr, tower_attrs=towers, projector_attrs=projectors, text_family=text_type,
         placeholder=placeholder, owner_mask=owner_mask, mask_inputs=mask_inputs, batched_images=_batched(owner),
         embeds_need_ids=any(_refuses_embeds_alone(c) for c, _ in hops),
-        token_inputs=_token_inputs(owner, lm_attr, text_cls))
+        token_inputs=_token_inputs(owner, lm_attr, text_cls), positions_call=positions_call)
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
@@ -183,7 +195,7 @@ def derive(model_type: str, version: str, text_type: str | None,
         module=module.__name__, text_module=text.module_of("text_model"),
         classes={**{r: text.classes[r] for r in TEXT_ROLES if r in text.classes}, "model": owner.__name__,
                  "for_causal_lm": top.__name__},
-        vision=None, rope_index_deviations=(), known_issues=(), derived_vision=derivation,
+        vision=None, rope_index_deviations=(), known_issues=(), derived_vision=derivation, text_model_positions=layout,
         why=f"derived from {module.__name__} on transformers {version}; text model as {text_type}'s {text.versions} "
         "entry")
     config_name = type(config).__name__ if config is not None else ""
@@ -290,13 +302,51 @@ def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
         if text_model is not None and extra:
             return f"{cls.__name__}.forward passes {', '.join(extra)} to its language model"
     defaults = {id(n) for g in ast.walk(fn) if isinstance(g, ast.If) and ast.unparse(g.test) == "position_ids is None"
-                for n in g.body if _counts_the_row(n)}
+                for n in g.body if _counts_the_row(n) or (text_model is not None and _own_positions_call(n, cls))}
     for node in ast.walk(fn):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
             node, (ast.AugAssign, ast.AnnAssign)) else []
         if any(isinstance(t, ast.Name) and t.id == "position_ids" for t in targets) and id(node) not in defaults:
             return f"{cls.__name__}.forward computes its own position_ids ({ast.unparse(node)[:80]})"
     return ""
+
+
+def _positions_call(owner: type) -> tuple[str, tuple[tuple[str, str], ...]] | tuple[()]:
+    """The owner's own M-RoPE numbering when given no positions: ``if position_ids is None: position_ids =
+    self.<method>(keyword=name, ...)`` (5.x Qwen-VL descendants' ``compute_3d_position_ids``), as ``(method,
+    ((keyword, name), ...))``, each name a parameter of its forward; () where there is none."""
+    fn = _method(owner, "forward")
+    return next((c for g in ast.walk(fn) if isinstance(g, ast.If) and ast.unparse(g.test) == "position_ids is None"
+                 for n in g.body for c in [_own_positions_call(n, owner)] if c), ()) if fn is not None else ()
+
+
+def _own_positions_call(node: ast.stmt, owner: type) -> tuple[str, tuple[tuple[str, str], ...]] | tuple[()]:
+    """`_positions_call` of one statement: a method of ``owner`` called with keywords only, each a parameter of
+    its forward that the forward does not reassign (``inputs_embeds`` aside: the method reads only its shape), or
+    None."""
+    if not (isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["position_ids"]
+            and isinstance(node.value, ast.Call) and not node.value.args):
+        return ()
+    func = ast.unparse(node.value.func)
+    method = func.removeprefix("self.")
+    fn = _method(owner, "forward")
+    assigned = {t.id for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)
+                } - {"inputs_embeds"} if fn is not None else set()
+    params = {a.arg for a in fn.args.args + fn.args.kwonlyargs} - assigned if fn is not None else set()
+    keywords = tuple((k.arg, ast.unparse(k.value)) for k in node.value.keywords if k.arg is not None)
+    if (func == method or not method.isidentifier() or not callable(getattr(owner, method, None))
+            or len(keywords) != len(node.value.keywords) or any(v not in params | {"None"} for _, v in keywords)):
+        return ()
+    return method, keywords
+
+
+def _four_rows(text_model: type) -> bool:
+    """Whether ``text_model.forward`` reads ``(4, B, L)`` position ids as a text row and three M-RoPE rows (it compares
+    ``position_ids.shape[0] == 4``; HunYuan-VL's compares with its number of axes, four, plus one)."""
+    fn = _method(text_model, "forward")
+    return fn is not None and any(isinstance(n, ast.Compare) and ast.unparse(n) == "position_ids.shape[0] == 4"
+                                  for n in ast.walk(fn))
 
 
 def _text_model_computes(fn: ast.FunctionDef, attr: str, keyword: str, value: str, text_model: type) -> bool:

@@ -192,6 +192,9 @@ def _vision_lines(v: VisionDerivation) -> list[str]:
         + ("; its forward refuses inputs_embeds without input_ids (no embed_inputs, no Ulysses)"
            if v.embeds_need_ids else "")
         + (f"; it computes {', '.join(v.token_inputs)} from the token ids (no embed_inputs)" if v.token_inputs else ""),
+        *([] if not v.positions_call else [
+            f"  M-RoPE positions: {v.owner}.{v.positions_call[0]}, called per sequence by pack and rope_index (what "
+            "its forward numbers when given no positions)"]),
         *([] if v.owner_mask == "attention_mask" else [
             f"  mask: {v.owner} builds its own ({v.owner_mask}); on packed rows the boundaries replace it"
             + (f"; rows whose {', '.join(v.mask_inputs)} mark images (bidirectional within each) run the stock "

@@ -181,7 +181,7 @@ class Derivation:
 @dataclass(frozen=True)
 class VisionDerivation:
     """Where a derived vision-language entry came from (`tfcompat.registry.derive_vision`): a vision tower, a
-    projector and placeholder tokens in front of a 1-D RoPE text model that tfcompat patches as its text family.
+    projector and placeholder tokens in front of a text model that tfcompat patches as its text family.
 
     model: the vision-language class; hops: ``(class, attribute)`` from it down to the text model, each class's
     forward proved to pass ``position_ids`` and ``**kwargs`` on to that attribute; owner: the class holding the
@@ -195,7 +195,9 @@ class VisionDerivation:
     embeds_need_ids: a forward on the way raises for ``inputs_embeds`` without ``input_ids`` (4.53's Idefics2), so
     embeddings computed outside it (`tfcompat.embed_inputs`, Ulysses) cannot be fed to it; token_inputs: what the
     owner computes from the token ids for its language model besides the embeddings (Gemma 4's ``per_layer_inputs``),
-    which embeddings computed outside it do not carry.
+    which embeddings computed outside it do not carry; positions_call: where the owner numbers M-RoPE positions
+    itself when given none (``position_ids = self.compute_3d_position_ids(...)``): the method and its keywords as
+    ``(keyword, source)`` (() for a 1-D RoPE text model: the text row is all there is).
     """
 
     model: str
@@ -211,6 +213,7 @@ class VisionDerivation:
     batched_images: bool
     embeds_need_ids: bool = False
     token_inputs: tuple[str, ...] = ()
+    positions_call: tuple[str, tuple[tuple[str, str], ...]] | tuple[()] = ()
 
 
 @dataclass(frozen=True)
