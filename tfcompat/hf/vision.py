@@ -12,15 +12,17 @@ Where the owner builds the language model's mask itself (Gemma 3, from ``token_t
 - a packed row whose token types mark images (bidirectional attention within each image) runs the stock attention
   of the pre-patch implementation for that forward, with the mask transformers builds from the packed position ids
   (sequences apart, images bidirectional: exact, as stock per sequence). Only ``eager`` and ``sdpa`` build that
-  mask, and it needs one process: other implementations, Ulysses and padded rows raise `InvalidInputError`; so does
-  a transformers that remaps a packed row's mask functions to per-sequence positions (5.23+) where the owner hands
-  its image overlay to the mask as such a function (Gemma 3's and Gemma 4's sliding-window masks): each later
-  sequence would read the first one's image positions (`overlay_remapped`).
+  mask, and it needs one process: other implementations, Ulysses and padded rows raise `InvalidInputError`. Where
+  transformers remaps a packed row's mask functions to per-sequence positions (5.23+) and the owner hands its image
+  overlay to a mask as such a function (Gemma 3's and Gemma 4's sliding-window masks), that mask would read each
+  later sequence's tokens at the first sequence's positions (`overlay_remapped`); there the owner's own mask of each
+  sequence alone is laid on the row's diagonal instead (`_masks_per_sequence`).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib
 import inspect
@@ -137,8 +139,6 @@ class _ImageBlocks:
                    f"packed row with image blocks for {' and '.join(EXACT_BLOCK_IMPLEMENTATIONS)} only")
         elif not hasattr(importlib.import_module("transformers.masking_utils"), "find_packed_sequence_indices"):
             why = "this transformers does not build masks of packed rows from their position ids"
-        elif overlay_remapped(self.r.entry.module):
-            why = overlay_remapped(self.r.entry.module)
         mask = kwargs.get("attention_mask")
         if not why and isinstance(mask, torch.Tensor) and not bool(mask.bool().all()):
             why = "the row has padding; transformers finds packed sequences only in rows without an attention mask"
@@ -156,6 +156,10 @@ class _ImageBlocks:
             kwargs["use_cache"] = False
         for config, impl in self.router.stock:
             config._attn_implementation = impl
+        if overlay_remapped(self.r.entry.module):  # transformers' mask of the row would be wrong: the owner's own
+            # mask of each sequence alone, block-diagonal (built for the stock implementation just set; before the
+            # count below, so that `exit` after each of those owner calls leaves the implementations as they are)
+            kwargs["attention_mask"] = _masks_per_sequence(module, self.r, ctx, kwargs)
         self.active += 1
         return args, kwargs
 
@@ -164,6 +168,60 @@ class _ImageBlocks:
             self.active -= 1
             for config, _ in self.router.stock:
                 config._attn_implementation = self.router.key
+
+
+class _Captured(Exception):
+    """Stops an owner's forward at its language model once the mask it hands it is recorded."""
+
+
+@torch.no_grad()
+def _masks_per_sequence(owner: torch.nn.Module, r: Resolved, ctx: ForwardContext, kwargs: dict[str, Any]) -> Any:
+    """The mask ``owner`` hands its language model for the packed row in ``kwargs``, built per sequence: its own
+    forward runs on each sequence alone (ids or embeddings, token types, positions; no pixels: the mask reads token
+    types only) up to the language model, and each mask (a dict per layer type, or a tensor; ``(1, 1, L_i, L_i)``
+    boolean or additive, None for plain causal) lands on the diagonal of a ``(1, 1, T, T)`` mask that attends nowhere
+    else."""
+    language_model = owner_of(r, owner)[1]
+    tokens = "input_ids" if kwargs.get("input_ids") is not None else "inputs_embeds"
+    per_token = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and (k == tokens or k.endswith(
+        "token_type_ids"))]
+    bounds = ctx.seqs.cu_seqlens.tolist()  # host copy: this path runs the stock attention anyway
+    seen: list[Any] = []
+
+    def record(module: torch.nn.Module, args: tuple, kw: dict[str, Any]) -> None:
+        seen.append(kw.get("attention_mask"))
+        raise _Captured
+
+    hook = language_model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            one = {k: kwargs[k][:, start:end] for k in per_token}  # (1, T, ...) -> (1, L_i, ...)
+            one["position_ids"] = kwargs["position_ids"][..., start:end]
+            with contextlib.suppress(_Captured):
+                owner(**one)
+    finally:
+        hook.remove()
+    total = bounds[-1]
+    if isinstance(seen[0], dict):
+        return {key: _block_diagonal([m[key] for m in seen], bounds, total) for key in seen[0]}
+    return _block_diagonal(seen, bounds, total)
+
+
+def _block_diagonal(parts: list[torch.Tensor | None], bounds: list[int], total: int) -> torch.Tensor:
+    """``(1, 1, T, T)``: ``parts[i]`` ``(1, 1, L_i, L_i)`` at sequence ``i``'s block (None: causal), nothing attended
+    across blocks. Boolean where the parts are (sdpa's: True attends), else additive (eager's: 0 attends)."""
+    given = [p for p in parts if p is not None]
+    dtype = given[0].dtype if given else torch.bool
+    device = given[0].device if given else None
+    out = (torch.zeros(1, 1, total, total, dtype=torch.bool, device=device) if dtype == torch.bool else
+           torch.full((1, 1, total, total), torch.finfo(dtype).min, dtype=dtype, device=device))
+    for part, start, end in zip(parts, bounds[:-1], bounds[1:]):
+        if part is None:
+            causal = torch.ones(end - start, end - start, dtype=torch.bool, device=device).tril()
+            part = causal if dtype == torch.bool else torch.zeros_like(causal, dtype=dtype).masked_fill(
+                ~causal, torch.finfo(dtype).min)
+        out[..., start:end, start:end] = part
+    return out
 
 
 @functools.cache
