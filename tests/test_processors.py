@@ -33,23 +33,8 @@ def _per_token(inputs: dict[str, Any]) -> dict[str, Any]:
                                                              "moe_mm_token_type_ids"))}
 
 
-def _stock_packed_image_blocks_by_position() -> bool:
-    """transformers 5.23+ remaps a packed row's mask functions to per-sequence positions, Gemma 3's image-block
-    overlay of sliding layers included (it indexes the row's token types): on a packed row each later sequence then
-    reads the first one's image blocks (a text token attends to the next tokens where the first sequence has an
-    image). tfcompat's token-typed packed rows run that stock mask (`tfcompat.hf.vision`)."""
-    return hasattr(importlib.import_module("transformers.masking_utils"), "remap_positions_for_packed_sequence")
-
-
-def _cases() -> list[Any]:
-    gemma3 = pytest.mark.xfail(_stock_packed_image_blocks_by_position(), strict=True,
-                               reason="transformers 5.23+ masks a packed Gemma 3 row's image blocks by position on "
-                               "sliding layers; the token-typed route of tfcompat.hf.vision runs that mask")
-    return [pytest.param(t, marks=gemma3) if t == "gemma3" else t for t in sorted(processors.RECIPES)]
-
-
 @needs_pillow
-@pytest.mark.parametrize("model_type", _cases())
+@pytest.mark.parametrize("model_type", sorted(processors.RECIPES))
 def test_processor_outputs_pack_as_they_come(model_type: str) -> None:
     try:
         model = tiny_model(model_type, "image_text_to_text", attn_implementation="sdpa")
