@@ -8,6 +8,7 @@ compared per token.
 from __future__ import annotations
 
 import importlib
+import inspect
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -212,6 +213,9 @@ def check_type(model_type: str, kind: Kind = "causal_lm", tolerance: float = 1e-
                 ids = examples[i]["input_ids"]  # (1, L): text, the image's placeholders, text
                 run = torch.full((1, image.tokens), image.token_id)
                 examples[i] = {"input_ids": torch.cat([ids[:, :3], run, ids[:, 3:]], 1), **image.inputs}
+                if "mm_token_type_ids" in inspect.signature(model.forward).parameters:  # 1 at an image's tokens, as
+                    # its processor returns them (5.x M-RoPE forwards number images only with them)
+                    examples[i]["mm_token_type_ids"] = (examples[i]["input_ids"] == image.token_id).long()
         # each sequence at the positions the model gives it by default (0, 1, ... for most; RoBERTa's count from its
         # padding index): what the packed row's restarting position ids must give
         expected = [model(**ex, use_cache=False).logits[0] for ex in examples]
