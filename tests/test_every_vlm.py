@@ -301,6 +301,8 @@ def test_video_rows_carry_the_processors_token_types():
     from tests.every_type import logits_of, video_sequence
 
     model = _model("qwen2_5_vl")
+    if getattr(model.config, "vision_start_token_id", None) is None:
+        pytest.skip("this release's Qwen2.5-VL config names no vision_start_token_id: no processor layout to build")
     row = video_sequence(model, seed=3)
     assert row is not None
     ids = row["input_ids"]
