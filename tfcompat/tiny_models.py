@@ -155,7 +155,7 @@ _MROPE: dict[str, tuple[list[int], str]] = {
     "Qwen2_5OmniTextConfig": ([16, 24, 24], "mrope"), "Qwen3VLTextConfig": ([24, 20, 20], "default"),
     "Qwen3VLMoeTextConfig": ([24, 20, 20], "default"), "Glm4vTextConfig": ([8, 12, 12], "default"),
     "Glm4vMoeTextConfig": ([8, 12, 12], "default"), "GlmImageTextConfig": ([8, 12, 12], "default"),
-    "GlmOcrTextConfig": ([8, 12, 12], "default"),
+    "GlmOcrTextConfig": ([8, 12, 12], "default"), "PaddleOCRTextConfig": ([16, 24, 24], "default"),
     # ERNIE-4.5-VL's sections are [h, w, t] (h and w interleaved: equal)
     "Ernie4_5_VLMoeTextConfig": ([22, 22, 20], "default"), "Ernie4_5_VL_MoeTextConfig": ([22, 22, 20], "default"),
 }
