@@ -27,7 +27,15 @@ import tfcompat
 from tfcompat.errors import InvalidInputError, PatchError, UnknownFamilyError, UnsupportedVersionError
 from tfcompat.registry.upstream import UPSTREAM_BUGS
 from tfcompat.selfcheck import vision_placeholder
-from tfcompat.tiny_models import Kind, TinyModelError, attention_implementations, tiny_image, tiny_model, tiny_video
+from tfcompat.tiny_models import (
+    Kind,
+    TinyModelError,
+    attention_implementations,
+    special_token_ids,
+    tiny_image,
+    tiny_model,
+    tiny_video,
+)
 
 TOLERANCE = 1e-5
 # gradients sum a projection over every token and parameter entry: a deep tiny model's eager reference differs from
@@ -55,16 +63,7 @@ def build(model_type: str, attn_implementation: str = "sdpa", *, kind: Kind = "c
 
 def special_ids(config) -> set[int]:
     """Every token id the config tree names (bos, eos, pad, image, ...): sampled text avoids them."""
-    ids: set[int] = set()
-    stack = [config]
-    while stack:
-        cfg = stack.pop()
-        for key, value in cfg.to_dict().items():
-            if key.endswith(("token_id", "token_ids", "token_index")) and "vocab" not in key:
-                ids.update(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, int))
-        stack.extend(getattr(cfg, n) for n in (getattr(cfg, "sub_configs", None) or {})
-                     if hasattr(getattr(cfg, n, None), "to_dict"))
-    return ids
+    return special_token_ids(config)
 
 
 def sample_sequences(config, lengths: Sequence[int] = LENGTHS, seed: int = 0) -> list[torch.Tensor]:

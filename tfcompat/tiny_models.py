@@ -122,6 +122,8 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     # the projector concatenates these vision layers: two of the tiny tower's two
     "VipLlavaConfig": {"vision_feature_layers": [-2, -1]},
     "Molmo2AdapterConfig": {"vision_feature_layer": [1, 0]},  # full size [24, 18] of 25, indices checked
+    # positions are one per patch of the default image (27**2, kept from the full-size values): the tiny one's 4**2
+    "Molmo2VisionConfig": {"num_position_embeddings": 16},
     # the pixel-shuffle adapter's input (hidden 64 / 0.5**2) is the vision `intermediate_size`
     "Llama4VisionConfig": {"intermediate_size": 256},
     # the projector's query count is keyed by the patch count of the full-size image (35**2, 70**2): the tiny one's 4**2
@@ -357,7 +359,17 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
     channels = getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None) or 3
     patch = getattr(vision, "patch_size", 8)
     patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+    size = getattr(vision, "image_size", 32)
+    size = size[0] if isinstance(size, (list, tuple)) else size
+    size = size if isinstance(size, int) else 32
     layouts = []
+    if "image_token_pooling" in params and "image_grids" in params:  # crops of patches, pooled 2 x 2 into tokens by
+        side = size // patch  # indices into the flat patches (Molmo2): a low-res crop's windows, a high-res crop's
+        windows = torch.arange(side * side).view(side // 2, 2, side // 2, 2)  # (h/2, 2, w/2, 2) -> (h*w/4, 4)
+        windows = windows.permute(0, 2, 1, 3).reshape(-1, 4)
+        layouts.append({"pixel_values": torch.randn(2, side * side, channels * patch * patch, generator=g),
+                        "image_token_pooling": torch.cat([windows, windows + side * side]),
+                        "image_grids": torch.tensor([[side // 2] * 4])})  # [low h, low w, high h, high w]
     if "image_grid_thw" in params:  # flattened patches and their (t, h, w) grid (Qwen2-VL); Kimi takes them unflattened
         merge = getattr(vision, "spatial_merge_size", 2) or 1
         merge = merge[0] if isinstance(merge, (list, tuple)) else merge
@@ -380,9 +392,6 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
     if "spatial_shapes" in params:  # SigLIP2 NaFlex (LFM2-VL): (B, N, C*p*p) patches, their grid, a patch mask
         layouts.append({"pixel_values": torch.randn(1, 16, channels * patch * patch, generator=g),
                         "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16).bool()})
-    size = getattr(vision, "image_size", 32)
-    size = size[0] if isinstance(size, (list, tuple)) else size
-    size = size if isinstance(size, int) else 32
     image = torch.randn(1, channels, size, size, generator=g)
     layouts += [{"pixel_values": image}, {"pixel_values": image[:, None]}]
     if "image_sizes" in params:  # any-resolution (LLaVA-NeXT): the base image and one tile of the 32 x 32 grid
@@ -457,7 +466,7 @@ def special_token_ids(config: PretrainedConfig) -> set[int]:
 
     def collect(cfg: PretrainedConfig) -> None:
         for key, value in cfg.to_dict().items():
-            if _is_token_key(key):
+            if _is_token_key(key, cfg.attribute_map):
                 found.update(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, int))
         for sub in _sub_configs(cfg).values():
             collect(sub)
@@ -477,7 +486,7 @@ def _token_map(config: PretrainedConfig) -> dict[int, int]:
 def _with_placeholders(config: PretrainedConfig) -> PretrainedConfig:
     """``config`` with a free id of the tiny vocab for each image / video placeholder id it leaves None (MiniCPM-V,
     BLIP-2: the processor's tokenizer names them); without one the model has no placeholder to scatter features at."""
-    missing = [k for k, v in config.to_dict().items() if v is None and _is_token_key(k) and
+    missing = [k for k, v in config.to_dict().items() if v is None and _is_token_key(k, config.attribute_map) and
                any(kind in k for kind in ("image", "video"))]
     used = special_token_ids(config)
     free = (i for i in range(VOCAB - 1, -1, -1) if i not in used)
@@ -486,8 +495,11 @@ def _with_placeholders(config: PretrainedConfig) -> PretrainedConfig:
     return config
 
 
-def _is_token_key(key: str) -> bool:
-    return key.endswith(("token_id", "token_ids", "token_index")) and "vocab" not in key
+def _is_token_key(key: str, attribute_map: dict[str, str]) -> bool:
+    """Whether a config key holds token ids: by its name, or as the stored name of one (Molmo2's `image_patch_id`
+    behind `image_token_id`)."""
+    names = [key, *(alias for alias, real in attribute_map.items() if real == key)]
+    return any(n.endswith(("token_id", "token_ids", "token_index")) and "vocab" not in n for n in names)
 
 
 def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], base: dict[str, Any]) -> PretrainedConfig:
@@ -573,7 +585,7 @@ def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, 
             kwargs[key] = {i: {**layer, **_sizes(layer, {})} for i, layer in value.items()}
         elif ("dropout" in key or "pdrop" in key or key.endswith("layerdrop")) and isinstance(value, float):
             kwargs[key] = 0.0
-        elif _is_token_key(key) and value is not None:
+        elif _is_token_key(key, config.attribute_map) and value is not None:
             kwargs[key] = [ids.get(v, v) for v in value] if isinstance(value, list) else ids.get(value, value)
     return kwargs
 
