@@ -81,6 +81,8 @@ _DERIVED = {"head_dim", "num_key_value_heads", "num_experts_per_tok", "num_local
 _LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers", "encoder_layers",
            "num_decoder_layers", "num_encoder_layers")
 _MAX_LAYERS = 16
+# Lists of layer indices (not one entry per layer): SAM-style towers' global-attention layers among windowed ones
+_LAYER_INDICES = ("global_attn_indexes",)
 
 # Additions to the generic shrink, by config class, each with the reason the generic one fails.
 _OVERRIDES: dict[str, dict[str, Any]] = {
@@ -277,7 +279,15 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
     # what the forward or the feature function names (a forward taking **kwargs may name no image kwarg itself)
     params = {**inspect.signature(model.forward).parameters, **inspect.signature(features).parameters}
     g = torch.Generator().manual_seed(seed)
-    return _first_fit(config.model_type, "image", features, _layouts(vision, params, g), hidden, token_id,
+    layouts = _layouts(vision, params, g)
+    for name in params:  # a second tower's image where its config names one (`high_res_pixel_values` for the
+        tower = getattr(config, name.removesuffix("pixel_values") + "vision_config", None)  # SAM tower of
+        if name.endswith("_pixel_values") and tower is not None:  # DeepSeek-VL hybrid), of that tower's size
+            size = _image_size(tower)
+            channels = getattr(tower, "num_channels", 3)
+            layouts = [{**layout, name: torch.randn(*layout["pixel_values"].shape[:-3], channels, size, size,
+                                                    generator=g)} for layout in layouts]
+    return _first_fit(config.model_type, "image", features, layouts, hidden, token_id,
                       lambda layout: _required_from_config(features, config, layout))
 
 
@@ -359,9 +369,7 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
     channels = getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None) or 3
     patch = getattr(vision, "patch_size", 8)
     patch = patch[0] if isinstance(patch, (list, tuple)) else patch
-    size = getattr(vision, "image_size", 32)
-    size = size[0] if isinstance(size, (list, tuple)) else size
-    size = size if isinstance(size, int) else 32
+    size = _image_size(vision)
     layouts = []
     if "image_token_pooling" in params and "image_grids" in params:  # crops of patches, pooled 2 x 2 into tokens by
         side = size // patch  # indices into the flat patches (Molmo2): a low-res crop's windows, a high-res crop's
@@ -399,6 +407,13 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
         layouts += [{"pixel_values": image, "image_sizes": sizes},
                     {"pixel_values": torch.cat([image, image.flip(-1)])[None], "image_sizes": sizes}]
     return layouts
+
+
+def _image_size(vision: Any) -> int:
+    """The side of the square image a vision config takes (32 where it names none)."""
+    size = getattr(vision, "image_size", 32)
+    size = size[0] if isinstance(size, (list, tuple)) else size
+    return size if isinstance(size, int) else 32
 
 
 def _tensors(out: Any) -> list[Any]:
@@ -524,6 +539,9 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
     kwargs.update({k: v for k, v in _FILL_NONE.get(type(default).__name__, {}).items() if values.get(k, None) is None})
     kwargs.update({k: v for k, v in _FLAGS.items() if k in values})
     layers = kwargs.get("num_hidden_layers", layers)
+    for key in _LAYER_INDICES:  # indices of the full-size layers that are of another kind: the tiny model's last
+        if isinstance(values.get(key), (list, tuple)) and key not in _OVERRIDES.get(type(default).__name__, {}):
+            kwargs[key] = [layers - 1]
     for key, value in kwargs.items():
         if key in patterns and isinstance(value, list):
             kwargs[key] = value[:layers]  # a per-layer size (gemma3n's intermediate_size), shrunk above
