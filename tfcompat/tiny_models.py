@@ -314,9 +314,11 @@ def tiny_video(model: torch.nn.Module, seed: int = 0) -> TinyImage:
     layouts = [{"pixel_values_videos": layout["pixel_values"][:, None].expand(-1, 2, *layout["pixel_values"].shape[1:])
                 .contiguous()} for layout in _layouts(vision, {}, g) if layout["pixel_values"].ndim == 4][:1]
     if "video_grid_thw" in params:
-        for layout in _layouts(vision, {"image_grid_thw": None}, g)[:2]:
+        merges = {"image_merge_sizes": None} if "video_merge_sizes" in params else {}
+        for layout in _layouts(vision, {"image_grid_thw": None, **merges}, g)[:2]:
             grid = layout["image_grid_thw"] * torch.tensor([[2, 1, 1]])
-            layouts.append({"pixel_values_videos": torch.cat([layout["pixel_values"]] * 2), "video_grid_thw": grid})
+            layouts.append({"pixel_values_videos": torch.cat([layout["pixel_values"]] * 2), "video_grid_thw": grid,
+                            **({"video_merge_sizes": layout["image_merge_sizes"]} if merges else {})})
     return _first_fit(config.model_type, "video", features, layouts, config.get_text_config().hidden_size, token_id,
                       lambda layout: {})
 
@@ -385,8 +387,11 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
         h, w = 2 * merge, 3 * merge
         flat = torch.randn(h * w, channels * temporal * patch * patch, generator=g)
         grid = torch.tensor([[1, h, w]])
-        layouts += [{"pixel_values": flat, "image_grid_thw": grid},
-                    {"pixel_values": flat.view(h * w, channels * temporal, patch, patch), "image_grid_thw": grid}]
+        # the merge of each image where the forward takes it per image (VideoLLaMA3's `image_merge_sizes`)
+        merges = {"image_merge_sizes": torch.tensor([merge])} if "image_merge_sizes" in params else {}
+        layouts += [{"pixel_values": flat, "image_grid_thw": grid, **merges},
+                    {"pixel_values": flat.view(h * w, channels * temporal, patch, patch), "image_grid_thw": grid,
+                     **merges}]
     if "image_grid_hw" in params:  # flattened 2-D patches and their (h, w) grid (Nemotron-H Omni)
         flat = torch.randn(16, channels * patch * patch, generator=g)
         layouts.append({"pixel_values": flat, "image_grid_hw": torch.tensor([[4, 4]])})
