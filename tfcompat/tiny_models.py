@@ -126,6 +126,8 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "Molmo2AdapterConfig": {"vision_feature_layer": [1, 0]},  # full size [24, 18] of 25, indices checked
     # positions are one per patch of the default image (27**2, kept from the full-size values): the tiny one's 4**2
     "Molmo2VisionConfig": {"num_position_embeddings": 16},
+    # the SAM neck's last downsampling feeds the encoder (its hidden size, 64), full size [512, 896]
+    "DeepseekOcr2SamVisionConfig": {"downsample_channels": [32, 64]},
     # the pixel-shuffle adapter's input (hidden 64 / 0.5**2) is the vision `intermediate_size`
     "Llama4VisionConfig": {"intermediate_size": 256},
     # the projector's query count is keyed by the patch count of the full-size image (35**2, 70**2): the tiny one's 4**2
