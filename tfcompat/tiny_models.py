@@ -128,6 +128,8 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "Molmo2VisionConfig": {"num_position_embeddings": 16},
     # the SAM neck's last downsampling feeds the encoder (its hidden size, 64), full size [512, 896]
     "DeepseekOcr2SamVisionConfig": {"downsample_channels": [32, 64]},
+    # the projector takes the tower's merged patches: vision hidden (64) times merge_size**2 (4), not a size of its own
+    "MuseSparkConfig": {"out_hidden_size": 256}, "MuseGlimmerConfig": {"out_hidden_size": 256},
     # the pixel-shuffle adapter's input (hidden 64 / 0.5**2) is the vision `intermediate_size`
     "Llama4VisionConfig": {"intermediate_size": 256},
     # the projector's query count is keyed by the patch count of the full-size image (35**2, 70**2): the tiny one's 4**2
@@ -383,9 +385,9 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
                         "image_token_pooling": torch.cat([windows, windows + side * side]),
                         "image_grids": torch.tensor([[side // 2] * 4])})  # [low h, low w, high h, high w]
     if "image_grid_thw" in params:  # flattened patches and their (t, h, w) grid (Qwen2-VL); Kimi takes them unflattened
-        merge = getattr(vision, "spatial_merge_size", 2) or 1
+        merge = _first_attr(vision, ("spatial_merge_size", "merge_size"), 2) or 1  # Muse Spark's names second
         merge = merge[0] if isinstance(merge, (list, tuple)) else merge
-        temporal = getattr(vision, "temporal_patch_size", 1) or 1
+        temporal = _first_attr(vision, ("temporal_patch_size", "patch_temporal"), 1) or 1
         h, w = 2 * merge, 3 * merge
         flat = torch.randn(h * w, channels * temporal * patch * patch, generator=g)
         grid = torch.tensor([[1, h, w]])
@@ -414,6 +416,11 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
         layouts += [{"pixel_values": image, "image_sizes": sizes},
                     {"pixel_values": torch.cat([image, image.flip(-1)])[None], "image_sizes": sizes}]
     return layouts
+
+
+def _first_attr(config: Any, names: tuple[str, ...], default: Any) -> Any:
+    """The value of the first of ``names`` that ``config`` has (one role, several spellings), else ``default``."""
+    return next((getattr(config, n) for n in names if hasattr(config, n)), default)
 
 
 def _image_size(vision: Any) -> int:
