@@ -126,8 +126,6 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "Molmo2AdapterConfig": {"vision_feature_layer": [1, 0]},  # full size [24, 18] of 25, indices checked
     # positions are one per patch of the default image (27**2, kept from the full-size values): the tiny one's 4**2
     "Molmo2VisionConfig": {"num_position_embeddings": 16},
-    # the SAM neck's last downsampling feeds the encoder (its hidden size, 64), full size [512, 896]
-    "DeepseekOcr2SamVisionConfig": {"downsample_channels": [32, 64]},
     # the projector takes the tower's merged patches: vision hidden (64) times merge_size**2 (4), not a size of its own
     "MuseSparkConfig": {"out_hidden_size": 256}, "MuseGlimmerConfig": {"out_hidden_size": 256},
     # the pixel-shuffle adapter's input (hidden 64 / 0.5**2) is the vision `intermediate_size`
@@ -648,6 +646,11 @@ def _sizes(values: dict[str, Any], attribute_map: dict[str, str]) -> dict[str, A
     elif isinstance(values.get("qk_rope_head_dim"), int) and isinstance(values.get("qk_nope_head_dim"), int) and (
             values.get("head_dim") == values["qk_rope_head_dim"] + values["qk_nope_head_dim"]):
         kwargs["head_dim"] = _SIZES["qk_head_dim"]  # or the whole q/k head (dots3's sliding layers)
+    channels = values.get("downsample_channels")
+    if isinstance(channels, list) and channels and all(isinstance(c, int) for c in channels):
+        # a SAM neck's downsampling convolutions whose last feeds the next tower (DeepSeek-OCR 2's encoder, Unlimited
+        # OCR's CLIP) at its hidden size: halving up to the tiny hidden size (full size [512, 896] / [512, 1024])
+        kwargs["downsample_channels"] = [_SIZES["hidden_size"] >> (len(channels) - 1 - i) for i in range(len(channels))]
     if "kv_lora_rank" in values and "num_key_value_heads" in values:
         kwargs["num_key_value_heads"] = _SIZES["num_attention_heads"]  # MLA expands K and V to every head
     return kwargs
