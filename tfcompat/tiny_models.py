@@ -58,6 +58,7 @@ _SIZES: dict[str, int] = {
     # multi-head latent attention (DeepSeek): q/k head dim 24, v head dim 16
     "kv_lora_rank": 32, "q_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "qk_head_dim": 24,
     "v_head_dim": 16, "index_n_heads": 2, "index_head_dim": 16, "index_topk": 8,
+    "index_kpool": 4,  # the indexer selects top-k keys in pools of this many (2 of them)
     # windows and chunks that matter for sequences of 10-20 tokens
     "sliding_window": 8, "attention_chunk_size": 8, "sliding_window_size": 8, "attention_window_size": 8,
     # linear attention and state-space layers: 4 value heads of 16, state 16
@@ -638,6 +639,8 @@ def _sizes(values: dict[str, Any], attribute_map: dict[str, str]) -> dict[str, A
     for key, size in _SIZES.items():
         real = attribute_map.get(key, key)
         value = values.get(real, 0.5)  # 0.5: absent
+        if value == 0 and not isinstance(value, bool):
+            continue  # a role that is off stays off (GLM-5 Next's NoPE indexed attention: qk_rope_head_dim 0)
         if (isinstance(value, int) and not isinstance(value, bool)) or (value is None and key in _DERIVED):
             kwargs[real] = size
         elif isinstance(value, list) and value and all(isinstance(v, int) for v in value):
