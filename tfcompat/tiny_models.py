@@ -129,6 +129,8 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "Molmo2VisionConfig": {"num_position_embeddings": 16},
     # the projector takes the tower's merged patches: vision hidden (64) times merge_size**2 (4), not a size of its own
     "MuseSparkConfig": {"out_hidden_size": 256}, "MuseGlimmerConfig": {"out_hidden_size": 256},
+    # full-size multi-head (10 of 10): its eager attention repeats no key/value heads
+    "UnlimitedOcrTextConfig": {"num_key_value_heads": 4},
     # the pixel-shuffle adapter's input (hidden 64 / 0.5**2) is the vision `intermediate_size`
     "Llama4VisionConfig": {"intermediate_size": 256},
     # the projector's query count is keyed by the patch count of the full-size image (35**2, 70**2): the tiny one's 4**2
@@ -617,6 +619,8 @@ def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, 
             kwargs[key] = {i: {**layer, **_sizes(layer, {})} for i, layer in value.items()}
         elif ("dropout" in key or "pdrop" in key or key.endswith("layerdrop")) and isinstance(value, float):
             kwargs[key] = 0.0
+        elif key == "initializer_range" and isinstance(value, float) and value < 1e-3:
+            kwargs[key] = 0.02  # SAM towers' 1e-10: their random weights would make every image alike
         elif _is_token_key(key, config.attribute_map) and value is not None:
             kwargs[key] = [ids.get(v, v) for v in value] if isinstance(value, list) else ids.get(value, value)
     return kwargs
