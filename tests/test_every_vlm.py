@@ -14,6 +14,8 @@ image is an xfail that names why.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -71,13 +73,29 @@ def test_resolve_says_derived_and_from_what():
 
 
 def test_a_language_model_tfcompat_cannot_patch_is_refused_at_patch():
-    # (mllama's text model derives since its cross-attention layers are skipped without images: tests/test_derived)
-    found = next((t for t in ("cosmos3_edge", "glm_ocr", "qwen2_5_omni_thinker") if t in TYPES), None)
-    if found is None:
+    refused = "its language model .* (is not a text family tfcompat patches|cannot be patched|takes M-RoPE|is a hybrid)"
+
+    def refused_for_its_language_model(model_type: str) -> bool:
+        try:
+            tfcompat.resolve(model_type)
+        except PatchError as exc:
+            return re.search(refused, exc.what) is not None
+        except tfcompat.TfcompatError:
+            return False
+        return False
+
+    found = [t for t in TYPES if refused_for_its_language_model(t)]
+    if not found:
         pytest.skip("no image-text-to-text type of this release has a language model tfcompat cannot patch")
-    refused = "its language model .* (is not a text family tfcompat patches|cannot be patched|takes M-RoPE)"
-    with pytest.raises(PatchError, match=refused):
-        tfcompat.patch(_model(found))
+    for model_type in found:  # the first the zoo builds: patch() of the instance refuses alike
+        try:
+            model = _model(model_type)
+        except Exception:  # noqa: BLE001 -- the zoo's limit: the next one
+            continue
+        with pytest.raises(PatchError, match="its language model"):
+            tfcompat.patch(model)
+        return
+    pytest.xfail(f"the zoo builds none of {found}")
 
 
 def test_rope_index_is_the_text_row():

@@ -94,6 +94,8 @@ def mrope_positions(r: Resolved, owner: torch.nn.Module, call: tuple[str, tuple[
     if "inputs_embeds" in (n for _, n in keywords):
         given["inputs_embeds"] = cast(Any, owner).get_input_embeddings()(input_ids)
     state = dict(vars(owner))  # the method records rope_deltas for generation: a call from here must not
+    if "rope_deltas" in state:  # and reads those of an earlier call (some releases): numbered as a fresh model
+        owner.rope_deltas = None
     try:
         mrope = getattr(owner, method)(**{k: given.get(n) for k, n in keywords})
     finally:
