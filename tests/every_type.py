@@ -27,7 +27,15 @@ import tfcompat
 from tfcompat.errors import InvalidInputError, PatchError, UnknownFamilyError, UnsupportedVersionError
 from tfcompat.registry.upstream import UPSTREAM_BUGS
 from tfcompat.selfcheck import vision_placeholder
-from tfcompat.tiny_models import Kind, TinyModelError, attention_implementations, tiny_image, tiny_model, tiny_video
+from tfcompat.tiny_models import (
+    Kind,
+    TinyModelError,
+    attention_implementations,
+    special_token_ids,
+    tiny_image,
+    tiny_model,
+    tiny_video,
+)
 
 TOLERANCE = 1e-5
 # gradients sum a projection over every token and parameter entry: a deep tiny model's eager reference differs from
@@ -55,16 +63,7 @@ def build(model_type: str, attn_implementation: str = "sdpa", *, kind: Kind = "c
 
 def special_ids(config) -> set[int]:
     """Every token id the config tree names (bos, eos, pad, image, ...): sampled text avoids them."""
-    ids: set[int] = set()
-    stack = [config]
-    while stack:
-        cfg = stack.pop()
-        for key, value in cfg.to_dict().items():
-            if key.endswith(("token_id", "token_ids", "token_index")) and "vocab" not in key:
-                ids.update(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, int))
-        stack.extend(getattr(cfg, n) for n in (getattr(cfg, "sub_configs", None) or {})
-                     if hasattr(getattr(cfg, n, None), "to_dict"))
-    return ids
+    return special_token_ids(config)
 
 
 def sample_sequences(config, lengths: Sequence[int] = LENGTHS, seed: int = 0) -> list[torch.Tensor]:
@@ -242,18 +241,26 @@ def image_sequence(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Ten
     return _vision_row(model, "image", tiny_image(model, seed=seed), before, after)
 
 
-def _vision_row(model: torch.nn.Module, kind: str, item: Any, before: torch.Tensor, after: torch.Tensor
-                ) -> dict[str, torch.Tensor]:
+def _vision_row(model: torch.nn.Module, kind: str, item: Any, before: torch.Tensor, after: torch.Tensor,
+                run: list[int] | None = None) -> dict[str, torch.Tensor]:
     """``input_ids (1, L)``: ``before``, the item's placeholder run, ``after``; the item's kwargs; and
     ``mm_token_type_ids`` / ``moe_mm_token_type_ids (1, L)`` where the forward takes them (1 image, 2 video: as the
     processor returns them; without them 5.3+ Qwen-VL forwards place every token as text, and a reference run so is
     not the model's). A written M-RoPE family's item takes its processor's layout (start / end tokens) and token types.
-    item: a `tfcompat.tiny_models.TinyImage` (an image or a video)."""
-    run = [item.token_id] * item.tokens
+    item: a `tfcompat.tiny_models.TinyImage` (an image or a video); run: its placeholder run where given (its
+    placeholders, ``item.tokens`` of them, are the tokens of the item's type; the rest is text or markers)."""
     written = _written_family(model)
     grid = item.inputs.get(f"{kind}_grid_thw")
-    if written is not None and grid is not None:
-        run = vision_placeholder(model.config, kind, tuple(grid[0].tolist()))
+    placeholders = None
+    if run is None:
+        run = [item.token_id] * item.tokens
+        if written is not None and grid is not None:
+            run = vision_placeholder(model.config, kind, tuple(grid[0].tolist()))
+    elif written is None:  # a derived family's own layout: its placeholders are the items' tokens, at their places
+        marked = torch.tensor(run) == (item.token_id if run.count(item.token_id) == item.tokens
+                                       else model.config.image_token_id)
+        placeholders = torch.cat([torch.zeros(len(before), dtype=torch.bool), marked,
+                                  torch.zeros(len(after), dtype=torch.bool)])[None]
     ids = torch.cat([before, torch.tensor(run), after])[None]
     inputs = {"input_ids": ids, **item.inputs}
     for name in ("mm_token_type_ids", "moe_mm_token_type_ids"):  # ERNIE-4.5-VL routes its MoE by the latter
@@ -262,7 +269,7 @@ def _vision_row(model: torch.nn.Module, kind: str, item: Any, before: torch.Tens
                 written.mm_token_types if name == "mm_token_type_ids" else written.moe_token_types)
             code = 1 if kind == "image" else 2
             inputs[name] = (build_types(model.config, ids) if build_types is not None
-                            else code * (ids == item.token_id).long())
+                            else code * (ids == item.token_id if placeholders is None else placeholders).long())
     return inputs
 
 
@@ -304,7 +311,45 @@ def video_sequence(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Ten
     except TinyModelError:
         return None
     before, after = sample_sequences(model.config, lengths=(3, 4), seed=seed)
-    return _vision_row(model, "video", video, before, after)
+    rows = [_vision_row(model, "video", video, before, after, run) for run in _video_runs(model.config, video, seed)]
+    for row in rows:  # the first layout the stock forward takes: its rope index / placeholder check rejects the others
+        try:
+            with torch.no_grad():
+                logits_of(model, **row)
+        except Exception:  # noqa: BLE001, S112 -- the next layout may be the processor's
+            continue
+        return row
+    return rows[0]  # none runs: vlm_check says why the first (Qwen-VL's) does not
+
+
+def _video_runs(config, video: Any, seed: int) -> list[list[int] | None]:
+    """Placeholder runs of one video as processors lay them out, in order (None: `_vision_row`'s default run):
+
+    - one run of ``video_token_id`` for the whole video (Qwen2-VL; a written family's own layout);
+    - one segment per frame of the ``video_grid_thw`` (``t`` frames of ``n`` tokens), each after its timestamp (text),
+      between ``vision_start`` / ``vision_end`` (Qwen3-VL, Cosmos3 Edge: the rope index splits the grid per frame);
+    - GLM's: the frames as images (``image_start``, ``image_token_id * n``, ``image_end``, timestamp) between
+      ``video_start`` / ``video_end`` (GLM-OCR's placeholder mask counts video features at image tokens).
+    """
+    grid = video.inputs.get("video_grid_thw")
+    if grid is None:
+        return [None]
+    t = int(grid[0, 0])
+    n = video.tokens // t
+    stamps = sample_sequences(config, lengths=(2,) * t, seed=seed + 7)  # "<0.5 seconds>": text between frames
+    ids = {k: v for k in ("vision_start_token_id", "vision_end_token_id", "image_start_token_id", "image_end_token_id",
+                          "video_start_token_id", "video_end_token_id", "image_token_id")
+           if isinstance(v := getattr(config, k, None), int)}
+    runs: list[list[int] | None] = [None]
+    if {"vision_start_token_id", "vision_end_token_id"} <= ids.keys():
+        runs.append([x for f in range(t) for x in (*stamps[f].tolist(), ids["vision_start_token_id"],
+                                                   *[video.token_id] * n, ids["vision_end_token_id"])])
+    if {"image_start_token_id", "image_end_token_id", "video_start_token_id", "video_end_token_id", "image_token_id"
+        } <= ids.keys():
+        frames = [x for f in range(t) for x in (ids["image_start_token_id"], *[ids["image_token_id"]] * n,
+                                                ids["image_end_token_id"], *stamps[f].tolist())]
+        runs.append([ids["video_start_token_id"], *frames, ids["video_end_token_id"]])
+    return runs
 
 
 def vlm_examples(model: torch.nn.Module, seed: int = 0) -> list[dict[str, torch.Tensor]]:

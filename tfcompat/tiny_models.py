@@ -58,6 +58,7 @@ _SIZES: dict[str, int] = {
     # multi-head latent attention (DeepSeek): q/k head dim 24, v head dim 16
     "kv_lora_rank": 32, "q_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "qk_head_dim": 24,
     "v_head_dim": 16, "index_n_heads": 2, "index_head_dim": 16, "index_topk": 8,
+    "index_kpool": 4,  # the indexer selects top-k keys in pools of this many (2 of them)
     # windows and chunks that matter for sequences of 10-20 tokens
     "sliding_window": 8, "attention_chunk_size": 8, "sliding_window_size": 8, "attention_window_size": 8,
     # linear attention and state-space layers: 4 value heads of 16, state 16
@@ -81,6 +82,8 @@ _DERIVED = {"head_dim", "num_key_value_heads", "num_experts_per_tok", "num_local
 _LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers", "encoder_layers",
            "num_decoder_layers", "num_encoder_layers")
 _MAX_LAYERS = 16
+# Lists of layer indices (not one entry per layer): SAM-style towers' global-attention layers among windowed ones
+_LAYER_INDICES = ("global_attn_indexes",)
 
 # Additions to the generic shrink, by config class, each with the reason the generic one fails.
 _OVERRIDES: dict[str, dict[str, Any]] = {
@@ -122,6 +125,12 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     # the projector concatenates these vision layers: two of the tiny tower's two
     "VipLlavaConfig": {"vision_feature_layers": [-2, -1]},
     "Molmo2AdapterConfig": {"vision_feature_layer": [1, 0]},  # full size [24, 18] of 25, indices checked
+    # positions are one per patch of the default image (27**2, kept from the full-size values): the tiny one's 4**2
+    "Molmo2VisionConfig": {"num_position_embeddings": 16},
+    # the projector takes the tower's merged patches: vision hidden (64) times merge_size**2 (4), not a size of its own
+    "MuseSparkConfig": {"out_hidden_size": 256}, "MuseGlimmerConfig": {"out_hidden_size": 256},
+    # full-size multi-head (10 of 10): its eager attention repeats no key/value heads
+    "UnlimitedOcrTextConfig": {"num_key_value_heads": 4},
     # the pixel-shuffle adapter's input (hidden 64 / 0.5**2) is the vision `intermediate_size`
     "Llama4VisionConfig": {"intermediate_size": 256},
     # the projector's query count is keyed by the patch count of the full-size image (35**2, 70**2): the tiny one's 4**2
@@ -147,6 +156,7 @@ _FILL_NONE: dict[str, dict[str, Any]] = {
     "Dots1Config": {"n_shared_experts": 1},  # multiplied by
     "MllamaTextConfig": {"rope_scaling": {"rope_type": "default"}},  # read by the rotary embedding (4.x)
     "DeepseekOcr2TextConfig": {"mlp_layer_types": ["dense", "sparse"]},  # indexed per layer
+    "Step3p7TextConfig": {"sliding_window": 8},  # its sliding mask is built whatever the layer types
 }
 # M-RoPE sections the modeling code assumes where the config has none, and the 4.x rope type, by text config class:
 # scaled to the tiny head like a config's own.
@@ -155,7 +165,7 @@ _MROPE: dict[str, tuple[list[int], str]] = {
     "Qwen2_5OmniTextConfig": ([16, 24, 24], "mrope"), "Qwen3VLTextConfig": ([24, 20, 20], "default"),
     "Qwen3VLMoeTextConfig": ([24, 20, 20], "default"), "Glm4vTextConfig": ([8, 12, 12], "default"),
     "Glm4vMoeTextConfig": ([8, 12, 12], "default"), "GlmImageTextConfig": ([8, 12, 12], "default"),
-    "GlmOcrTextConfig": ([8, 12, 12], "default"),
+    "GlmOcrTextConfig": ([8, 12, 12], "default"), "PaddleOCRTextConfig": ([16, 24, 24], "default"),
     # ERNIE-4.5-VL's sections are [h, w, t] (h and w interleaved: equal)
     "Ernie4_5_VLMoeTextConfig": ([22, 22, 20], "default"), "Ernie4_5_VL_MoeTextConfig": ([22, 22, 20], "default"),
 }
@@ -275,7 +285,15 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
     # what the forward or the feature function names (a forward taking **kwargs may name no image kwarg itself)
     params = {**inspect.signature(model.forward).parameters, **inspect.signature(features).parameters}
     g = torch.Generator().manual_seed(seed)
-    return _first_fit(config.model_type, "image", features, _layouts(vision, params, g), hidden, token_id,
+    layouts = _layouts(vision, params, g)
+    for name in params:  # a second tower's image where its config names one (`high_res_pixel_values` for the
+        tower = getattr(config, name.removesuffix("pixel_values") + "vision_config", None)  # SAM tower of
+        if name.endswith("_pixel_values") and tower is not None:  # DeepSeek-VL hybrid), of that tower's size
+            size = _image_size(tower)
+            channels = getattr(tower, "num_channels", 3)
+            layouts = [{**layout, name: torch.randn(*layout["pixel_values"].shape[:-3], channels, size, size,
+                                                    generator=g)} for layout in layouts]
+    return _first_fit(config.model_type, "image", features, layouts, hidden, token_id,
                       lambda layout: _required_from_config(features, config, layout))
 
 
@@ -302,9 +320,11 @@ def tiny_video(model: torch.nn.Module, seed: int = 0) -> TinyImage:
     layouts = [{"pixel_values_videos": layout["pixel_values"][:, None].expand(-1, 2, *layout["pixel_values"].shape[1:])
                 .contiguous()} for layout in _layouts(vision, {}, g) if layout["pixel_values"].ndim == 4][:1]
     if "video_grid_thw" in params:
-        for layout in _layouts(vision, {"image_grid_thw": None}, g)[:2]:
+        merges = {"image_merge_sizes": None} if "video_merge_sizes" in params else {}
+        for layout in _layouts(vision, {"image_grid_thw": None, **merges}, g)[:2]:
             grid = layout["image_grid_thw"] * torch.tensor([[2, 1, 1]])
-            layouts.append({"pixel_values_videos": torch.cat([layout["pixel_values"]] * 2), "video_grid_thw": grid})
+            layouts.append({"pixel_values_videos": torch.cat([layout["pixel_values"]] * 2), "video_grid_thw": grid,
+                            **({"video_merge_sizes": layout["image_merge_sizes"]} if merges else {})})
     return _first_fit(config.model_type, "video", features, layouts, config.get_text_config().hidden_size, token_id,
                       lambda layout: {})
 
@@ -357,16 +377,27 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
     channels = getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None) or 3
     patch = getattr(vision, "patch_size", 8)
     patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+    size = _image_size(vision)
     layouts = []
+    if "image_token_pooling" in params and "image_grids" in params:  # crops of patches, pooled 2 x 2 into tokens by
+        side = size // patch  # indices into the flat patches (Molmo2): a low-res crop's windows, a high-res crop's
+        windows = torch.arange(side * side).view(side // 2, 2, side // 2, 2)  # (h/2, 2, w/2, 2) -> (h*w/4, 4)
+        windows = windows.permute(0, 2, 1, 3).reshape(-1, 4)
+        layouts.append({"pixel_values": torch.randn(2, side * side, channels * patch * patch, generator=g),
+                        "image_token_pooling": torch.cat([windows, windows + side * side]),
+                        "image_grids": torch.tensor([[side // 2] * 4])})  # [low h, low w, high h, high w]
     if "image_grid_thw" in params:  # flattened patches and their (t, h, w) grid (Qwen2-VL); Kimi takes them unflattened
-        merge = getattr(vision, "spatial_merge_size", 2) or 1
+        merge = _first_attr(vision, ("spatial_merge_size", "merge_size"), 2) or 1  # Muse Spark's names second
         merge = merge[0] if isinstance(merge, (list, tuple)) else merge
-        temporal = getattr(vision, "temporal_patch_size", 1) or 1
+        temporal = _first_attr(vision, ("temporal_patch_size", "patch_temporal"), 1) or 1
         h, w = 2 * merge, 3 * merge
         flat = torch.randn(h * w, channels * temporal * patch * patch, generator=g)
         grid = torch.tensor([[1, h, w]])
-        layouts += [{"pixel_values": flat, "image_grid_thw": grid},
-                    {"pixel_values": flat.view(h * w, channels * temporal, patch, patch), "image_grid_thw": grid}]
+        # the merge of each image where the forward takes it per image (VideoLLaMA3's `image_merge_sizes`)
+        merges = {"image_merge_sizes": torch.tensor([merge])} if "image_merge_sizes" in params else {}
+        layouts += [{"pixel_values": flat, "image_grid_thw": grid, **merges},
+                    {"pixel_values": flat.view(h * w, channels * temporal, patch, patch), "image_grid_thw": grid,
+                     **merges}]
     if "image_grid_hw" in params:  # flattened 2-D patches and their (h, w) grid (Nemotron-H Omni)
         flat = torch.randn(16, channels * patch * patch, generator=g)
         layouts.append({"pixel_values": flat, "image_grid_hw": torch.tensor([[4, 4]])})
@@ -380,9 +411,6 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
     if "spatial_shapes" in params:  # SigLIP2 NaFlex (LFM2-VL): (B, N, C*p*p) patches, their grid, a patch mask
         layouts.append({"pixel_values": torch.randn(1, 16, channels * patch * patch, generator=g),
                         "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16).bool()})
-    size = getattr(vision, "image_size", 32)
-    size = size[0] if isinstance(size, (list, tuple)) else size
-    size = size if isinstance(size, int) else 32
     image = torch.randn(1, channels, size, size, generator=g)
     layouts += [{"pixel_values": image}, {"pixel_values": image[:, None]}]
     if "image_sizes" in params:  # any-resolution (LLaVA-NeXT): the base image and one tile of the 32 x 32 grid
@@ -390,6 +418,18 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
         layouts += [{"pixel_values": image, "image_sizes": sizes},
                     {"pixel_values": torch.cat([image, image.flip(-1)])[None], "image_sizes": sizes}]
     return layouts
+
+
+def _first_attr(config: Any, names: tuple[str, ...], default: Any) -> Any:
+    """The value of the first of ``names`` that ``config`` has (one role, several spellings), else ``default``."""
+    return next((getattr(config, n) for n in names if hasattr(config, n)), default)
+
+
+def _image_size(vision: Any) -> int:
+    """The side of the square image a vision config takes (32 where it names none)."""
+    size = getattr(vision, "image_size", 32)
+    size = size[0] if isinstance(size, (list, tuple)) else size
+    return size if isinstance(size, int) else 32
 
 
 def _tensors(out: Any) -> list[Any]:
@@ -457,7 +497,7 @@ def special_token_ids(config: PretrainedConfig) -> set[int]:
 
     def collect(cfg: PretrainedConfig) -> None:
         for key, value in cfg.to_dict().items():
-            if _is_token_key(key):
+            if _is_token_key(key, cfg.attribute_map):
                 found.update(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, int))
         for sub in _sub_configs(cfg).values():
             collect(sub)
@@ -477,7 +517,7 @@ def _token_map(config: PretrainedConfig) -> dict[int, int]:
 def _with_placeholders(config: PretrainedConfig) -> PretrainedConfig:
     """``config`` with a free id of the tiny vocab for each image / video placeholder id it leaves None (MiniCPM-V,
     BLIP-2: the processor's tokenizer names them); without one the model has no placeholder to scatter features at."""
-    missing = [k for k, v in config.to_dict().items() if v is None and _is_token_key(k) and
+    missing = [k for k, v in config.to_dict().items() if v is None and _is_token_key(k, config.attribute_map) and
                any(kind in k for kind in ("image", "video"))]
     used = special_token_ids(config)
     free = (i for i in range(VOCAB - 1, -1, -1) if i not in used)
@@ -486,8 +526,11 @@ def _with_placeholders(config: PretrainedConfig) -> PretrainedConfig:
     return config
 
 
-def _is_token_key(key: str) -> bool:
-    return key.endswith(("token_id", "token_ids", "token_index")) and "vocab" not in key
+def _is_token_key(key: str, attribute_map: dict[str, str]) -> bool:
+    """Whether a config key holds token ids: by its name, or as the stored name of one (Molmo2's `image_patch_id`
+    behind `image_token_id`)."""
+    names = [key, *(alias for alias, real in attribute_map.items() if real == key)]
+    return any(n.endswith(("token_id", "token_ids", "token_index")) and "vocab" not in n for n in names)
 
 
 def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], base: dict[str, Any]) -> PretrainedConfig:
@@ -512,6 +555,9 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
     kwargs.update({k: v for k, v in _FILL_NONE.get(type(default).__name__, {}).items() if values.get(k, None) is None})
     kwargs.update({k: v for k, v in _FLAGS.items() if k in values})
     layers = kwargs.get("num_hidden_layers", layers)
+    for key in _LAYER_INDICES:  # indices of the full-size layers that are of another kind: the tiny model's last
+        if isinstance(values.get(key), (list, tuple)) and key not in _OVERRIDES.get(type(default).__name__, {}):
+            kwargs[key] = [layers - 1]
     for key, value in kwargs.items():
         if key in patterns and isinstance(value, list):
             kwargs[key] = value[:layers]  # a per-layer size (gemma3n's intermediate_size), shrunk above
@@ -573,7 +619,9 @@ def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, 
             kwargs[key] = {i: {**layer, **_sizes(layer, {})} for i, layer in value.items()}
         elif ("dropout" in key or "pdrop" in key or key.endswith("layerdrop")) and isinstance(value, float):
             kwargs[key] = 0.0
-        elif _is_token_key(key) and value is not None:
+        elif key == "initializer_range" and isinstance(value, float) and value < 1e-3:
+            kwargs[key] = 0.02  # SAM towers' 1e-10: their random weights would make every image alike
+        elif _is_token_key(key, config.attribute_map) and value is not None:
             kwargs[key] = [ids.get(v, v) for v in value] if isinstance(value, list) else ids.get(value, value)
     return kwargs
 
@@ -595,6 +643,8 @@ def _sizes(values: dict[str, Any], attribute_map: dict[str, str]) -> dict[str, A
     for key, size in _SIZES.items():
         real = attribute_map.get(key, key)
         value = values.get(real, 0.5)  # 0.5: absent
+        if value == 0 and not isinstance(value, bool):
+            continue  # a role that is off stays off (GLM-5 Next's NoPE indexed attention: qk_rope_head_dim 0)
         if (isinstance(value, int) and not isinstance(value, bool)) or (value is None and key in _DERIVED):
             kwargs[real] = size
         elif isinstance(value, list) and value and all(isinstance(v, int) for v in value):
@@ -604,6 +654,11 @@ def _sizes(values: dict[str, Any], attribute_map: dict[str, str]) -> dict[str, A
     elif isinstance(values.get("qk_rope_head_dim"), int) and isinstance(values.get("qk_nope_head_dim"), int) and (
             values.get("head_dim") == values["qk_rope_head_dim"] + values["qk_nope_head_dim"]):
         kwargs["head_dim"] = _SIZES["qk_head_dim"]  # or the whole q/k head (dots3's sliding layers)
+    channels = values.get("downsample_channels")
+    if isinstance(channels, list) and channels and all(isinstance(c, int) for c in channels):
+        # a SAM neck's downsampling convolutions whose last feeds the next tower (DeepSeek-OCR 2's encoder, Unlimited
+        # OCR's CLIP) at its hidden size: halving up to the tiny hidden size (full size [512, 896] / [512, 1024])
+        kwargs["downsample_channels"] = [_SIZES["hidden_size"] >> (len(channels) - 1 - i) for i in range(len(channels))]
     if "kv_lora_rank" in values and "num_key_value_heads" in values:
         kwargs["num_key_value_heads"] = _SIZES["num_attention_heads"]  # MLA expands K and V to every head
     return kwargs
