@@ -228,7 +228,10 @@ def test_pack_places_images_as_the_owner_reads_them():
 
 @pytest.mark.parametrize("model_type,reason", [
     ("paligemma", "PaliGemmaModel.forward computes its own position_ids"),
-    ("cohere_compass", "its language model cohere_compass_text takes M-RoPE positions"),
+    ("cohere_compass", "passes deepstack_visual_embeds, visual_pos_masks to its language model"),
+    ("hunyuan_vl", "takes no text row in front of three M-RoPE rows"),
+    ("minicpmv4_6", "its language model qwen3_5_text is a hybrid"),
+    ("molmo2", "takes image_token_pooling.*indices into the flattened patches"),
     ("granite_docling", "passes deepstack_visual_embeds, visual_pos_masks to its language model"),
 ])
 def test_refusals_name_what_is_missing(model_type, reason):

@@ -246,7 +246,8 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
     zeros) where the forward takes none are dropped.
     """
     owner, _ = owner_of(r, model)
-    params = inspect.signature(owner.forward).parameters
+    # the owner's vision inputs, and those the model above it takes (GLM-5 Next's takes the processor's token types)
+    params = {**inspect.signature(model.forward).parameters, **inspect.signature(owner.forward).parameters}
     vision_keys = {k for k in params if k not in _NOT_VISION}
     ids_list: list[torch.Tensor] = []
     for i, ex in enumerate(examples):

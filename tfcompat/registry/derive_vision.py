@@ -179,6 +179,12 @@ def derive(model_type: str, version: str, text_type: str | None,
     forward = _method(owner, "forward")
     params = [a.arg for a in forward.args.args + forward.args.kwonlyargs] if forward is not None else []
     mask_inputs = tuple(p for p in params if p.endswith("token_type_ids")) if owner_mask != "attention_mask" else ()
+    pooled = [p for p in params if p.endswith("_token_pooling")]
+    if pooled:  # Molmo2's: each image token pools patches by their index in the whole batch's patches
+        raise refuse(f"{owner.__name__}.forward takes {', '.join(pooled)}: indices into the flattened patches of the "
+                     "whole batch", "a packed row concatenates the sequences' vision inputs; these indices would have "
+                     "to be shifted by every earlier image's patches, which tfcompat cannot read from the inputs alone",
+                     fix="run it unpatched")
     towers, projectors = _submodules(module, owner, lm_attr)
     config = _default_config(key)
     placeholder = next((a for a in PLACEHOLDER_ATTRS if isinstance(getattr(config, a, None), int)), "")
