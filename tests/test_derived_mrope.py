@@ -17,7 +17,7 @@ import torch
 
 import tfcompat
 from tests.every_type import build, vlm_check, vlm_examples
-from tfcompat.errors import TfcompatError
+from tfcompat.errors import InvalidInputError, TfcompatError
 from tfcompat.registry import derive
 from tfcompat.tiny_models import attention_implementations, model_types
 
@@ -121,3 +121,14 @@ def test_each_packed_sequence_starts_at_zero_and_text_counts_like_text():
     lo, hi = packed.seqs.cu_seqlens[1].item(), packed.seqs.cu_seqlens[2].item()
     text = positions[:, 0, lo:hi]
     assert bool((text == text[0]).all()) and torch.equal(text[0], torch.arange(hi - lo, dtype=text.dtype))
+
+
+@needs_types
+def test_rope_index_misuse_is_typed():
+    """Rule: seconds per grid step (Qwen2.5-VL's) and ids that are not an integer (B, L) tensor raise typed errors."""
+    _, model = _first()
+    example = vlm_examples(model)[0]
+    with pytest.raises(InvalidInputError, match="takes no second_per_grid_ts"):
+        tfcompat.rope_index(model, example["input_ids"], second_per_grid_ts=torch.tensor([1.0]))
+    with pytest.raises(InvalidInputError):
+        tfcompat.rope_index(model, example["input_ids"].float())
