@@ -413,6 +413,12 @@ class TestKernelPlumbing:
 # ---------------------------------------------------------------------------- the transformers adapter
 
 
+def eager_attention_forward(module, query, key, value, attention_mask, row_bias=None, **kwargs):
+    """This module's eager function, as a modeling file holds one: it reads ``row_bias``, which no attention
+    implementation of transformers does (`_Attention`'s module is this one)."""
+    raise NotImplementedError  # pragma: no cover - only its source is read
+
+
 class _Attention(torch.nn.Module):
     """A stand-in attention module: what packed_attention reads from one (features, sinks)."""
 
@@ -468,6 +474,16 @@ class TestPackedAttention:
     def test_harmless_kwargs_pass(self, harmless):
         out, (q, k, v) = _call(_Attention(), **harmless)
         assert_close(out, naive(q, k, v, [5, 8, 3]), **TOL)
+
+    @pytest.mark.parametrize("name", ["mm_token_type_ids", "second_per_grid_ts"])
+    def test_kwargs_no_attention_implementation_reads_pass(self, name):
+        # LLaVA-OneVision-1.5 (5.25) lets its processor's outputs run down to the attention in **kwargs
+        out, (q, k, v) = _call(_Attention(), **{name: torch.ones(1, 16, dtype=torch.long)})
+        assert_close(out, naive(q, k, v, [5, 8, 3]), **TOL)
+
+    def test_kwarg_read_only_by_the_models_eager_function_is_refused(self):
+        with pytest.raises(tfcompat.PatchedModelError, match="passed row_bias to the packed attention"):
+            _call(_Attention(), row_bias=torch.zeros(1))
 
     @pytest.mark.parametrize(("features", "kwargs", "match"), [
         (None, {"sliding_window": 8}, r"sliding_window=8 .* patch\(\) recorded None"),

@@ -8,13 +8,19 @@ rotary of that version) runs unchanged and only the attention itself is ours. Th
 registered, so transformers builds no (T, T) mask for it. The packed boundaries arrive in the
 `tfcompat.context.ForwardContext`; what each layer does beyond causal attention (window, softcap, sinks, chunks),
 in the `AttentionFeatures` that `patch()` records on its attention module under `FEATURES_ATTR`. Every kwarg
-transformers passes is either used, checked against those features, or known to change nothing here: anything
-else raises `PatchedModelError` rather than being dropped.
+transformers passes is either used, checked against those features, known to change nothing here, or read by no
+attention implementation of the installed transformers (so no stock result depends on it): anything else raises
+`PatchedModelError` rather than being dropped.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
+import inspect
+import sys
+import textwrap
 from typing import Any
 
 import torch
@@ -48,6 +54,8 @@ _HARMLESS = frozenset({
     "num_items_in_batch", "logits_to_keep", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx",
 })
 _CHECKED = frozenset({"sliding_window", "softcap", "s_aux", "is_causal"})  # compared with the layer's features
+# transformers' modules whose code the attention functions of ALL_ATTENTION_FUNCTIONS run (besides their own)
+_ATTENTION_HELPERS = ("transformers.modeling_flash_attention_utils",)
 
 
 def packed_attention(
@@ -158,11 +166,14 @@ def _layer_sinks(module: torch.nn.Module, features: AttentionFeatures, dropout: 
         raise refuse(f"asked for attention dropout {dropout!r}",
                      why="tfcompat's packed attention has no dropout (it would be silently skipped)",
                      fix="set the config's attention_dropout to 0.0, or undo() the patch")
-    unknown = sorted(name for name in extra - _CHECKED if kwargs[name] is not None)
+    read = _names_read(type(module).__module__)
+    unknown = sorted(name for name in extra - _CHECKED
+                     if kwargs[name] is not None and (read is None or name in read))
     if unknown:
         raise refuse(f"passed {', '.join(unknown)} to the packed attention, which does not implement "
                      f"{'it' if len(unknown) == 1 else 'them'}",
-                     why="an attention argument the core does not know could change the result; it is not dropped",
+                     why="an attention implementation of the installed transformers (or the model's own eager "
+                         "function) reads it, so it could change the result; it is not dropped",
                      fix="undo() the patch for this model, and report the model type to tfcompat")
     sinks = kwargs.get("s_aux")
     if sinks is None and features.sinks:
@@ -174,6 +185,39 @@ def _layer_sinks(module: torch.nn.Module, features: AttentionFeatures, dropout: 
         raise refuse("passed attention sinks (s_aux), but patch() recorded none",
                      why=f"the layer's attention features were read at patch time: {features}", fix=refit)
     return sinks
+
+
+@functools.cache
+def _names_read(modeling: str) -> frozenset[str] | None:
+    """Every name the attention functions of the installed transformers could read a keyword by: the identifiers,
+    attribute names and string constants in the modules of `ALL_ATTENTION_FUNCTIONS`' functions (ours aside), in
+    `_ATTENTION_HELPERS`, and in the ``*attention_forward`` functions that ``modeling`` (the attention class's
+    module) defines or imports: its eager function. A keyword outside this set is read by no stock implementation,
+    so no stock result depends on it (LLaVA-OneVision-1.5's forward lets ``mm_token_type_ids`` and
+    ``second_per_grid_ts`` run down its text model's ``**kwargs``): the packed attention may ignore it too. None
+    where a source cannot be read (a compiled hub kernel): then every keyword counts as read, none is ignored on a
+    guess."""
+    functions = importlib.import_module("transformers.modeling_utils").ALL_ATTENTION_FUNCTIONS._global_mapping
+    sources = {inspect.getmodule(fn) for fn in functions.values() if fn is not packed_attention}
+    sources.update(importlib.import_module(name) for name in _ATTENTION_HELPERS)
+    own = sys.modules.get(modeling)
+    eager = [fn for name, fn in vars(own).items()
+             if name.endswith("attention_forward") and inspect.isfunction(fn)] if own is not None else []
+    names: set[str] = set()
+    try:
+        for source in [*sources, *eager]:
+            for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(source)))):
+                if isinstance(node, ast.Name):
+                    names.add(node.id)
+                elif isinstance(node, ast.Attribute):
+                    names.add(node.attr)
+                elif isinstance(node, (ast.arg, ast.keyword)) and node.arg is not None:
+                    names.add(node.arg)
+                elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    names.add(node.value)
+    except (OSError, TypeError, SyntaxError):
+        return None
+    return frozenset(names)
 
 
 def stock_function(ctx: StockContext) -> Any:
