@@ -4,6 +4,7 @@
     nox -s ci                                     # default: the CI subset (matrix.yaml `ci`), one venv per version
     nox -s matrix                                 # every version in matrix.yaml
     nox -s "tests(transformers='5.9.0')"          # one version; extra args after -- go to pytest
+    nox -s newest                                 # the newest transformers pip resolves (unpinned): doctor + tests
     nox -s trainers                               # Hugging Face Trainer / TRL SFTTrainer (trl, accelerate, datasets)
 
 Torch is always the CPU build, pinned ``torch==2.13.0+cpu``: from the local wheel folder ($PIP_FIND_LINKS,
@@ -15,8 +16,9 @@ Tests marked ``dist`` (gloo worker processes, slow to spawn) run on the versions
 matrix.yaml. The CI subset (``nox -s ci``) runs, on the newest version, every other test (of the ``sweep`` tests,
 every model type transformers ships, only the ``ci_sweep`` ones), on the other versions the per-entry tests (not
 ``broad``: tests/conftest.py) of the families matrix.yaml's ``ci`` names there, and on the ``dist`` versions the
-dist tests of `CI_DIST` (the newest) or `CI_DIST_OLDEST`. ``nox -s matrix`` and a plain ``tests(...)``
-session run everything. Tests run on two pytest-xdist workers, dist tests serially.
+dist tests of `CI_DIST` (the newest) or `CI_DIST_OLDEST`, then ``newest``: `tfcompat doctor` on the transformers
+pip resolves unpinned (and the tests, where that release is newer than the matrix). ``nox -s matrix`` and a plain
+``tests(...)`` session run everything. Tests run on two pytest-xdist workers, dist tests serially.
 """
 
 from __future__ import annotations
@@ -141,6 +143,31 @@ def ci(session: nox.Session) -> None:
         session.notify(_session_name(version), posargs=session.posargs or ["--ci"])
     # verl's contract at sp 2 (the matrix-free `nox -s integrations` runs sp 1, 2 and 4)
     session.notify("integrations", posargs=["tests/distributed/test_verl.py", "-k", "not verl_actor or 2"])
+    # the README's first command on whatever transformers pip resolves today
+    session.notify("newest", posargs=["--ci"])
+
+
+@nox.session(python=PYTHON)
+def newest(session: nox.Session) -> None:
+    """The newest transformers pip resolves today, unpinned (pyproject's ``transformers>=4.53``), as a new user's
+    first command gets it: `tfcompat doctor` (every family and every derived type self-checked), then, for a
+    release matrix.yaml does not list yet, the per-entry tests and the every-type sweeps. A new release shows up
+    here as one failing session naming the types it broke. With ``--ci`` (from `ci`) a release the matrix lists
+    runs the doctor only: its ``tests`` session covers the rest."""
+    _install_torch(session)
+    session.install("--upgrade", "transformers", *TEST_DEPS)
+    session.install("-e", ".", "--no-deps")
+    version = session.run("python", "-c", "import transformers; print(transformers.__version__)",
+                          silent=True).strip()
+    listed = version in VERSIONS
+    session.log(f"newest transformers: {version} ({'in' if listed else 'newer than'} matrix.yaml)")
+    session.run("tfcompat", "doctor", env={"OMP_NUM_THREADS": "1"})
+    if listed and session.posargs == ["--ci"]:
+        return
+    args = [] if session.posargs == ["--ci"] else list(session.posargs)
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                *(args or ["tests", "-n", "2", "-m", "not dist and (not sweep or ci_sweep)"]),
+                env={"TFCOMPAT_EXPECT_TRANSFORMERS": version, "OMP_NUM_THREADS": "1"})
 
 
 @nox.session(python=False)

@@ -1,7 +1,7 @@
 """Property tests for version ranges and registry matching (tfcompat.registry.versions, tfcompat.registry).
 
 Versions are generated in every PEP 440 shape transformers builds come in (release, dev, pre, post, local
-and their combinations, in several spellings) on release lines in and around the glm4v span 4.53 .. 5.24.
+and their combinations, in several spellings) on release lines in and around the glm4v span 4.53 .. 5.25.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from tfcompat.registry.versions import VersionRange, installed_transformers
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 SPAN_LOW = Version("4.53.0.dev0")
-SPAN_HIGH = Version("5.25.0.dev0")
+SPAN_HIGH = Version("5.26.0.dev0")
 BY_LOW = {e.versions.low: e for e in FAMILY.entries}
 
 # ---------------------------------------------------------------------------------------------- strategies
 
 ALL_LINES = st.tuples(st.sampled_from([4, 5, 6]), st.integers(0, 60))
-SPAN_LINES = st.one_of(st.tuples(st.just(4), st.integers(53, 60)), st.tuples(st.just(5), st.integers(0, 24)))
+SPAN_LINES = st.one_of(st.tuples(st.just(4), st.integers(53, 60)), st.tuples(st.just(5), st.integers(0, 25)))
 BELOW_LINES = st.one_of(st.tuples(st.integers(0, 3), st.integers(0, 60)), st.tuples(st.just(4), st.integers(0, 52)))
-ABOVE_LINES = st.one_of(st.tuples(st.just(5), st.integers(25, 60)), st.tuples(st.integers(6, 9), st.integers(0, 60)))
+ABOVE_LINES = st.one_of(st.tuples(st.just(5), st.integers(26, 60)), st.tuples(st.integers(6, 9), st.integers(0, 60)))
 
 PRE_SPELLINGS = {"a": ["a", "alpha"], "b": ["b", "beta"], "rc": ["rc", "c", "pre", "RC"]}
 LOCALS = st.one_of(
@@ -67,14 +67,15 @@ def line_strings(majors=st.sampled_from([4, 5]), minors=st.integers(0, 12)) -> s
 
 
 class TestDeclaredSpan:
-    """Every version v with 4.53.0.dev0 <= v < 5.25.0.dev0 matches exactly one glm4v entry, not forward-compatibly."""
+    """Every version v with 4.53.0.dev0 <= v < 5.26.0.dev0 matches exactly one glm4v entry, not forward-compatibly."""
 
     @SETTINGS
     @given(version_strings(SPAN_LINES))
     @example("4.53.0.dev0")
     @example("4.53.0a0.dev0")
     @example("4.53.0.dev0+cpu")
-    @example("5.24.99.post9+cu121")
+    @example("5.25.99.post9+cu121")
+    @example("5.25.0")
     @example("5.24.0rc3.dev1")
     def test_exactly_one_entry(self, v: str) -> None:
         assert SPAN_LOW <= Version(v) < SPAN_HIGH
@@ -111,6 +112,7 @@ class TestDeclaredSpan:
             ("5.23.1", "5.17"),
             ("5.24.0", "5.24"),
             ("5.24.0.dev0", "5.24"),
+            ("5.25.0", "5.24"),
         ],
     )
     def test_builds_land_in_their_release_line(self, version: str, low: str) -> None:
@@ -137,13 +139,13 @@ class TestOlderVersionsRejected:
 
 
 class TestNewerVersionsForwardCompatible:
-    """Every version >= 5.25.0.dev0 resolves against the newest entry, flagged forward-compatible."""
+    """Every version >= 5.26.0.dev0 resolves against the newest entry, flagged forward-compatible."""
 
     @SETTINGS
     @given(version_strings(ABOVE_LINES))
-    @example("5.25.0.dev0")
-    @example("5.25.0.dev0+cpu")
-    @example("5.25.0rc1")
+    @example("5.26.0.dev0")
+    @example("5.26.0.dev0+cpu")
+    @example("5.26.0rc1")
     @example("6.0.0")
     @example("5.100")
     def test_newest_entry_flagged(self, v: str) -> None:
@@ -236,7 +238,7 @@ class TestEntriesContiguous:
 
     def test_glm4v_span(self) -> None:
         assert FAMILY.entries[0].versions.low == "4.53"
-        assert FAMILY.entries[-1].versions.high == "5.25"
+        assert FAMILY.entries[-1].versions.high == "5.26"
         assert registry.families()["glm4v"] is FAMILY
 
 

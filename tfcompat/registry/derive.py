@@ -39,6 +39,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import importlib.util
 import inspect
 import operator
 import re
@@ -92,10 +93,17 @@ def causal_lm_types() -> dict[str, str]:
 
 
 def module_name(model_type: str) -> str:
-    """The modeling module of ``model_type``, by transformers' own ``model_type_to_module_name``."""
+    """The modeling module of ``model_type``, by transformers' own ``model_type_to_module_name``; for a type whose
+    folder holds a config and no modeling file (5.25: ``exaone`` and ``internlm3`` run ``LlamaForCausalLM``,
+    ``param2moe`` ``Glm4MoeForCausalLM``), the module of the causal LM its mapping names."""
     auto = importlib.import_module("transformers.models.auto.configuration_auto")
     folder = auto.model_type_to_module_name(model_type)
-    return f"transformers.models.{folder}.modeling_{folder.rsplit('.', 1)[-1]}"
+    own = f"transformers.models.{folder}.modeling_{folder.rsplit('.', 1)[-1]}"
+    lm = causal_lm_types().get(model_type)
+    if lm is None or importlib.util.find_spec(own) is not None:
+        return own
+    cls = getattr(importlib.import_module("transformers"), lm, None)
+    return cls.__module__ if isinstance(cls, type) else own
 
 
 def derive(model_type: str, version: str) -> Family:

@@ -2,7 +2,8 @@
 
 Boundaries read from the wheels: 4.56 renames the attention cache kwarg past_key_value -> past_key_values;
 5.0 drops ``apply_rotary_pos_emb``'s unused ``position_ids`` and moves to ``rope_parameters``; 5.24 renames
-the cache kwarg to ``cache``. Decoder layers forward ``**kwargs`` to attention throughout.
+the cache kwarg to ``cache``; 5.25 changes nothing the patch reads. Decoder layers forward ``**kwargs`` to
+attention throughout.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def dense_entries(family: str, prefix: str) -> tuple[Entry, ...]:
         replace(base, versions=VersionRange("5.0", "5.24"), cache_kwarg="past_key_values",
                 rope_config_key="rope_parameters",
                 why="rope_parameters; apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)"),
-        replace(base, versions=VersionRange("5.24", "5.25"), cache_kwarg="cache", rope_config_key="rope_parameters",
+        replace(base, versions=VersionRange("5.24", "5.26"), cache_kwarg="cache", rope_config_key="rope_parameters",
                 why="cache kwarg renamed past_key_values -> cache"),
     )
 

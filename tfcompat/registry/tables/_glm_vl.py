@@ -6,7 +6,8 @@ the cache kwarg to ``past_key_values``; 5.0 removes ``apply_multimodal_rotary_po
 the text rotary embedding via ``apply_mrope``), switches to ``rope_parameters``, lets the text model split
 4-row ids and makes ``get_image_features`` return an output; 5.3 makes ``get_rope_index`` require
 ``mm_token_type_ids``; 5.17 moves the sectioning into the embedding's ``recomposition_frequencies``
-(cos/sin layout change); 5.24 renames the cache kwarg to ``cache``.
+(cos/sin layout change); 5.24 renames the cache kwarg to ``cache``; 5.25 changes only the processors'
+kwargs merging (the modeling files are 5.24's).
 
 Stock forward, every release: the placeholder mask counts image and video tokens with the same (image)
 token, so a forward holding both images and videos raises (``images_with_videos_rejected``); such batches
@@ -84,7 +85,7 @@ def glm_vl_entries(family: str, prefix: str, *, first: str = "4.53", first_why: 
         replace(v5, versions=VersionRange("5.17", "5.24"), rope_index_mm_token_types=True, rotary=RECOMPOSED,
                 why=f"sectioning moved into {text_prefix}TextRotaryEmbedding.recomposition_frequencies "
                 "(cos/sin layout change)"),
-        replace(v5, versions=VersionRange("5.24", "5.25"), rope_index_mm_token_types=True, rotary=RECOMPOSED,
+        replace(v5, versions=VersionRange("5.24", "5.26"), rope_index_mm_token_types=True, rotary=RECOMPOSED,
                 cache_kwarg="cache", why="cache kwarg renamed past_key_values -> cache"),
     )
     # 4.55's placeholder mask counts video tokens by video_token_id, which GLM's processor never writes (its

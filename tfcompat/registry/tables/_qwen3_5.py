@@ -17,7 +17,8 @@ layer calls ``linear_attn(hidden_states, cache_params, cache_position, attention
 ``cache_position`` from both mixers (the patched forward takes any keywords). 5.9 passes ``**kwargs`` to
 ``linear_attn``. 5.15 moves the kernels from instance attributes to module functions (the patched forward calls
 none of them). 5.17 renames the interleave to ``recomposition_frequencies``. 5.24 renames the cache kwarg of both
-mixers to ``cache``. Softmax-attention layers forward ``**kwargs`` throughout. As Qwen3-VL's, 5.3's
+mixers to ``cache``. 5.25 moves the conv into the kernel hook ``causal_conv1d_forward`` (the packed mixer runs the
+layer's ``conv1d`` weights itself). Softmax-attention layers forward ``**kwargs`` throughout. As Qwen3-VL's, 5.3's
 ``get_rope_index`` does not split video grids into frames (every multi-frame video is rejected); 5.4 splits again.
 
 Text-only models (`tfcompat.records.Family.text_only`): ``Qwen3_5ForCausalLM`` / ``Qwen3_5MoeForCausalLM`` on the
@@ -83,7 +84,7 @@ def qwen3_5_entries(family: str, prefix: str) -> tuple[Entry, ...]:
                 linear_attention=_KWARGS_REACH, why="the decoder layer passes **kwargs to linear_attn"),
         replace(base, versions=VersionRange("5.17", "5.24"), rope_index_mm_token_types=True, rotary=RECOMPOSED,
                 linear_attention=_KWARGS_REACH, why="apply_interleaved_mrope renamed recomposition_frequencies"),
-        replace(base, versions=VersionRange("5.24", "5.25"), rope_index_mm_token_types=True, rotary=RECOMPOSED,
+        replace(base, versions=VersionRange("5.24", "5.26"), rope_index_mm_token_types=True, rotary=RECOMPOSED,
                 cache_kwarg="cache", linear_attention=_KWARGS_REACH,
                 why="cache kwarg of both mixers renamed to cache"),
     )
@@ -106,7 +107,7 @@ def qwen3_5_text_entries(family: str, prefix: str) -> tuple[Entry, ...]:
                 why="the decoder layer passes **kwargs to linear_attn"),
         replace(base, versions=VersionRange("5.17", "5.24"), rotary=RECOMPOSED, linear_attention=_KWARGS_REACH,
                 why="apply_interleaved_mrope renamed recomposition_frequencies"),
-        replace(base, versions=VersionRange("5.24", "5.25"), rotary=RECOMPOSED, cache_kwarg="cache",
+        replace(base, versions=VersionRange("5.24", "5.26"), rotary=RECOMPOSED, cache_kwarg="cache",
                 linear_attention=_KWARGS_REACH, why="cache kwarg of both mixers renamed to cache"),
     )
 

@@ -7,8 +7,9 @@ Boundaries read from the wheels (both families appear in 4.57.0; none before): 4
 the text model; ``get_image_features`` returns ``(features, deepstack list)``. 5.0 moves to
 ``rope_parameters`` and returns an output with ``pooler_output`` / ``deepstack_features``; 5.3 makes
 ``get_rope_index`` require ``mm_token_type_ids``; 5.17 renames the interleave to
-``recomposition_frequencies``; 5.24 renames the cache kwarg to ``cache``. Decoder layers forward
-``**kwargs`` to attention throughout. 5.3's rewritten ``get_rope_index`` drops the split of ``video_grid_thw``
+``recomposition_frequencies``; 5.24 renames the cache kwarg to ``cache``; 5.25 keeps the modeling file (its processor
+no longer wraps a video's frames in a second vision start/end pair: the layout per frame is the same). Decoder layers
+forward ``**kwargs`` to attention throughout. 5.3's rewritten ``get_rope_index`` drops the split of ``video_grid_thw``
 into frames, so every video of more than one frame fails (``StopIteration``) in it and in the stock forward
 (``video_grid_unsplit``, ``videos_rejected``); 5.4 restores the split.
 
@@ -69,7 +70,7 @@ def qwen3_vl_entries(family: str, prefix: str) -> tuple[Entry, ...]:
                 why="get_rope_index rewritten, requires mm_token_type_ids"),
         replace(v5, versions=VersionRange("5.17", "5.24"), rope_index_mm_token_types=True, rotary=RECOMPOSED,
                 why="apply_interleaved_mrope renamed recomposition_frequencies"),
-        replace(v5, versions=VersionRange("5.24", "5.25"), rope_index_mm_token_types=True, rotary=RECOMPOSED,
+        replace(v5, versions=VersionRange("5.24", "5.26"), rope_index_mm_token_types=True, rotary=RECOMPOSED,
                 cache_kwarg="cache", why="cache kwarg renamed past_key_values -> cache"),
     )
     entries = overlay(entries, VersionRange("5.3", "5.4"), "get_rope_index rewritten, requires mm_token_type_ids",

@@ -5,7 +5,7 @@ decoder into *TextModel, whose forward cannot take a text row yet; 4.54 lets the
 ``[text; t; h; w]`` ids; 4.56 renames the attention cache kwarg to ``past_key_values``; 5.0 moves to
 ``rope_parameters``; 5.3 makes ``get_rope_index`` require ``mm_token_type_ids``; 5.17 removes
 ``apply_multimodal_rotary_pos_emb`` (sectioning folds into the rotary embedding's
-``recomposition_frequencies``); 5.24 renames the cache kwarg to ``cache``.
+``recomposition_frequencies``); 5.24 renames the cache kwarg to ``cache``; 5.25 keeps the modeling files.
 
 ``get_rope_index`` against tfcompat's reference (`tfcompat.reference_rope.qwen2_vl.DEVIATIONS`, found by the tests):
 before 5.18 Qwen2.5-VL truncates a fractional ``second_per_grid_ts``; from the 5.3 rewrite on, text after a video
@@ -74,7 +74,7 @@ def qwen_vl_entries(family: str, prefix: str, *, takes_seconds: bool, videos_rej
                 why="get_rope_index rewritten, requires mm_token_type_ids"),
         replace(folded, versions=VersionRange("5.17", "5.24"),
                 why="apply_multimodal_rotary_pos_emb removed: mrope folded into the rotary embedding"),
-        replace(folded, versions=VersionRange("5.24", "5.25"), cache_kwarg="cache",
+        replace(folded, versions=VersionRange("5.24", "5.26"), cache_kwarg="cache",
                 why="cache kwarg renamed past_key_values -> cache"),
     )
     entries = overlay(entries, VersionRange("5.3"), "get_rope_index rewritten, requires mm_token_type_ids",

@@ -3,9 +3,9 @@
 Boundaries read from the wheels: 5.0 adds the model (classes ``Ernie4_5_VL_Moe*``); 5.3 renames them
 ``Ernie4_5_VLMoe*`` (the old names stay as deprecated subclasses) and rewrites ``get_rope_index``, which then requires
 ``mm_token_type_ids`` (5.0-5.2 take them optionally and place every token as text without them); 5.17 renames the
-rotary's ``recomposition_to_3d`` to ``recomposition_frequencies``; 5.24 renames the cache kwarg to ``cache``. The
-rotary embedding folds the 3-D sections itself on every release (``(B, L, D)`` cos/sin, interleaved halves), and
-the text model splits 4-row ``[text; t; h; w]`` ids itself.
+rotary's ``recomposition_to_3d`` to ``recomposition_frequencies``; 5.24 renames the cache kwarg to ``cache``; 5.25
+keeps the modeling file. The rotary embedding folds the 3-D sections itself on every release (``(B, L, D)`` cos/sin,
+interleaved halves), and the text model splits 4-row ``[text; t; h; w]`` ids itself.
 
 ``get_rope_index`` against tfcompat's reference (`tfcompat.inputs.reference_rope.ernie4_5_vl`, Qwen2-VL's on the
 resampler's merged grids): from the 5.3 rewrite on, text after a video whose temporal extent exceeds its spatial one
@@ -65,7 +65,7 @@ def _entries() -> tuple[Entry, ...]:
                 why="classes renamed Ernie4_5_VL_Moe* -> Ernie4_5_VLMoe*; get_rope_index rewritten"),
         replace(folded, versions=VersionRange("5.17", "5.24"),
                 why="rotary recomposition_to_3d renamed recomposition_frequencies"),
-        replace(folded, versions=VersionRange("5.24", "5.25"), cache_kwarg="cache",
+        replace(folded, versions=VersionRange("5.24", "5.26"), cache_kwarg="cache",
                 why="cache kwarg renamed past_key_values -> cache"),
     )
     entries = overlay(entries, VersionRange("5.3"), "classes renamed Ernie4_5_VL_Moe* -> Ernie4_5_VLMoe*; "

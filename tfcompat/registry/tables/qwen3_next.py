@@ -5,7 +5,8 @@ Boundaries read from the wheels (the family appears in 4.57.0): the linear layer
 ``in_proj_ba`` regrouped by ``fix_query_key_value_ordering`` on every release, and up to 5.8 the decoder layer calls
 it without ``**kwargs``. 5.0 moves to ``rope_parameters`` (and drops ``apply_rotary_pos_emb``'s unused
 ``position_ids``); 5.9 passes ``**kwargs`` to ``linear_attn``; 5.24 renames the cache kwarg of both mixers to
-``cache``. Softmax-attention layers forward ``**kwargs`` throughout.
+``cache``; 5.25 moves the conv into the kernel hook ``causal_conv1d_forward`` (the packed mixer runs the layer's
+``conv1d`` weights itself, so nothing it reads changes). Softmax-attention layers forward ``**kwargs`` throughout.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ ENTRIES: tuple[Entry, ...] = (
             why="rope_parameters; apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)"),
     replace(_BASE, versions=VersionRange("5.9", "5.24"), rope_config_key="rope_parameters",
             linear_attention=_KWARGS_REACH, why="the decoder layer passes **kwargs to linear_attn"),
-    replace(_BASE, versions=VersionRange("5.24", "5.25"), rope_config_key="rope_parameters", cache_kwarg="cache",
+    replace(_BASE, versions=VersionRange("5.24", "5.26"), rope_config_key="rope_parameters", cache_kwarg="cache",
             linear_attention=_KWARGS_REACH, why="cache kwarg of both mixers renamed to cache"),
 )
 
