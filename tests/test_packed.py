@@ -325,3 +325,26 @@ def test_position_ids_split_once_per_forward(family, monkeypatch):
     # 1, not 0: the counted split is the forward's; not 2: the text model reuses the top model's
     assert len(calls) == 1, f"position ids split {len(calls)} times in one forward"
     assert max_token_diff(got, expected) <= 1e-5
+
+
+@torch.no_grad()
+def test_top_forward_without_kwargs_takes_packs_context():
+    """A causal LM whose forward takes no ``**kwargs`` (4.x OpenLlama's): `tfcompat.pack`'s inputs, context
+    included, run it packed, and the row equals stock per sequence."""
+    resolved = tfcompat.resolve("llama")
+    stock = tiny_model("llama", "sdpa")
+
+    class NoKwargs(type(stock)):  # type: ignore[misc]
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None, use_cache=None):
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                   labels=labels, use_cache=use_cache)
+
+    model = NoKwargs(stock.config)
+    model.load_state_dict(stock.state_dict())
+    model.eval()
+    seqs = sample_sequences(model, *CASES["llama", "text"], seed=2)
+    expected = _stock_logits(resolved, model, seqs)
+    packed = tfcompat.pack(model, [{"input_ids": s.input_ids} for s in seqs])
+    with tfcompat.patch(model):
+        got = model(**packed.model_inputs).logits[0]
+    assert max_token_diff(got, expected) <= 1e-5

@@ -225,7 +225,7 @@ def patch(
                                        row_module, per_sequence)
         handle._set("instance", text_model, "forward", forward, "packed position ids -> boundaries once per forward; "
                     "ordinary calls -> the stock attention")
-    if all(model is not m for m in plan.text_models) and _takes_kwargs(model.forward):
+    if all(model is not m for m in plan.text_models):
         boundaries_only = (layered and from_row is None
                            and "position_ids" not in inspect.signature(model.forward).parameters)
         handle._set("instance", model, "forward", _top_forward(model.forward, router, boundaries_only),
@@ -303,23 +303,22 @@ def _check_group(group: Any) -> Any:
     return group
 
 
-def _takes_kwargs(fn: Callable[..., Any]) -> bool:
-    return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
-
-
 def _top_forward(original: Callable[..., Any], router: Router, boundaries_only: bool = False) -> Callable[..., Any]:
     """Wrap the bound forward of the model given to `patch` (when it is not the text model): decide packed or
     stock once for the whole call (`tfcompat.hf.forward`) and, on a packed row, make the loss per sequence
     (`tfcompat.core.labels`). boundaries_only: a model that takes no position ids (Bloom, Mamba: their modules run
     per sequence): the position ids only mark the boundaries, and neither they nor the context are passed on (4.x
-    Bloom refuses unknown kwargs); the text model's forward takes the context from `Router.pending`."""
+    Bloom refuses unknown kwargs); the text model's forward takes the context from `Router.pending`. A forward
+    without ``**kwargs`` (4.x OpenLlama's) is handed none of the extra keywords: `tfcompat.pack`'s context reaches
+    the text model through `Router.pending` alone."""
     sig = inspect.signature(original)
-    var_kw = next(p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD)
+    var_kw = next((p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD), None)
 
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
+        given = kwargs.pop(CONTEXT_KWARG, None) if var_kw is None else None
         a = sig.bind(*args, **kwargs).arguments
-        extra = a.setdefault(var_kw, {})
+        extra = a.setdefault(var_kw, {}) if var_kw is not None else {CONTEXT_KWARG: given}
         ctx = extra.get(CONTEXT_KWARG)
         if ctx is None:
             router.check_key()
@@ -332,7 +331,7 @@ def _top_forward(original: Callable[..., Any], router: Router, boundaries_only: 
             extra.pop("position_ids", None)
         router.pending = ctx
         try:
-            return original(**{k: v for k, v in a.items() if k != var_kw}, **extra)
+            return original(**{k: v for k, v in a.items() if k != var_kw}, **(extra if var_kw is not None else {}))
         finally:
             router.pending = None
 
