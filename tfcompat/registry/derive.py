@@ -51,6 +51,7 @@ from ..errors import PatchError, UnknownFamilyError
 from . import versions
 from .mixers import LAYER_ROLES, layer_call, mixer_call
 from .records import AttentionCall, Derivation, Entry, Family, MixerCall, RopeConfigKey, TextModelLayout
+from .sources import defined
 
 __all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "OwnPositions", "attention_call",
            "causal_lm_types", "cross_attrs", "derive", "derive_text_model", "guard_holds", "layer_kind", "module_name",
@@ -594,7 +595,7 @@ def _method(cls: type, name: str) -> ast.FunctionDef | None:
     owner = next((c for c in cls.__mro__ if name in vars(c)), None)
     if owner is None or owner is object:
         return None
-    fn = inspect.unwrap(vars(owner)[name])
+    fn = defined(owner, name)
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError):

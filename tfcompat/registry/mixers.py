@@ -18,6 +18,7 @@ import sys
 import textwrap
 
 from .records import MixerCall, MixerRole
+from .sources import defined
 
 __all__ = ["LAYER_ROLES", "ROLES", "layer_call", "mixer_call"]
 
@@ -148,7 +149,7 @@ def _method(cls: type, name: str) -> ast.FunctionDef | None:
     owner = next((c for c in cls.__mro__ if name in vars(c)), None)
     if owner is None or owner.__module__.startswith("torch."):
         return None  # nn.Module's own methods (``self.register_buffer`` is not called in a forward we accept)
-    fn = inspect.unwrap(vars(owner)[name])
+    fn = defined(owner, name)
     if not inspect.isfunction(fn):
         return None
     try:
