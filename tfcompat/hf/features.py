@@ -89,7 +89,8 @@ def module_features(attn: torch.nn.Module, config: Any, text_model: type | None 
     window = values.get("sliding_window")
     chunk = getattr(config, "attention_chunk_size", None) if kind == "chunked_attention" else None
     rule = layer_mask(read_masks(text_model), config, kind) if text_model is not None else None
-    window, chunk, masked = _with_mask(rule, _number(window), _number(chunk), f"{name} (layer {index})", problems)
+    window, chunk, masked = _with_mask(rule, _number(window), _number(chunk), f"{name} (layer {index})", problems,
+                                       passes_window="sliding_window" in dict(call.keywords))
     if window is None and kind == "sliding_attention":  # the text model's mask may window it; flash would not
         problems.append(f"config.layer_types[{index}] = 'sliding_attention', but {name} passes no sliding_window to "
                         "its attention function")
@@ -108,11 +109,12 @@ def module_features(attn: torch.nn.Module, config: Any, text_model: type | None 
     return ModuleFeatures(features, qk_dim, v_dim, note, "; ".join(problems), temperature)
 
 
-def _with_mask(rule: MaskRule | str | None, window: int | None, chunk: int | None, name: str, problems: list[str]
-               ) -> tuple[int | None, int | None, str]:
-    """``(window, chunk, note)`` of a layer whose attention call passes ``window`` (and whose layer type says
-    ``chunk``), reconciled with the ``rule`` of its stock mask (`tfcompat.registry.mask_rules.layer_mask`): a
-    window or chunk the mask alone applies is taken from it (note " (from the mask)"); where the two disagree, or
+def _with_mask(rule: MaskRule | str | None, window: int | None, chunk: int | None, name: str, problems: list[str],
+               *, passes_window: bool) -> tuple[int | None, int | None, str]:
+    """``(window, chunk, note)`` of a layer whose attention call passes ``window`` (passes_window: it passes the
+    keyword at all; a None it passes is a "no window" the packed attention checks in the forward) and whose layer
+    type says ``chunk``, reconciled with the ``rule`` of its stock mask (`tfcompat.registry.mask_rules.layer_mask`):
+    a window or chunk the mask alone applies is taken from it (note " (from the mask)"); where the two disagree, or
     the mask is bidirectional or cannot be read, the reason is added to ``problems`` (stock eager and sdpa follow
     the mask, flash attention the call: no one answer is proven)."""
     if rule is None:
@@ -123,12 +125,14 @@ def _with_mask(rule: MaskRule | str | None, window: int | None, chunk: int | Non
     size = _number(rule.size)
     said = {"window": window, "chunk": chunk}
     mask = {"window": size if rule.kind == "window" else None, "chunk": size if rule.kind == "chunk" else None}
+    if passes_window and window is None and mask["window"] is not None:
+        said["window"] = 0  # "no window", said explicitly: a disagreement, not a silence
     if rule.kind == "bidirectional":
         problems.append(f"{name}: its stock mask is bidirectional ({rule.source}); the packed core is causal")
         return window, chunk, ""
     for key in ("window", "chunk"):
         if said[key] is not None and said[key] != mask[key]:
-            problems.append(f"{name}: its attention call says {key} {said[key]}, its stock mask ({rule.source}) "
+            problems.append(f"{name}: its attention call says {key} {said[key] or None}, its stock mask ({rule.source}) "
                             + (f"{key} {mask[key]}" if mask[key] is not None else f"no {key}")
                             + ": stock eager and sdpa follow the mask, flash attention the call")
     taken = [k for k in ("window", "chunk") if said[k] is None and mask[k] is not None]
