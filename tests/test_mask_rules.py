@@ -121,3 +121,39 @@ class TestDisagreementIsRefused:
             tfcompat.patch(model)
         assert info.value.transformers_version == transformers.__version__
         assert info.value.family == "qwen2"
+
+
+class TestGemma4Explained:
+    """Gemma 4 packed against alone differed by ~1e-4 relative against a stock *eager* reference: Gemma 4 attends
+    with ``scaling=1.0`` (q/k RMS-normed, logits of order head_dim: 256 sliding, 512 full) and its
+    ``eager_attention_forward`` takes the softmax in float32 (``softmax(..., dtype=torch.float32).to(query.dtype)``),
+    so eager rounds logits of size ~100 where sdpa does not; the gap grows with the keys summed. Stock eager
+    differs from stock sdpa by as much, even in float64 (the softmax stays float32). Against stock sdpa, packed is
+    exact: nothing is computed over the row."""
+
+    SHRUNK = dict(head_dim=256, global_head_dim=512, initializer_range=0.1, num_hidden_layers=6,
+                  layer_types=["sliding_attention"] * 5 + ["full_attention"])
+
+    @staticmethod
+    def _gemma4(attn_implementation: str, dtype: torch.dtype) -> torch.nn.Module:
+        values = {k: v for k, v in tiny_config("gemma4_text").to_dict().items()
+                  if k not in ("transformers_version", "model_type", "per_layer_config")}
+        torch.manual_seed(0)
+        config = transformers.Gemma4TextConfig(**{**values, **TestGemma4Explained.SHRUNK})
+        return transformers.Gemma4ForCausalLM._from_config(config, attn_implementation=attn_implementation).to(
+            dtype).eval()
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+    def test_packed_equals_stock_sdpa(self, dtype):
+        assert _packed_vs_alone(self._gemma4("sdpa", dtype), (20, 40)).max() <= 1e-6
+
+    def test_control_stock_eager_is_the_gap(self):
+        """The reference, not the packing: eager vs sdpa, both stock, one sequence, float64."""
+        sdpa = self._gemma4("sdpa", torch.float64)
+        eager = self._gemma4("eager", torch.float64)
+        eager.load_state_dict(sdpa.state_dict())
+        ids = torch.randint(5, 200, (1, 40), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            gap = (sdpa(input_ids=ids).logits - eager(input_ids=ids).logits).abs().amax(-1)[0]
+        assert gap.max() > 1e-6  # float32 softmax over logits of order head_dim (measured 7.7e-6)
+        assert gap[-10:].max() > gap[:10].max()  # growing along the sequence, as reported
