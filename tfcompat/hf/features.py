@@ -27,6 +27,7 @@ from ..registry.derive import (
     passed_values,
     temperature_guard,
 )
+from ..registry.mask_rules import MaskRule, layer_mask, read_masks
 
 __all__ = ["AttentionFeatures", "ModuleFeatures", "module_features", "unsupported"]
 
@@ -48,9 +49,10 @@ class ModuleFeatures(NamedTuple):
     temperature: tuple[float, float] | None = None  # NoPE temperature tuning: (floor_scale, attn_scale)
 
 
-def module_features(attn: torch.nn.Module, config: Any) -> ModuleFeatures:
+def module_features(attn: torch.nn.Module, config: Any, text_model: type | None = None) -> ModuleFeatures:
     """The features of ``attn`` (an attention module dispatching through transformers' ``AttentionInterface``),
-    whose text config is ``config``."""
+    whose text config is ``config``; text_model: the class of the text model holding it, whose mask construction
+    is read too (`tfcompat.registry.mask_rules`; None: the attention call alone)."""
     name = type(attn).__name__
     index = getattr(attn, "layer_idx", None)
     kind = layer_kind(config, index)
@@ -85,23 +87,56 @@ def module_features(attn: torch.nn.Module, config: Any) -> ModuleFeatures:
     if kind is not None and kind not in (*SOFTMAX_LAYER_TYPES, *_BESIDE_MIXERS):
         problems.append(f"config.layer_types[{index}] = {kind!r} is not softmax attention")
     window = values.get("sliding_window")
+    chunk = getattr(config, "attention_chunk_size", None) if kind == "chunked_attention" else None
+    rule = layer_mask(read_masks(text_model), config, kind) if text_model is not None else None
+    window, chunk, masked = _with_mask(rule, _number(window), _number(chunk), f"{name} (layer {index})", problems,
+                                       passes_window="sliding_window" in dict(call.keywords))
     if window is None and kind == "sliding_attention":  # the text model's mask may window it; flash would not
         problems.append(f"config.layer_types[{index}] = 'sliding_attention', but {name} passes no sliding_window to "
                         "its attention function")
-    chunk = getattr(config, "attention_chunk_size", None) if kind == "chunked_attention" else None
     if kind == "chunked_attention" and chunk is None:
         problems.append(f"config.layer_types[{index}] = 'chunked_attention' without config.attention_chunk_size")
     softcap = values.get("softcap") or None
     sinks = values.get("s_aux") is not None
     features = AttentionFeatures(window=_number(window), softcap=_number(softcap), sinks=sinks, chunk=_number(chunk))
     note = f"layer {index}: " + ", ".join(
-        [f"window {features.window}" if features.window else "no window",
+        [f"window {features.window}{masked}" if features.window else "no window",
          *([f"chunk {features.chunk}"] if features.chunk else []),
          *([f"softcap {features.softcap}"] if features.softcap else []),
          *(["sinks"] if features.sinks else []),
          *([f"head dims q/k {qk_dim}, v {v_dim}"] if qk_dim != v_dim else []),
          *([f"temperature tuning (floor_scale, attn_scale) {temperature}"] if temperature else [])])
     return ModuleFeatures(features, qk_dim, v_dim, note, "; ".join(problems), temperature)
+
+
+def _with_mask(rule: MaskRule | str | None, window: int | None, chunk: int | None, name: str, problems: list[str],
+               *, passes_window: bool) -> tuple[int | None, int | None, str]:
+    """``(window, chunk, note)`` of a layer whose attention call passes ``window`` (passes_window: it passes the
+    keyword at all; a None it passes is a "no window" the packed attention checks in the forward) and whose layer
+    type says ``chunk``, reconciled with the ``rule`` of its stock mask (`tfcompat.registry.mask_rules.layer_mask`):
+    a window or chunk the mask alone applies is taken from it (note " (from the mask)"); where the two disagree, or
+    the mask is bidirectional or cannot be read, the reason is added to ``problems`` (stock eager and sdpa follow
+    the mask, flash attention the call: no one answer is proven)."""
+    if rule is None:
+        return window, chunk, ""
+    if isinstance(rule, str):
+        problems.append(f"{name}: {rule}")
+        return window, chunk, ""
+    size = _number(rule.size)
+    said = {"window": window, "chunk": chunk}
+    mask = {"window": size if rule.kind == "window" else None, "chunk": size if rule.kind == "chunk" else None}
+    if passes_window and window is None and mask["window"] is not None:
+        said["window"] = 0  # "no window", said explicitly: a disagreement, not a silence
+    if rule.kind == "bidirectional":
+        problems.append(f"{name}: its stock mask is bidirectional ({rule.source}); the packed core is causal")
+        return window, chunk, ""
+    for key in ("window", "chunk"):
+        if said[key] is not None and said[key] != mask[key]:
+            problems.append(f"{name}: its attention call says {key} {said[key] or None}, its stock mask ({rule.source}) "
+                            + (f"{key} {mask[key]}" if mask[key] is not None else f"no {key}")
+                            + ": stock eager and sdpa follow the mask, flash attention the call")
+    taken = [k for k in ("window", "chunk") if said[k] is None and mask[k] is not None]
+    return mask["window"] or window, mask["chunk"] or chunk, " (from the mask)" if taken else ""
 
 
 def _number(value: Any) -> Any:

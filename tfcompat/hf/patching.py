@@ -482,7 +482,7 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
             raise r.error(PatchError, "attention dropout is not supported by the packed core",
                           why=f"config.attention_dropout = {cfg.attention_dropout}", fix="set attention_dropout=0.0",
                           supported=entry)
-        found = module_features(attn, cfg)
+        found = module_features(attn, cfg, r.text_model_cls)
         if found.refusal:
             raise r.error(PatchError, f"{type(attn).__name__} (layer {getattr(attn, 'layer_idx', '?')}) does what the "
                           "packed core cannot", why=found.refusal, supported=entry,
@@ -550,7 +550,7 @@ def _refused_features(model: torch.nn.Module, r: Resolved) -> str:
     """Why the packed core refuses the first attention module of ``model`` whose features it cannot run (a layer
     type other than softmax attention), "" where it runs them all."""
     for attn in (m for m in model.modules() if isinstance(m, r.attention_cls)):
-        found = module_features(attn, cast(Any, attn).config)
+        found = module_features(attn, cast(Any, attn).config, r.text_model_cls)
         if found.refusal:
             return f"{type(attn).__name__} (layer {getattr(attn, 'layer_idx', '?')}): {found.refusal}"
     return ""
