@@ -29,12 +29,13 @@ import torch
 
 from ..core.context import ForwardContext, StockContext
 from ..core.custom_mask import HIDDEN_AT_MOST, disagreement, is_comparable
-from ..core.packing import from_host_positions, has_packed_rows
+from ..core.packing import PackedSeqs, from_host_positions, has_packed_rows
 from ..core.position_ids import Positions, split_positions
 from ..errors import InvalidInputError, PatchedModelError
 from ..inputs.vision_inputs import check_vision_inputs
 from ..registry import Resolved
 from ..registry.records import TextModelLayout
+from .rope_lengths import check_lengths, length_rules
 
 __all__ = ["CACHE_ARGS", "Router", "to_text_model_layout"]
 
@@ -91,6 +92,9 @@ class Router:
         self.r, self.key, self.stock, self.eager, self.group = r, key, stock, eager, group
         self.vision_config = vision_config
         self.context = StockContext(stock[0][1] if stock else "eager", eager)
+        # ropes whose frequencies follow the call's longest position (`tfcompat.hf.rope_lengths`)
+        self.rope_rules = set().union(*(length_rules(getattr(c, "text_config", None) or c, r.rope_config(c))
+                                        for c, _ in stock))
         # the path the text model's latest forward took (read after it by `tfcompat.hf.pooling`)
         self.last: ForwardContext | StockContext | None = None
         # the path the model given to `tfcompat.patch` decided for the call in progress (its forward may pass the
@@ -115,6 +119,12 @@ class Router:
                                why=f"{positions.text.shape[0]} position rows for {tokens.shape[0]} token rows",
                                fix="build one row of position ids per row of tokens")
         return positions
+
+    def check_rope_lengths(self, seqs: PackedSeqs) -> None:
+        """`InvalidInputError` where a length-dependent rope would rotate a sequence of ``seqs`` otherwise packed
+        than alone (`tfcompat.hf.rope_lengths`); from the host lengths, no sync."""
+        if self.rope_rules:
+            check_lengths(self.rope_rules, seqs.lengths, self.r.error)
 
     def check_key(self) -> None:
         """`PatchedModelError` when a config no longer names tfcompat's key (``set_attn_implementation`` after

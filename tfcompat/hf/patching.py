@@ -649,6 +649,7 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
                           fix="pass position_ids: tfcompat.rope_index(model, ids, ...) per sequence, concatenated on "
                           "dim -1")
         positions = router.positions(a["position_ids"], tokens)  # the split `decide` made, where it made one
+        router.check_rope_lengths(ctx.seqs)
         if ctx.group is not group:
             raise r.error(InvalidInputError, "the shard's group is not the group the model was patched with",
                           why=f"patched with {_describe(group)}, inputs sharded over {_describe(ctx.group)}",
