@@ -4,11 +4,11 @@ the sequences, layer-type patterns, rope scaling types with their original lengt
 expert counts and top-k, q/k norms, softcaps, MLA ranks), and the patched packed row must equal stock per sequence.
 
 Rule: `tfcompat.patch` refuses (a typed error at ``patch()``; or, at the forward, a packed batch whose sequences a
-length-dependent rope rotates otherwise alone, `tfcompat.hf.rope_lengths`) or the packed logits equal stock per sequence per token
-(fp32, relative `TOLERANCE`, as `tests.every_type`); patched and wrong fails, naming the type, the drawn fields and
-the difference. A drawn config that transformers itself rejects, or whose stock model does not run, is not an
-example (rejected). Each sequence runs alone on its own copy of the model: dynamic rope caches the longest length it
-has seen, so a model that ran other sequences first is not the oracle.
+length-dependent rope rotates otherwise alone, `tfcompat.hf.rope_lengths`) or the packed logits equal stock per
+sequence per token (fp32, relative `TOLERANCE`, as `tests.every_type`); patched and wrong fails, naming the type, the
+drawn fields and the difference. A drawn config that transformers itself rejects, or whose stock model does not run,
+is not an example (rejected). Each sequence runs alone on its own copy of the model: dynamic rope caches the longest
+length it has seen, so a model that ran other sequences first is not the oracle.
 
 Slow (a few seconds a type): ``sweep``; CI runs the ``ci_sweep`` references on its newest release (noxfile.py).
 """
