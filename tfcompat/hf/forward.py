@@ -35,7 +35,7 @@ from ..errors import InvalidInputError, PatchedModelError
 from ..inputs.vision_inputs import check_vision_inputs
 from ..registry import Resolved
 from ..registry.records import TextModelLayout
-from .rope_lengths import check_lengths, length_rules
+from .rope_lengths import LengthRule, check_lengths, length_rules
 
 __all__ = ["CACHE_ARGS", "Router", "to_text_model_layout"]
 
@@ -93,8 +93,9 @@ class Router:
         self.vision_config = vision_config
         self.context = StockContext(stock[0][1] if stock else "eager", eager)
         # ropes whose frequencies follow the call's longest position (`tfcompat.hf.rope_lengths`)
-        self.rope_rules = set().union(*(length_rules(getattr(c, "text_config", None) or c, r.rope_config(c))
-                                        for c, _ in stock))
+        self.rope_rules: set[LengthRule] = set()
+        for config, _ in stock:
+            self.rope_rules |= length_rules(getattr(config, "text_config", None) or config, r.rope_config(config))
         # the path the text model's latest forward took (read after it by `tfcompat.hf.pooling`)
         self.last: ForwardContext | StockContext | None = None
         # the path the model given to `tfcompat.patch` decided for the call in progress (its forward may pass the

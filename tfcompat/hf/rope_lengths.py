@@ -27,7 +27,7 @@ def length_rules(config: Any, rope: dict[str, Any]) -> set[LengthRule]:
     """The length-dependent ropes of a text ``config`` whose flat rope settings are ``rope``
     (`tfcompat.registry.rotary.rope_config`; one dict per layer type where the model keeps them so)."""
     per_type = [v for v in rope.values() if isinstance(v, dict)] or [rope]
-    rules = set()
+    rules: set[LengthRule] = set()
     for settings in per_type:
         kind = str(settings.get("rope_type", "default"))
         if "dynamic" in kind:  # transformers' own test of the name
