@@ -94,7 +94,7 @@ def overrides(draw: st.DrawFn, base: dict[str, Any], dim: int) -> dict[str, Any]
         kinds = ATTENTION_KINDS if window is not None else ("full_attention",)
         out["layer_types"] = draw(st.lists(st.sampled_from(kinds), min_size=layers, max_size=layers))
         if "use_sliding_window" in base:  # the config derives the pattern from the flags: let it
-            out.pop("layer_types")
+            out["layer_types"] = None
     parameters = base.get("rope_parameters")
     if isinstance(parameters, dict) and "rope_type" in parameters:
         out["rope_parameters"] = draw(rope(parameters, dim))
