@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
 
 import tfcompat
@@ -158,19 +158,23 @@ def test_patched_packed_equals_stock_per_sequence_or_is_refused(model_type: str)
             seqs = sample_sequences(model.config, lengths=lengths, seed=seed)
             with torch.no_grad():  # each alone, on a fresh copy (dynamic rope caches what it saw)
                 expected = [copy.deepcopy(model)(input_ids=s[None], use_cache=False).logits[0] for s in seqs]
-        except Exception:  # noqa: BLE001 -- transformers rejects the drawn config or its stock model cannot run it
+        except Exception as exc:  # noqa: BLE001 -- transformers rejects the drawn config or its stock model cannot run it
+            event(f"not an example: {type(exc).__name__}")
             reject()
         try:
             handle = tfcompat.patch(model)
-        except REFUSALS:
+        except REFUSALS as exc:
+            event(f"refused at patch(): {type(exc).__name__}")
             return
         with handle, torch.no_grad():
             try:
                 got = model(**packed_inputs(seqs), use_cache=False).logits[0]
             except InvalidInputError as exc:  # a length-dependent rope over sequences it rotates otherwise alone
                 assert "rope frequencies alone" in str(exc), str(exc)
+                event("refused: a length-dependent rope")
                 return
         diff = compare(got, expected)
+        event("compared")
         assert diff <= TOLERANCE, f"{model_type} with {fields}, lengths {lengths}: packed vs per sequence {diff:.2e}"
 
     check()
