@@ -56,11 +56,16 @@ def _rotary_dim(config: Any) -> int:
     return int(head * (config.rope_parameters or {}).get("partial_rotary_factor", 1.0))
 
 
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+# the rope types a config class takes (phi3's validator: default and longrope only)
+ROPE_TYPES_OF = {"phi3": ("default", "longrope"), "phimoe": ("default", "longrope")}
+
+
 @st.composite
-def rope(draw: st.DrawFn, base: dict[str, Any], dim: int) -> dict[str, Any]:
-    """One rope scaling of the flat ``base`` (its theta and partial factor kept); original lengths 8 (below the
-    longer sequences) or 4096 (above every one)."""
-    kind = draw(st.sampled_from(["default", "linear", "dynamic", "yarn", "llama3", "longrope"]))
+def rope(draw: st.DrawFn, base: dict[str, Any], dim: int, kinds: tuple[str, ...]) -> dict[str, Any]:
+    """One rope scaling of ``kinds`` over the flat ``base`` (its theta and partial factor kept); original lengths 8
+    (below the longer sequences) or 4096 (above every one)."""
+    kind = draw(st.sampled_from(kinds))
     keep = {k: v for k, v in base.items() if k in ("rope_theta", "partial_rotary_factor")}
     original = draw(st.sampled_from([8, 4096]))
     if kind == "default":
@@ -82,6 +87,7 @@ def rope(draw: st.DrawFn, base: dict[str, Any], dim: int) -> dict[str, Any]:
 def overrides(draw: st.DrawFn, base: dict[str, Any], dim: int) -> dict[str, Any]:
     """Fields of the tiny config ``base`` (its ``to_dict()``) redrawn, only those it has."""
     out: dict[str, Any] = {}
+    kinds = ROPE_TYPES_OF.get(base["model_type"], ROPE_TYPES)
     layers = base["num_hidden_layers"]
     window = None
     if "sliding_window" in base:
@@ -97,15 +103,17 @@ def overrides(draw: st.DrawFn, base: dict[str, Any], dim: int) -> dict[str, Any]
             out["layer_types"] = None
     parameters = base.get("rope_parameters")
     if isinstance(parameters, dict) and "rope_type" in parameters:
-        out["rope_parameters"] = draw(rope(parameters, dim))
+        out["rope_parameters"] = draw(rope(parameters, dim, kinds))
     elif isinstance(parameters, dict) and isinstance(parameters.get("full_attention"), dict):
-        out["rope_parameters"] = {**parameters, "full_attention": draw(rope(parameters["full_attention"], dim))}
+        out["rope_parameters"] = {**parameters, "full_attention": draw(rope(parameters["full_attention"], dim, kinds))}
     if out.get("rope_parameters", {}).get("rope_type") == "dynamic":  # dynamic scales past max_position_embeddings
         out["max_position_embeddings"] = draw(st.sampled_from([8, 4096]))
     experts = next((k for k in ("num_local_experts", "num_experts", "n_routed_experts") if base.get(k)), None)
     if experts is not None:
-        n = out[experts] = draw(st.sampled_from([2, 4, 8]))
-        out["num_experts_per_tok"] = draw(st.integers(1, min(n, 4)))
+        # group-limited routing (DeepSeek-V3) scores each group by its top 2 and picks among topk_group groups
+        n = out[experts] = draw(st.sampled_from([4, 8] if base.get("n_group") else [2, 4, 8]))
+        reach = n // base["n_group"] * base["topk_group"] if base.get("n_group") and base.get("topk_group") else n
+        out["num_experts_per_tok"] = draw(st.integers(1, min(reach, 4)))
     for flag in ("norm_topk_prob", "use_qk_norm", "attention_bias"):
         if isinstance(base.get(flag), bool):
             out[flag] = draw(st.booleans())
