@@ -50,10 +50,11 @@ LENGTHS = st.lists(st.integers(3, 18), min_size=2, max_size=3)
 ATTENTION_KINDS = ("sliding_attention", "full_attention")
 
 
-def _rotary_dim(config: Any) -> int:
-    head = getattr(config, "qk_rope_head_dim", None) or getattr(config, "head_dim", None) or (
-        config.hidden_size // config.num_attention_heads)
-    return int(head * (config.rope_parameters or {}).get("partial_rotary_factor", 1.0))
+def _rotary_dim(base: dict[str, Any]) -> int:
+    """The rotated dims of a head, from the tiny config's ``to_dict()`` (5.25 refuses attribute reads of per-layer
+    fields such as gemma4's ``head_dim``)."""
+    head = base.get("qk_rope_head_dim") or base.get("head_dim") or base["hidden_size"] // base["num_attention_heads"]
+    return int(head * (base.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0))
 
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
@@ -136,8 +137,8 @@ def _build(model_type: str, fields: dict[str, Any]) -> torch.nn.Module:
 
 
 def _case(model_type: str) -> tuple[dict[str, Any], int]:
-    tiny = tiny_config(model_type)
-    return tiny.to_dict(), _rotary_dim(tiny)
+    base = tiny_config(model_type).to_dict()
+    return base, _rotary_dim(base)
 
 
 def _params(types: list[str]) -> list[Any]:
