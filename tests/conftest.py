@@ -28,10 +28,11 @@ from tfcompat.registry.versions import installed_transformers
 
 BROAD = {
     "test_a2a.py", "test_attention_backends.py", "test_attention_features.py", "test_checkpoint_keep.py",
-    "test_checkpointing.py", "test_cli.py", "test_derived.py", "test_every_causal_lm.py", "test_every_vlm.py",
-    "test_fused.py", "test_heads.py", "test_heads_triton.py", "test_integrations_verl.py", "test_linear_attention.py",
-    "test_misuse.py", "test_mixers.py", "test_model_logprobs.py", "test_packing.py", "test_rotary.py",
-    "test_tiny_models.py", "test_trainer.py", "test_versions.py",
+    "test_checkpointing.py", "test_cli.py", "test_configs.py", "test_custom_mask.py", "test_derived.py",
+    "test_every_causal_lm.py", "test_every_vlm.py", "test_fused.py", "test_heads.py", "test_heads_triton.py",
+    "test_integrations_verl.py", "test_linear_attention.py", "test_misuse.py", "test_mixers.py",
+    "test_model_logprobs.py", "test_packing.py", "test_rotary.py", "test_tiny_models.py", "test_trainer.py",
+    "test_versions.py",
 }
 
 

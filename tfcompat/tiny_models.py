@@ -225,14 +225,16 @@ def tiny_config(model_type: str, kind: Kind = "causal_lm") -> PretrainedConfig:
 
 
 def tiny_model(
-    model_type: str, kind: Kind = "causal_lm", *, attn_implementation: str = "sdpa", seed: int = 0
+    model_type: str, kind: Kind = "causal_lm", *, attn_implementation: str = "sdpa", seed: int = 0,
+    config: PretrainedConfig | None = None,
 ) -> torch.nn.Module:
     """A tiny random fp32 model of `model_type` in eval mode (`_AFTER_BUILD` says where not), seeded; `(config,
-    class)` as transformers maps them."""
+    class)` as transformers maps them. config: the one to build (a `tiny_config` with fields changed; default
+    `tiny_config(model_type, kind)`)."""
     import torch
     import transformers
 
-    config = tiny_config(model_type, kind)
+    config = tiny_config(model_type, kind) if config is None else config
     cls = getattr(transformers, model_class_name(model_type, kind))
     torch.manual_seed(seed)
     try:

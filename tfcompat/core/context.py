@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import torch
+
 from .a2a import Transport
 from .attention import Backend
 from .packing import PackedSeqs
@@ -25,12 +27,15 @@ class ForwardContext(NamedTuple):
     seqs: boundaries of the whole packed row (global under sequence parallelism).
     backend: the varlen backend. group: the Ulysses process group, or None for a single process.
     transport: how the Ulysses all-to-alls move data, agreed by every rank in `tfcompat.ulysses.shard_inputs`.
+    mask: the caller's 4-D attention mask, found equal to the block-diagonal causal mask of ``seqs``
+    (`tfcompat.core.custom_mask`): the text model's packed forward takes it (and drops it); None: none was checked.
     """
 
     seqs: PackedSeqs
     backend: Backend = "auto"
     group: Any = None
     transport: Transport = "all_to_all"
+    mask: torch.Tensor | None = None
 
 
 class StockContext(NamedTuple):

@@ -15,7 +15,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from ..errors import InvalidInputError
 
-__all__ = ["PackedSeqs", "check_text_positions", "chunked", "from_host_positions", "from_lengths"]
+__all__ = ["PackedSeqs", "check_text_positions", "chunked", "from_host_positions", "from_lengths", "has_packed_rows"]
 
 
 class PackedSeqs(NamedTuple):
@@ -86,10 +86,7 @@ def from_host_positions(host: torch.Tensor, *, device: torch.device, family: str
             "(a negative run would split a sequence at its 0)",
             fix="build each sequence's ids with tfcompat.pack, or tfcompat.rope_index (or arange) per sequence, "
             "concatenated")
-    starts = flat == 0
-    starts[::length] = True  # every row starts a sequence
-    continues = flat[1:] == flat[:-1] + 1
-    bad = ~(starts[1:] | continues)
+    starts, bad = _starts(flat, length)
     if bool(bad.any()):
         i = int(bad.nonzero()[0]) + 1
         raise InvalidInputError(
@@ -102,6 +99,25 @@ def from_host_positions(host: torch.Tensor, *, device: torch.device, family: str
     begin = starts.nonzero().flatten()
     lengths = torch.diff(torch.cat([begin, torch.tensor([flat.numel()])])).tolist()
     return from_lengths(lengths, device=device)
+
+
+def has_packed_rows(host: torch.Tensor) -> bool:
+    """Whether a ``(B, L)`` integer text row on the host holds packed sequences (the rule of `from_host_positions`,
+    without its errors) and some row more than one of them."""
+    flat = host.reshape(-1)
+    if host.shape[-1] == 0 or bool((flat < 0).any()):
+        return False
+    starts, bad = _starts(flat, host.shape[-1])
+    return not bool(bad.any()) and int(starts.sum()) > host.shape[0]
+
+
+def _starts(flat: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Of the flattened ``(B * L,)`` rows of ``length`` tokens: where a sequence starts (every row start, every 0),
+    and where a token neither starts one nor continues the one before by 1 (``(B * L - 1,)``, from the second)."""
+    starts = flat == 0
+    starts[::length] = True  # every row starts a sequence
+    continues = flat[1:] == flat[:-1] + 1
+    return starts, ~(starts[1:] | continues)
 
 
 _chunked = WeakTensorKeyDictionary()  # a forward's cu_seqlens tensor -> {chunk size: its chunked PackedSeqs}

@@ -7,13 +7,16 @@ returns. The choice is made once per forward, by the outermost patched forward, 
 forward's kwargs (`tfcompat.context.CONTEXT_KWARG`):
 
 - packed (`tfcompat.context.ForwardContext`): position ids with a text row are given (``(4, B, L)`` or
-  ``(B, L)``), no cache object is passed, and the attention mask is None or all ones;
+  ``(B, L)``), no cache object is passed, and the attention mask is None, all ones, a right padding of packed rows,
+  or a 4-D mask (``(B or 1, 1, L, L)``) equal to the block-diagonal causal mask of the packed sequences
+  (`tfcompat.core.custom_mask`; any other 4-D mask with packed position ids is an `InvalidInputError`);
 - stock (`tfcompat.context.StockContext`): anything else. The text configs name the stock implementation for
   the duration of the stock forward (transformers builds that implementation's mask and dispatches to it); a
   recomputation under gradient checkpointing, which runs after the forward, reaches tfcompat's key and is
   dispatched to the same stock function by `tfcompat.hf_attention`.
 
-The packed decision and its checks read one host copy of the position ids (and mask): the forward's one sync.
+The packed decision and its checks read one host copy of the position ids (and the 2-D mask, or where a 4-D mask
+first differs from the boundaries'): the forward's one sync.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from typing import Any
 import torch
 
 from ..core.context import ForwardContext, StockContext
-from ..core.packing import from_host_positions
+from ..core.custom_mask import HIDDEN_AT_MOST, disagreement, is_comparable
+from ..core.packing import PackedSeqs, from_host_positions, has_packed_rows
 from ..core.position_ids import Positions, split_positions
 from ..errors import InvalidInputError, PatchedModelError
 from ..inputs.vision_inputs import check_vision_inputs
 from ..registry import Resolved
 from ..registry.records import TextModelLayout
+from .rope_lengths import LengthRule, check_lengths, length_rules
 
 __all__ = ["CACHE_ARGS", "Router", "to_text_model_layout"]
 
@@ -87,6 +92,10 @@ class Router:
         self.r, self.key, self.stock, self.eager, self.group = r, key, stock, eager, group
         self.vision_config = vision_config
         self.context = StockContext(stock[0][1] if stock else "eager", eager)
+        # ropes whose frequencies follow the call's longest position (`tfcompat.hf.rope_lengths`)
+        self.rope_rules: set[LengthRule] = set()
+        for config, _ in stock:
+            self.rope_rules |= length_rules(getattr(config, "text_config", None) or config, r.rope_config(config))
         # the path the text model's latest forward took (read after it by `tfcompat.hf.pooling`)
         self.last: ForwardContext | StockContext | None = None
         # the path the model given to `tfcompat.patch` decided for the call in progress (its forward may pass the
@@ -111,6 +120,12 @@ class Router:
                                why=f"{positions.text.shape[0]} position rows for {tokens.shape[0]} token rows",
                                fix="build one row of position ids per row of tokens")
         return positions
+
+    def check_rope_lengths(self, seqs: PackedSeqs) -> None:
+        """`InvalidInputError` where a length-dependent rope would rotate a sequence of ``seqs`` otherwise packed
+        than alone (`tfcompat.hf.rope_lengths`); from the host lengths, no sync."""
+        if self.rope_rules:
+            check_lengths(self.rope_rules, seqs.lengths, self.r.error)
 
     def check_key(self) -> None:
         """`PatchedModelError` when a config no longer names tfcompat's key (``set_attn_implementation`` after
@@ -169,20 +184,29 @@ class Router:
                                "(model.to_empty(device=...), then load the weights) before running it")
         positions = self.positions(position_ids, tokens)
         mask = a.get("attention_mask")
-        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != positions.text.shape):
-            return self.context  # a 4-D or precomputed mask: the caller asked for the stock masking
+        custom = isinstance(mask, torch.Tensor) and mask.ndim == 4
+        if mask is not None and not custom and (not isinstance(mask, torch.Tensor)
+                                                or mask.shape != positions.text.shape):
+            return self.context  # a precomputed mask (a dict per layer type, ...): the caller asked for stock masking
+        comparable = custom and is_comparable(mask, *positions.text.shape)
         ids = a.get("input_ids")
         vision = (self.vision_config is not None and self.r.spec.mm_token_types is not None and ids is not None
                   and position_ids.ndim == 2)
         rows = [positions.text[None].long(), positions.mrope.long()]
-        if mask is not None:
+        if mask is not None and not custom:
             rows.append(mask[None].to(rows[0].device, torch.long))
+        if comparable:  # where the caller's 4-D mask first differs from the boundaries', per query token
+            rows.append(disagreement(mask, positions.text.long())[None].to(rows[0].device))
         if vision:  # vision placeholders with text-only ids: M-RoPE positions would be lost
             rows.append(self.r.spec.mm_token_types(self.vision_config, ids)[None].to(  # type: ignore[misc, arg-type]
                 rows[0].device, torch.long))  # `vision` checked both for None
         host = _to_host(rows)  # (4 [+ 1] [+ 1], B, L): the forward's one host sync
         text, mrope = host[0], host[1:4]
-        if mask is not None and not bool(host[4].all()):
+        if custom:
+            if not has_packed_rows(text):  # one sequence per row (or no packed ids): the caller's masking, stock
+                return self.context
+            self._check_custom_mask(mask, host[4] if comparable else None, text)
+        elif mask is not None and not bool(host[4].all()):
             if not self._packed_with_padding(text, host[4]):
                 return self.context
             text, mrope = _pad_tails_as_sequences(text, mrope, host[4].bool())
@@ -207,7 +231,43 @@ class Router:
                 why="the model was patched with ulysses_group, and no shard context was passed",
                 fix="model(**tfcompat.ulysses.shard_inputs(ids, position_ids, group=group).model_inputs)")
         self._split = (position_ids, tuple(tokens.shape[:2]), positions)
-        return ForwardContext(seqs)
+        return ForwardContext(seqs, mask=mask if custom else None)
+
+    def _check_custom_mask(self, mask: torch.Tensor, first: torch.Tensor | None, text: torch.Tensor) -> None:
+        """`InvalidInputError` unless the 4-D ``mask`` of a packed call is the block-diagonal causal mask of its
+        boundaries. first: `tfcompat.core.custom_mask.disagreement` on the host, ``(B, L)`` (None: a form it does not
+        compare); text: the ``(B, L)`` host text row."""
+        supported = ("a 4-D mask (B or 1, 1, L, L) equal to the block-diagonal causal mask of the position ids' "
+                     f"sequences: bool (True attends) or floating additive (0 attends, at most {HIDDEN_AT_MOST:g} "
+                     "hides)")
+        fix = ("pass attention_mask=None (the restarting position ids mark the boundaries) or a (B, L) padding mask; "
+               "attention other than causal within each sequence runs on the unpatched model (undo() the patch)")
+        if first is None:
+            raise self.r.error(
+                InvalidInputError, f"a 4-D attention_mask of shape {tuple(mask.shape)} and dtype {mask.dtype} with "
+                "packed position ids", why=f"the packed row is {tuple(text.shape)}; a 4-D mask is taken only where "
+                "it is the mask of the packed boundaries", supported=supported, fix=fix)
+        bad = (first >= 0).nonzero()
+        if len(bad) == 0:
+            return
+        row, query = (int(i) for i in bad[0])
+        key = int(first[row, query])
+        start = query - int(text[row, query])  # inside a sequence positions count up by 1 from its start
+        value = mask[min(row, mask.shape[0] - 1), 0, query, key].item()  # a sync, on the way to the error only
+        if mask.dtype == torch.bool:
+            says = f"is {value} ({'attends' if value else 'hides'})"
+        elif value == 0 or value <= HIDDEN_AT_MOST:
+            says = f"is {value:g} ({'attends' if value == 0 else 'hides'})"
+        else:
+            says = f"is {value:g}, which neither attends (0) nor hides (at most {HIDDEN_AT_MOST:g})"
+        where = ("a later token" if key > query else "a token of an earlier sequence" if key < start
+                 else "an earlier token of the same sequence" if key < query else "the query itself")
+        raise self.r.error(
+            InvalidInputError, "a 4-D attention_mask that is not the block-diagonal causal mask of the packed row",
+            why=f"at row {row}, query token {query} (its sequence starts at token {start}), key token {key}: the mask "
+            f"{says}, but the key is {where}, which causal attention within each sequence "
+            f"{'attends' if start <= key <= query else 'hides'}; the packed attention would not do what the mask says",
+            supported=supported, fix=fix)
 
     def _packed_with_padding(self, text: torch.Tensor, mask: torch.Tensor) -> bool:
         """Whether a batch with padding holds packed rows: some row restarts its position ids on attended tokens.

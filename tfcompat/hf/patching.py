@@ -648,6 +648,7 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
                           fix="pass position_ids: tfcompat.rope_index(model, ids, ...) per sequence, concatenated on "
                           "dim -1")
         positions = router.positions(a["position_ids"], tokens)  # the split `decide` made, where it made one
+        router.check_rope_lengths(ctx.seqs)
         if ctx.group is not group:
             raise r.error(InvalidInputError, "the shard's group is not the group the model was patched with",
                           why=f"patched with {_describe(group)}, inputs sharded over {_describe(ctx.group)}",
@@ -669,7 +670,9 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         if own is not None:  # the model's own default positions (RoBERTa's), per sequence
             a["position_ids"] = own(tokens, ctx.seqs)
         mask = a.get("attention_mask")
-        if mask is not None and not (isinstance(mask, torch.Tensor) and mask.shape == tokens.shape[:2]):
+        # ctx.mask: a 4-D mask `Router.decide` found equal to the boundaries' block-diagonal causal mask
+        if mask is not None and mask is not ctx.mask and not (isinstance(mask, torch.Tensor)
+                                                               and mask.shape == tokens.shape[:2]):
             raise r.error(InvalidInputError, "a custom attention mask with packed inputs",
                           why=f"got {_mask_kind(mask)} with a tfcompat context; the packed forward attends within "
                           "the context's sequences and would ignore it",
