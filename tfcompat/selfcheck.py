@@ -193,7 +193,7 @@ def check_type(model_type: str, kind: Kind = "causal_lm", tolerance: float = 1e-
     one) run stock on three sequences alone and patched on their packed row (`tfcompat.pack`); logits compared per
     token. kind "image_text_to_text": the first and last sequence hold one image each (`tiny_image`), the middle one
     is text only."""
-    from .tiny_models import attention_implementations, special_token_ids, tiny_image
+    from .tiny_models import attention_implementations, sample_examples
     from .tiny_models import tiny_model as tiny_of_type
 
     try:
@@ -202,20 +202,7 @@ def check_type(model_type: str, kind: Kind = "causal_lm", tolerance: float = 1e-
         return TypeCheck(model_type, "refused", _first_line(exc))
     try:
         model = tiny_of_type(model_type, kind, attn_implementation=attention_implementations(model_type, kind)[-1])
-        config: Any = model.config  # a transformers PreTrainedConfig
-        allowed = torch.tensor(sorted(set(range(config.get_text_config().vocab_size)) - special_token_ids(config)))
-        gen = torch.Generator().manual_seed(0)
-        examples: list[dict[str, Any]] = [
-            {"input_ids": allowed[torch.randint(len(allowed), (n,), generator=gen)][None]} for n in _LENGTHS[:3]]
-        if kind == "image_text_to_text":
-            for i in (0, 2):
-                image = tiny_image(model, seed=i)
-                ids = examples[i]["input_ids"]  # (1, L): text, the image's placeholders, text
-                run = torch.full((1, image.tokens), image.token_id)
-                examples[i] = {"input_ids": torch.cat([ids[:, :3], run, ids[:, 3:]], 1), **image.inputs}
-                if "mm_token_type_ids" in inspect.signature(model.forward).parameters:  # 1 at an image's tokens, as
-                    # its processor returns them (5.x M-RoPE forwards number images only with them)
-                    examples[i]["mm_token_type_ids"] = (examples[i]["input_ids"] == image.token_id).long()
+        examples = sample_examples(model, _LENGTHS[:3], images=kind == "image_text_to_text")
         # each sequence at the positions the model gives it by default (0, 1, ... for most; RoBERTa's count from its
         # padding index): what the packed row's restarting position ids must give
         expected = [model(**ex, use_cache=False).logits[0] for ex in examples]
