@@ -17,6 +17,7 @@ import torch
 
 from .errors import TfcompatError
 from .hf.patching import patch
+from .hf.proof import REFUSAL as PROOF_REFUSAL
 from .inputs.pack import pack
 from .registry import Resolved, family, resolve
 from .registry.records import VisionItem
@@ -178,13 +179,16 @@ class TypeCheck:
     status: "pass" (patched packed equals stock per sequence within the tolerance), "fail" (patched and wrong, or
     the patched forward raised), "refused" (`resolve`/`patch` raised a typed error: reason), "unbuildable" (no tiny
     model of the type builds and runs stock on CPU: reason). max_rel_diff: per token, ``max |patched - stock|`` over
-    the token's largest stock logit.
+    the token's largest stock logit. proof: what ``patch()``'s proof of the type found (`tfcompat.hf.proof`):
+    "proven", "proven on the default config", "unproven: reason", "refused" (the proof refused the patch: reason), or
+    "" where the patch was refused before its proof or never tried.
     """
 
     model_type: str
     status: Literal["pass", "fail", "refused", "unbuildable"]
     reason: str = ""
     max_rel_diff: float | None = None
+    proof: str = ""
 
 
 @torch.no_grad()
@@ -209,19 +213,23 @@ def check_type(model_type: str, kind: Kind = "causal_lm", tolerance: float = 1e-
     except Exception as exc:  # noqa: BLE001 -- any reason a foreign model cannot be built or run is reported
         return TypeCheck(model_type, "unbuildable", _first_line(exc))
     try:
-        handle = patch(model)
+        handle = patch(model)  # with the patch-time proof, as users patch
     except TfcompatError as exc:
+        if exc.what.endswith(PROOF_REFUSAL):
+            return TypeCheck(model_type, "refused", f"{_first_line(exc)}: {exc.why}"[:300], proof="refused")
         return TypeCheck(model_type, "refused", _first_line(exc))
+    proof = "" if handle.proof is None else "proven" if handle.proof.config == "own" else \
+        "proven on the default config" if handle.proof.status == "proven" else f"unproven: {handle.proof.reason}"
     with handle:
         try:
             got = model(**pack(model, examples).model_inputs, use_cache=False).logits[0]
         except Exception as exc:  # noqa: BLE001 -- a patched forward that raises is a failure to report
-            return TypeCheck(model_type, "fail", f"the patched forward raised {_first_line(exc)}")
+            return TypeCheck(model_type, "fail", f"the patched forward raised {_first_line(exc)}", proof=proof)
     want = torch.cat(expected)  # (T, V)
     diff = float(((got - want).abs().amax(-1) / want.abs().amax(-1).clamp_min(1e-6)).max())
     if diff <= tolerance:
-        return TypeCheck(model_type, "pass", max_rel_diff=diff)
-    return TypeCheck(model_type, "fail", f"packed differs from stock per sequence by {diff:.1e}", diff)
+        return TypeCheck(model_type, "pass", max_rel_diff=diff, proof=proof)
+    return TypeCheck(model_type, "fail", f"packed differs from stock per sequence by {diff:.1e}", diff, proof)
 
 
 def _first_line(exc: BaseException) -> str:

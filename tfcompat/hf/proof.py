@@ -37,11 +37,12 @@ from ..inputs.pack import pack
 from ..registry import Resolved
 from ..tiny_models import TinyModelError, sample_examples, shrunk_config, tiny_config, tiny_copy
 
-__all__ = ["ENV", "LENGTHS", "TOLERANCE", "Proof", "is_wanted", "prove"]
+__all__ = ["ENV", "LENGTHS", "REFUSAL", "TOLERANCE", "Proof", "is_wanted", "prove"]
 
 ENV = "TFCOMPAT_PROVE"
 LENGTHS = (7, 12, 5)  # the 12-token sequence is longer than the tiny windows and chunks (8): they cut in
 TOLERANCE = 1e-5  # per token, max |patched - stock| over the token's largest stock value (fp32)
+REFUSAL = "fails its patch-time proof"  # how the `PatchError` of a failed proof ends its first line
 
 Apply = Callable[[torch.nn.Module], AbstractContextManager[Any]]
 
@@ -179,7 +180,7 @@ def _wrong(resolved: Resolved, config: str, detail: str) -> PatchError:
     on = "a tiny copy of this model's config (sizes shrunk, the rest kept)" if config == "own" else \
         "a tiny model of the type's default config (this config's copy does not build)"
     return resolved.error(
-        PatchError, f"the packed patch of {resolved.family} fails its patch-time proof",
+        PatchError, f"the packed patch of {resolved.family} {REFUSAL}",
         why=f"on {on}: {detail}",
         supported="derived types whose packed forward equals stock per sequence (tfcompat doctor lists them)",
         fix="run the model unpatched (or padded), or on a transformers release where `tfcompat doctor --types "
