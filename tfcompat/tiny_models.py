@@ -11,8 +11,7 @@ made tiny raises `TinyModelError` naming why.
 model of it): the user's layer pattern (cut to the first layers that hold each of its kinds), rope scaling and its
 parameters (longrope's factor lists resampled to the tiny head), softcaps, norms, biases; windows, chunks, top-k and
 expert groups are capped at the tiny sizes rather than set, and the key/value heads keep the config's kind
-(multi-head, multi-query, grouped). An `_OVERRIDES` value replaces a field only where the config holds its class
-default there.
+(multi-head, multi-query, grouped). The config's per-layer patterns win over `_OVERRIDES`.
 
 transformers is imported inside the functions only: importing tfcompat does not import it.
 """
@@ -606,25 +605,27 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
 
     `base` holds the values to start from: none for the top config (its class defaults), the full-size values
     for a sub-config (a parent may give its sub-configs values their class lacks, e.g. dbrx's `rope_theta`).
-    own: `default` is a given config (`shrunk_config`), not a class's defaults: its per-layer patterns are kept (cut to
-    the tiny layers), its windows and routing capped, and an override applies only where it holds the class default.
+    own: `default` is a given config (`shrunk_config`), not a class's defaults: its per-layer patterns win over the
+    class's rule and over `_OVERRIDES` (cut to the layers that hold each kind, or the override's more), its windows
+    and routing are capped.
     """
     patterns = _per_layer_patterns(default)
     subs = _sub_configs(default)
     dropped = _META | (_NOT_SEMANTIC if own else set())
     kwargs = {k: v for k, v in base.items() if k not in patterns and k not in subs and k not in dropped}
-    layers = _layers_needed(default, patterns)
-    if own:  # the config's own pattern, not the one its class derives from the number of layers
-        kwargs.update({k: v[:layers] for k, v in patterns.items()})
     kwargs.update(_generic_kwargs(default, ids, own))
     for name, sub in subs.items():
         kwargs[name] = _shrunk(model_type, sub, ids, base=sub.to_diff_dict(), own=own)
+    layers = _layers_needed(default, patterns)
+    overrides = {k: v for k, v in _OVERRIDES.get(type(default).__name__, {}).items() if not own or k not in patterns}
+    if own:  # a layer count the class needs (Zamba's two hybrid layers), but never fewer than the pattern's kinds
+        layers = max(layers, overrides.pop("num_hidden_layers", layers))
+        kwargs.update({k: kwargs.get(k, v) for k, v in patterns.items()})  # cut to `layers` below
     for key in _LAYERS:
         real = default.attribute_map.get(key, key)
         if real in default.to_dict():
             kwargs[real] = layers
-    overrides = _OVERRIDES.get(type(default).__name__, {})
-    kwargs.update(_class_defaults_only(default, overrides) if own else overrides)
+    kwargs.update(overrides)
     values = default.to_dict()
     kwargs.update({k: v for k, v in _FILL_NONE.get(type(default).__name__, {}).items() if values.get(k, None) is None})
     kwargs.update({k: v for k, v in _FLAGS.items() if k in values})
@@ -653,17 +654,6 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
         return cls(**kwargs)
     except Exception as exc:  # noqa: BLE001
         raise _error(model_type, f"{cls.__name__} rejects the shrunk sizes", cause=exc) from None
-
-
-def _class_defaults_only(config: PretrainedConfig, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The ``overrides`` of fields where ``config`` holds its class default (a field set otherwise is the config's
-    own choice: an LFM2 checkpoint's layer pattern, not the class's attention-only default)."""
-    try:
-        default = type(config)().to_dict()
-    except Exception:  # noqa: BLE001 -- a class without defaults: every override applies, as for tiny_config
-        return overrides
-    values = config.to_dict()
-    return {k: v for k, v in overrides.items() if values.get(k) == default.get(k)}
 
 
 def _holds(pattern: Any, default: list[Any], layers: int) -> bool:

@@ -88,7 +88,8 @@ def prove(model: torch.nn.Module, resolved: Resolved, apply: Apply) -> Proof:
     except TinyModelError as exc:
         own, why_not = None, _first_line(exc)
     fingerprint = "" if own is None else hashlib.sha256(own.to_json_string().encode()).hexdigest()
-    key = (config.model_type, resolved.transformers_version, type(model).__qualname__, fingerprint)
+    key = (config.model_type, resolved.transformers_version, f"{type(model).__module__}.{type(model).__qualname__}",
+           fingerprint)
     if key in _CACHE:
         found = _CACHE[key]
         if isinstance(found, PatchError):
@@ -119,8 +120,9 @@ def _outcome(model: torch.nn.Module, resolved: Resolved, apply: Apply, own: Any,
                 tiny = tiny_copy(model, tiny_cfg, attn_implementation=impl)
                 examples, expected = _stock(tiny, images)
             except (TinyModelError, _Unbuildable) as exc:
-                reasons.append(f"the copy of its {'own' if name == 'own' else 'default'} config does not run "
-                               f"stock ({_first_line(exc)})")
+                why = str(exc) if isinstance(exc, _Unbuildable) else _first_line(exc)
+                reasons.append(f"the copy of its {'own' if name == 'own' else 'default'} config does not run stock "
+                               f"({why})")
                 continue
             try:
                 handle = apply(tiny)
