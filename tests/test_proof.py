@@ -71,7 +71,10 @@ def test_the_right_patch_gives_the_same_answer():
 
 @pytest.mark.parametrize("model_type,kind", [("mistral", "causal_lm"), ("qwen3_moe", "causal_lm"),
                                              ("llava", "image_text_to_text")])
-def test_derived_types_are_proven_on_their_own_config(model_type, kind):
+def test_derived_types_are_proven_on_their_own_config(monkeypatch, model_type, kind):
+    asked = []
+    real = hf_proof.sample_examples
+    monkeypatch.setattr(hf_proof, "sample_examples", lambda *a, images: asked.append(images) or real(*a, images=images))
     model = tiny_model(model_type, kind, attn_implementation="sdpa")
     rng = torch.random.get_rng_state()
     with tfcompat.patch(model) as handle:
@@ -79,6 +82,7 @@ def test_derived_types_are_proven_on_their_own_config(model_type, kind):
         assert handle.proof.max_rel_diff <= hf_proof.TOLERANCE
         assert "proven at patch time on a shrunk copy of this config" in handle.explain()
     assert torch.equal(torch.random.get_rng_state(), rng)  # the copy's seeding is not the user's
+    assert asked == [kind == "image_text_to_text"]  # a vision-language model is proven with images
 
 
 def test_a_written_family_is_not_proven_here():
@@ -172,3 +176,18 @@ def test_no_tiny_copy_builds_patches_unproven(monkeypatch):
     with tfcompat.patch(_mistral()) as handle:
         assert handle.proof.status == "unproven" and "does not build from the tiny config" in handle.proof.reason
         assert "unproven at patch time" in handle.explain()
+
+
+def test_llava_onevision1_5_is_refused_at_patch_time_or_runs():
+    """Issue 29: on 5.25 its text attention passes mm_token_type_ids, which the packed attention does not implement:
+    ``patch()`` refuses it (the proof's patched forward raised), where the forward used to raise in training."""
+    from tfcompat.tiny_models import sample_examples
+
+    model = tiny_model("llava_onevision1_5", "image_text_to_text", attn_implementation="sdpa")
+    try:
+        handle = tfcompat.patch(model)
+    except PatchError as exc:
+        assert hf_proof.REFUSAL in exc.what and "PatchedModelError" in exc.why, exc
+        return
+    with handle, torch.no_grad():
+        model(**tfcompat.pack(model, sample_examples(model, (7, 12, 5), images=True)).model_inputs)

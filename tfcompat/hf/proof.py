@@ -107,7 +107,8 @@ def _outcome(model: torch.nn.Module, resolved: Resolved, apply: Apply, own: Any,
     config; its refusal as an error rather than raised (to be cached)."""
     start = time.perf_counter()
     config: Any = model.config
-    images = resolved.spec.is_vision and _has_image_features(model)
+    vision = resolved.spec.is_vision or resolved.entry.derived_vision is not None
+    images = vision and _has_image_features(model)
     impl = "sdpa" if getattr(type(model), "_supports_sdpa", False) else "eager"
     reasons = [] if own is not None else [f"its own config does not shrink ({why_not})"]
     with _isolated():
