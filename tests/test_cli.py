@@ -24,7 +24,10 @@ def test_doctor_json_resolves_and_self_checks_every_family(capsys):
     assert rows["xlnet"]["status"] == "refused" and "holds no attention that dispatches" in rows["xlnet"][
         "reason"], rows
     assert report["transformers"] == installed_transformers()
+    # item 6 of issue 26: whether patch() proved each type (on a shrunk copy of its config), "" where it refused first
+    assert rows["qwen3_moe"]["proof"] == rows["llava"]["proof"] == "proven" and rows["xlnet"]["proof"] == "", rows
     md = cli.markdown(report)
+    assert "- causal-LM types proven at `patch()` on their own config (1 of the 1 that patch): all" in md
     assert "derived causal-LM types that pass (1 of 2): `qwen3_moe`" in md
     assert "causal-LM refused at `patch()` (1): `xlnet` (" in md
     assert "image-text-to-text types that pass (1 of 1): `llava`" in md
@@ -56,11 +59,12 @@ def test_doctor_text_output_in_a_fresh_process():
     assert f"derived causal-LM types on transformers {installed_transformers()}: 1 of 2 pass the self-check" \
         in proc.stdout
     assert "refused   1: holds no attention that dispatches through AttentionInterface" in proc.stdout
+    assert "proven at patch time 1 of the 1 that patch; refused by the proof 0" in proc.stdout
 
 
 def test_a_failing_derived_type_fails_the_doctor(monkeypatch, capsys):
     """Rule: a derived type patched and wrong is a failure the doctor names, and its exit status is 1."""
-    wrong = TypeCheck("mistral", "fail", "packed differs from stock per sequence by 3.0e-01", 0.3)
+    wrong = TypeCheck("mistral", "fail", "packed differs from stock per sequence by 3.0e-01", 0.3, "proven")
     monkeypatch.setattr(selfcheck, "check_type", lambda model_type, kind: wrong)
     monkeypatch.setattr(cli, "families", lambda: {})  # the written families are the test above's
     assert main(["doctor", "--types", "mistral"]) == 1
@@ -89,3 +93,18 @@ def test_readme_lists_every_model_type_of_its_release():
     written = {f.key for parent in families().values() for f in (parent, parent.text_only) if f is not None}
     assert listed == (set(model_types("causal_lm")) | set(model_types("image_text_to_text"))) - written
 
+
+
+def test_the_doctor_names_a_type_the_proof_refuses_or_leaves_unproven(monkeypatch, capsys):
+    """Item 6 of issue 26: per type, whether `patch()` proved it; a refusal by the proof is counted apart."""
+    checks = {"mistral": TypeCheck("mistral", "refused", "PatchError: the packed patch of mistral fails its "
+                                   "patch-time proof: on a tiny copy: packed differs", proof="refused"),
+              "qwen3_moe": TypeCheck("qwen3_moe", "pass", max_rel_diff=0.0, proof="unproven: no tiny copy builds")}
+    monkeypatch.setattr(selfcheck, "check_type", lambda model_type, kind: checks[model_type])
+    monkeypatch.setattr(cli, "families", lambda: {})
+    main(["doctor", "--types", "mistral,qwen3_moe"])  # exit status 1: no written family resolves here
+    out = capsys.readouterr().out
+    assert "proven at patch time 0 of the 1 that patch; refused by the proof 1" in out
+    assert "proof of qwen3_moe: unproven: no tiny copy builds" in out and "proof of mistral: refused" in out
+    md = cli.markdown(cli.doctor(["mistral", "qwen3_moe"]))
+    assert "(0 of the 1 that patch); not: `qwen3_moe` (unproven: no tiny copy builds)" in md

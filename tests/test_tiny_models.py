@@ -85,3 +85,30 @@ def test_image_zoo(model_type):
     if outcome.status == "unbuildable":
         pytest.xfail(f"{model_type}: {outcome.reason}")
     assert outcome.status == "pass", outcome.reason
+
+
+def test_shrunk_config_keeps_the_semantics_of_a_given_config():
+    """Rule (`shrunk_config`): sizes shrink, everything that changes what the model computes is the given config's:
+    its layer pattern (cut to the first layers holding each kind), windows and top-k capped rather than set, the
+    key/value-head kind, rope scaling with longrope's factors resampled to the tiny head; the config is not touched."""
+    from transformers import Gemma3TextConfig, MixtralConfig, Phi3Config
+
+    from tfcompat.tiny_models import shrunk_config
+
+    rope = {"rope_type": "longrope", "short_factor": [1.0 + i for i in range(48)], "long_factor": [2.0] * 48,
+            "original_max_position_embeddings": 4096}
+    phi3 = Phi3Config(rope_scaling=rope, max_position_embeddings=131072, sliding_window=4, num_key_value_heads=1)
+    before = phi3.to_dict()
+    tiny = shrunk_config(phi3)
+    assert phi3.to_dict() == before
+    assert (tiny.hidden_size, tiny.num_attention_heads, tiny.vocab_size) == (64, 4, 256)
+    assert tiny.rope_parameters["rope_type"] == "longrope" and len(tiny.rope_parameters["short_factor"]) == 8
+    assert tiny.rope_parameters["short_factor"][:2] == [1.0, 7.0]  # every sixth of the 48
+    assert tiny.rope_parameters["original_max_position_embeddings"] == 4096
+    assert tiny.max_position_embeddings == 131072 and tiny.sliding_window == 4 and tiny.num_key_value_heads == 1
+    pattern = ["full_attention", "full_attention", "full_attention", "sliding_attention"] * 3
+    gemma = shrunk_config(Gemma3TextConfig(layer_types=pattern, num_hidden_layers=12, final_logit_softcapping=7.0))
+    assert gemma.layer_types == pattern[:4] and gemma.num_hidden_layers == 4
+    assert gemma.final_logit_softcapping == 7.0 and gemma.sliding_window == 8
+    mixtral = shrunk_config(MixtralConfig(num_experts_per_tok=1, num_key_value_heads=32))
+    assert (mixtral.num_experts_per_tok, mixtral.num_local_experts, mixtral.num_key_value_heads) == (1, 4, 4)

@@ -104,7 +104,7 @@ def _check_types(types: str | Sequence[str], written: set[str]) -> list[dict[str
     finally:
         torch.set_num_threads(threads)
     return [{"model_type": c.model_type, "kind": kind, "status": c.status, "reason": c.reason,
-             "max_rel_diff": c.max_rel_diff, "ok": c.status != "fail"} for kind, c in checks]
+             "max_rel_diff": c.max_rel_diff, "proof": c.proof, "ok": c.status != "fail"} for kind, c in checks]
 
 
 def _module_present(module: str) -> bool:
@@ -163,6 +163,12 @@ def _print_types(report: dict[str, Any]) -> None:
         reasons = collections.Counter(_reason_kind(row["reason"]) for row in rows if row["status"] == "refused")
         for reason, n in reasons.most_common():
             print(f"       refused {n:>3}: {reason}")
+        patched = [row for row in rows if row["proof"] not in ("", "refused")]
+        print(f"       proven at patch time {sum(row['proof'].startswith('proven') for row in patched)} of the "
+              f"{len(patched)} that patch; refused by the proof {sum(row['proof'] == 'refused' for row in rows)}")
+        for row in rows:
+            if row["proof"] and row["proof"] != "proven":
+                print(f"       proof of {row['model_type']}: {row['proof']}")
         for row in rows:
             if row["status"] == "fail":
                 print(f"       FAIL {row['model_type']}: {row['reason']}")
@@ -188,6 +194,11 @@ def markdown(report: dict[str, Any]) -> str:
                 lines.append(f"- {what} {label} ({len(others)}): " + "; ".join(
                     f"`{row['model_type']}` ({_reason_kind(row['reason']).rstrip('.').replace('`', '')})"
                     for row in others))  # only type names in backticks
+        patched = [row for row in rows if row["proof"] not in ("", "refused")]
+        unproven = [row for row in patched if row["proof"] != "proven"]
+        lines.append(f"- {what} types proven at `patch()` on their own config ({len(patched) - len(unproven)} of the "
+                     f"{len(patched)} that patch)" + (": all" if not unproven else "; not: " + "; ".join(
+                         f"`{row['model_type']}` ({row['proof'].replace('`', '')})" for row in unproven)))
     return "\n".join(lines)
 
 

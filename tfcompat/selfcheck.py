@@ -8,7 +8,6 @@ compared per token.
 from __future__ import annotations
 
 import importlib
-import inspect
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,6 +16,7 @@ import torch
 
 from .errors import TfcompatError
 from .hf.patching import patch
+from .hf.proof import REFUSAL as PROOF_REFUSAL
 from .inputs.pack import pack
 from .registry import Resolved, family, resolve
 from .registry.records import VisionItem
@@ -178,13 +178,16 @@ class TypeCheck:
     status: "pass" (patched packed equals stock per sequence within the tolerance), "fail" (patched and wrong, or
     the patched forward raised), "refused" (`resolve`/`patch` raised a typed error: reason), "unbuildable" (no tiny
     model of the type builds and runs stock on CPU: reason). max_rel_diff: per token, ``max |patched - stock|`` over
-    the token's largest stock logit.
+    the token's largest stock logit. proof: what ``patch()``'s proof of the type found (`tfcompat.hf.proof`):
+    "proven", "proven on the default config", "unproven: reason", "refused" (the proof refused the patch: reason), or
+    "" where the patch was refused before its proof or never tried.
     """
 
     model_type: str
     status: Literal["pass", "fail", "refused", "unbuildable"]
     reason: str = ""
     max_rel_diff: float | None = None
+    proof: str = ""
 
 
 @torch.no_grad()
@@ -193,7 +196,7 @@ def check_type(model_type: str, kind: Kind = "causal_lm", tolerance: float = 1e-
     one) run stock on three sequences alone and patched on their packed row (`tfcompat.pack`); logits compared per
     token. kind "image_text_to_text": the first and last sequence hold one image each (`tiny_image`), the middle one
     is text only."""
-    from .tiny_models import attention_implementations, special_token_ids, tiny_image
+    from .tiny_models import attention_implementations, sample_examples
     from .tiny_models import tiny_model as tiny_of_type
 
     try:
@@ -202,39 +205,30 @@ def check_type(model_type: str, kind: Kind = "causal_lm", tolerance: float = 1e-
         return TypeCheck(model_type, "refused", _first_line(exc))
     try:
         model = tiny_of_type(model_type, kind, attn_implementation=attention_implementations(model_type, kind)[-1])
-        config: Any = model.config  # a transformers PreTrainedConfig
-        allowed = torch.tensor(sorted(set(range(config.get_text_config().vocab_size)) - special_token_ids(config)))
-        gen = torch.Generator().manual_seed(0)
-        examples: list[dict[str, Any]] = [
-            {"input_ids": allowed[torch.randint(len(allowed), (n,), generator=gen)][None]} for n in _LENGTHS[:3]]
-        if kind == "image_text_to_text":
-            for i in (0, 2):
-                image = tiny_image(model, seed=i)
-                ids = examples[i]["input_ids"]  # (1, L): text, the image's placeholders, text
-                run = torch.full((1, image.tokens), image.token_id)
-                examples[i] = {"input_ids": torch.cat([ids[:, :3], run, ids[:, 3:]], 1), **image.inputs}
-                if "mm_token_type_ids" in inspect.signature(model.forward).parameters:  # 1 at an image's tokens, as
-                    # its processor returns them (5.x M-RoPE forwards number images only with them)
-                    examples[i]["mm_token_type_ids"] = (examples[i]["input_ids"] == image.token_id).long()
+        examples = sample_examples(model, _LENGTHS[:3], images=kind == "image_text_to_text")
         # each sequence at the positions the model gives it by default (0, 1, ... for most; RoBERTa's count from its
         # padding index): what the packed row's restarting position ids must give
         expected = [model(**ex, use_cache=False).logits[0] for ex in examples]
     except Exception as exc:  # noqa: BLE001 -- any reason a foreign model cannot be built or run is reported
         return TypeCheck(model_type, "unbuildable", _first_line(exc))
     try:
-        handle = patch(model)
+        handle = patch(model)  # with the patch-time proof, as users patch
     except TfcompatError as exc:
+        if exc.what.endswith(PROOF_REFUSAL):
+            return TypeCheck(model_type, "refused", f"{_first_line(exc)}: {exc.why}"[:300], proof="refused")
         return TypeCheck(model_type, "refused", _first_line(exc))
+    proof = "" if handle.proof is None else "proven" if handle.proof.config == "own" else \
+        "proven on the default config" if handle.proof.status == "proven" else f"unproven: {handle.proof.reason}"
     with handle:
         try:
             got = model(**pack(model, examples).model_inputs, use_cache=False).logits[0]
         except Exception as exc:  # noqa: BLE001 -- a patched forward that raises is a failure to report
-            return TypeCheck(model_type, "fail", f"the patched forward raised {_first_line(exc)}")
+            return TypeCheck(model_type, "fail", f"the patched forward raised {_first_line(exc)}", proof=proof)
     want = torch.cat(expected)  # (T, V)
     diff = float(((got - want).abs().amax(-1) / want.abs().amax(-1).clamp_min(1e-6)).max())
     if diff <= tolerance:
-        return TypeCheck(model_type, "pass", max_rel_diff=diff)
-    return TypeCheck(model_type, "fail", f"packed differs from stock per sequence by {diff:.1e}", diff)
+        return TypeCheck(model_type, "pass", max_rel_diff=diff, proof=proof)
+    return TypeCheck(model_type, "fail", f"packed differs from stock per sequence by {diff:.1e}", diff, proof)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -7,6 +7,12 @@ layer of each kind the full-size default has (its `layer_types` and other per-la
 of an MoE). A few types need more than the generic shrink: `_OVERRIDES` says which and why. A type that cannot be
 made tiny raises `TinyModelError` naming why.
 
+`shrunk_config(config)` shrinks a given config the same way and keeps every other field (`tiny_copy` builds a
+model of it): the user's layer pattern (cut to the first layers that hold each of its kinds), rope scaling and its
+parameters (longrope's factor lists resampled to the tiny head), softcaps, norms, biases; windows, chunks, top-k and
+expert groups are capped at the tiny sizes rather than set, and the key/value heads keep the config's kind
+(multi-head, multi-query, grouped). The config's per-layer patterns win over `_OVERRIDES`.
+
 transformers is imported inside the functions only: importing tfcompat does not import it.
 """
 
@@ -24,7 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Kind", "TinyImage", "TinyModelError", "attention_implementations", "model_class_name", "model_types",
-    "special_token_ids", "tiny_config", "tiny_image", "tiny_model", "tiny_video",
+    "sample_examples", "shrunk_config", "special_token_ids", "tiny_config", "tiny_copy", "tiny_image", "tiny_model",
+    "tiny_video",
 ]
 
 Kind = Literal["causal_lm", "image_text_to_text"]
@@ -82,6 +89,13 @@ _DERIVED = {"head_dim", "num_key_value_heads", "num_experts_per_tok", "num_local
 _LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers", "encoder_layers",
            "num_decoder_layers", "num_encoder_layers")
 _MAX_LAYERS = 16
+# A given config's values kept where smaller than the tiny size (`shrunk_config`): a window of 4 stays 4, top-1
+# routing stays top-1
+_CAPPED_OWN = ("sliding_window", "attention_chunk_size", "sliding_window_size", "attention_window_size",
+               "num_experts_per_tok", "num_experts_per_token", "moe_k", "moe_topk", "top_k_experts", "n_group",
+               "num_expert_group", "topk_group")
+# Fields of a given config that say how it was stored or loaded, not what the model computes (`shrunk_config`)
+_NOT_SEMANTIC = {"dtype", "torch_dtype", "_name_or_path", "quantization_config", "auto_map"}
 # Lists of layer indices (not one entry per layer): SAM-style towers' global-attention layers among windowed ones
 _LAYER_INDICES = ("global_attn_indexes",)
 
@@ -224,6 +238,18 @@ def tiny_config(model_type: str, kind: Kind = "causal_lm") -> PretrainedConfig:
     return _with_placeholders(_shrunk(model_type, default, _token_map(default), base={}))
 
 
+def shrunk_config(config: PretrainedConfig) -> PretrainedConfig:
+    """A copy of ``config`` with its sizes shrunk as `tiny_config` shrinks a class's defaults and every other field
+    kept (see the module docstring); ``config`` itself is left as it is."""
+    try:
+        return _with_placeholders(_shrunk(config.model_type, config, _token_map(config), base=config.to_diff_dict(),
+                                          own=True))
+    except TinyModelError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- any failure of a foreign config class is the reason to report
+        raise _error(config.model_type, f"{type(config).__name__} does not shrink", cause=exc) from None
+
+
 def tiny_model(
     model_type: str, kind: Kind = "causal_lm", *, attn_implementation: str = "sdpa", seed: int = 0,
     config: PretrainedConfig | None = None,
@@ -231,11 +257,26 @@ def tiny_model(
     """A tiny random fp32 model of `model_type` in eval mode (`_AFTER_BUILD` says where not), seeded; `(config,
     class)` as transformers maps them. config: the one to build (a `tiny_config` with fields changed; default
     `tiny_config(model_type, kind)`)."""
-    import torch
     import transformers
 
-    config = tiny_config(model_type, kind) if config is None else config
     cls = getattr(transformers, model_class_name(model_type, kind))
+    return _built(model_type, cls, tiny_config(model_type, kind) if config is None else config, attn_implementation,
+                  seed)
+
+
+def tiny_copy(model: torch.nn.Module, config: PretrainedConfig | None = None, *, attn_implementation: str = "sdpa",
+              seed: int = 0) -> torch.nn.Module:
+    """A tiny random fp32 model of ``model``'s class, built as `tiny_model` builds one, from ``config`` (default:
+    `shrunk_config` of ``model``'s config); ``model`` is only read."""
+    own: Any = model.config  # a transformers PreTrainedConfig
+    return _built(own.model_type, type(model), shrunk_config(own) if config is None else config, attn_implementation,
+                  seed)
+
+
+def _built(model_type: str, cls: Any, config: PretrainedConfig, attn_implementation: str, seed: int
+           ) -> torch.nn.Module:
+    import torch
+
     torch.manual_seed(seed)
     try:
         model = cls._from_config(config, attn_implementation=attn_implementation)
@@ -248,6 +289,31 @@ def tiny_model(
     model = model.float().eval()
     _AFTER_BUILD.get(model_type, lambda m: None)(model)
     return model
+
+
+def sample_examples(model: torch.nn.Module, lengths: tuple[int, ...], images: bool = False, seed: int = 0
+                    ) -> list[dict[str, torch.Tensor]]:
+    """One forward's inputs per sequence: ``input_ids (1, L_i)`` of random text tokens (no special id) for each of
+    ``lengths``; images: the first and last hold one image each (`tiny_image`, after their third token, with
+    ``mm_token_type_ids`` where the forward takes them), the others are text only."""
+    import inspect
+
+    import torch
+
+    config: Any = model.config  # a transformers PreTrainedConfig
+    allowed = torch.tensor(sorted(set(range(config.get_text_config().vocab_size)) - special_token_ids(config)))
+    gen = torch.Generator().manual_seed(seed)
+    examples: list[dict[str, Any]] = [
+        {"input_ids": allowed[torch.randint(len(allowed), (n,), generator=gen)][None]} for n in lengths]
+    for i in sorted({0, len(lengths) - 1}) if images else ():
+        image = tiny_image(model, seed=i)
+        ids = examples[i]["input_ids"]  # (1, L): text, the image's placeholders, text
+        run = torch.full((1, image.tokens), image.token_id)
+        examples[i] = {"input_ids": torch.cat([ids[:, :3], run, ids[:, 3:]], 1), **image.inputs}
+        if "mm_token_type_ids" in inspect.signature(model.forward).parameters:  # 1 at an image's tokens, as its
+            # processor returns them (5.x M-RoPE forwards number images only with them)
+            examples[i]["mm_token_type_ids"] = (examples[i]["input_ids"] == image.token_id).long()
+    return examples
 
 
 class TinyImage(NamedTuple):
@@ -535,24 +601,33 @@ def _is_token_key(key: str, attribute_map: dict[str, str]) -> bool:
     return any(n.endswith(("token_id", "token_ids", "token_index")) and "vocab" not in n for n in names)
 
 
-def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], base: dict[str, Any]) -> PretrainedConfig:
+def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], base: dict[str, Any],
+            own: bool = False) -> PretrainedConfig:
     """Build the tiny config of the class of `default`, sub-configs first; the fewest layers that hold every kind.
 
     `base` holds the values to start from: none for the top config (its class defaults), the full-size values
     for a sub-config (a parent may give its sub-configs values their class lacks, e.g. dbrx's `rope_theta`).
+    own: `default` is a given config (`shrunk_config`), not a class's defaults: its per-layer patterns win over the
+    class's rule and over `_OVERRIDES` (cut to the layers that hold each kind, or the override's more), its windows
+    and routing are capped.
     """
     patterns = _per_layer_patterns(default)
     subs = _sub_configs(default)
-    kwargs = {k: v for k, v in base.items() if k not in patterns and k not in subs and k not in _META}
-    kwargs.update(_generic_kwargs(default, ids))
+    dropped = _META | (_NOT_SEMANTIC if own else set())
+    kwargs = {k: v for k, v in base.items() if k not in patterns and k not in subs and k not in dropped}
+    kwargs.update(_generic_kwargs(default, ids, own))
     for name, sub in subs.items():
-        kwargs[name] = _shrunk(model_type, sub, ids, base=sub.to_diff_dict())
+        kwargs[name] = _shrunk(model_type, sub, ids, base=sub.to_diff_dict(), own=own)
     layers = _layers_needed(default, patterns)
+    overrides = {k: v for k, v in _OVERRIDES.get(type(default).__name__, {}).items() if not own or k not in patterns}
+    if own:  # a layer count the class needs (Zamba's two hybrid layers), but never fewer than the pattern's kinds
+        layers = max(layers, overrides.pop("num_hidden_layers", layers))
+        kwargs.update({k: kwargs.get(k, v) for k, v in patterns.items()})  # cut to `layers` below
     for key in _LAYERS:
         real = default.attribute_map.get(key, key)
         if real in default.to_dict():
             kwargs[real] = layers
-    kwargs.update(_OVERRIDES.get(type(default).__name__, {}))
+    kwargs.update(overrides)
     values = default.to_dict()
     kwargs.update({k: v for k, v in _FILL_NONE.get(type(default).__name__, {}).items() if values.get(k, None) is None})
     kwargs.update({k: v for k, v in _FLAGS.items() if k in values})
@@ -600,13 +675,15 @@ def _accepts_config_objects(cls: type, kwargs: dict[str, Any], subs: dict[str, A
     return all(getattr(built, n, None) is not None for n in subs)
 
 
-def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, Any]:
+def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int], own: bool = False) -> dict[str, Any]:
     values = config.to_dict()
     derived = {k for k in values if isinstance(getattr(type(config), k, None), property)}  # falcon's head_dim
     kwargs = _sizes({k: v for k, v in values.items() if k not in derived}, config.attribute_map)
     for key, cap in _AT_MOST.items():
         if isinstance(values.get(key), int):
             kwargs[key] = min(values[key], cap)
+    if own:
+        kwargs.update(_own_kinds(values, kwargs, config.attribute_map))
     mrope = _MROPE.get(type(config).__name__)
     for key in ("rope_parameters", "rope_scaling"):
         rope = values.get(key, 0)
@@ -615,6 +692,8 @@ def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, 
         sections = rope.get("mrope_section", mrope and mrope[0]) if isinstance(rope, dict) else None
         if isinstance(rope, dict) and isinstance(sections, list):
             kwargs[key] = {**rope, "mrope_section": _mrope_sections(sections, {**values, **rope})}
+        elif isinstance(rope, dict) and _rope_factors(rope, values) != rope:
+            kwargs[key] = _rope_factors(rope, values)
     for key, value in values.items():
         if key == "per_layer_config" and isinstance(value, dict):
             # per-layer overrides keyed by layer index: the same sizes (the index is cut to the tiny layers later)
@@ -626,6 +705,34 @@ def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int]) -> dict[str, 
         elif _is_token_key(key, config.attribute_map) and value is not None:
             kwargs[key] = [ids.get(v, v) for v in value] if isinstance(value, list) else ids.get(value, value)
     return kwargs
+
+
+def _own_kinds(values: dict[str, Any], kwargs: dict[str, Any], attribute_map: dict[str, str]) -> dict[str, Any]:
+    """`shrunk_config`'s changes to the tiny sizes in ``kwargs``: windows and routing capped at the config's own
+    ``values``, and as many key/value heads as query heads (multi-head) or one (multi-query) where the config has."""
+    out: dict[str, Any] = {}
+    for key in _CAPPED_OWN:
+        real = attribute_map.get(key, key)
+        if isinstance(values.get(real), int) and isinstance(kwargs.get(real), int):
+            out[real] = min(values[real], kwargs[real])
+    heads, kv = (attribute_map.get(k, k) for k in ("num_attention_heads", "num_key_value_heads"))
+    if isinstance(values.get(heads), int) and isinstance(values.get(kv), int) and "kv_lora_rank" not in values:
+        if values[kv] == values[heads]:
+            out[kv] = _SIZES["num_attention_heads"]
+        elif values[kv] == 1:
+            out[kv] = 1
+    return out
+
+
+def _rope_factors(rope: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """``rope`` (or each of its per-layer-type dicts) with longrope's per-frequency ``short_factor`` / ``long_factor``
+    resampled to the tiny head's rotary frequencies (head_dim 16 times the rotary fraction, halved)."""
+    if rope and all(isinstance(v, dict) for v in rope.values()):
+        return {k: _rope_factors(v, values) for k, v in rope.items()}
+    fraction = rope.get("partial_rotary_factor") or values.get("partial_rotary_factor") or 1.0
+    n = int(_SIZES["head_dim"] * fraction) // 2
+    return {**rope, **{k: [v[i * len(v) // n] for i in range(n)] for k, v in rope.items()
+                       if k in ("short_factor", "long_factor") and isinstance(v, list) and v and len(v) != n}}
 
 
 def _mrope_sections(sections: list[int], values: dict[str, Any]) -> list[int]:

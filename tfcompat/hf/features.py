@@ -132,8 +132,8 @@ def _with_mask(rule: MaskRule | str | None, window: int | None, chunk: int | Non
         return window, chunk, ""
     for key in ("window", "chunk"):
         if said[key] is not None and said[key] != mask[key]:
-            problems.append(f"{name}: its attention call says {key} {said[key] or None}, its stock mask ({rule.source}) "
-                            + (f"{key} {mask[key]}" if mask[key] is not None else f"no {key}")
+            problems.append(f"{name}: its attention call says {key} {said[key] or None}, its stock mask "
+                            f"({rule.source}) " + (f"{key} {mask[key]}" if mask[key] is not None else f"no {key}")
                             + ": stock eager and sdpa follow the mask, flash attention the call")
     taken = [k for k in ("window", "chunk") if said[k] is None and mask[k] is not None]
     return mask["window"] or window, mask["chunk"] or chunk, " (from the mask)" if taken else ""

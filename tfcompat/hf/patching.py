@@ -52,6 +52,7 @@ from . import checkpointing as hf_checkpointing
 from . import fused as hf_fused
 from . import linear_attention as hf_linear_attention
 from . import mixers as hf_mixers
+from . import proof as hf_proof
 from .changes import Record
 from .features import ModuleFeatures, module_features, unsupported
 from .forward import Router, to_text_model_layout
@@ -69,10 +70,12 @@ _ROW_POSITIONS_ATTR = "_tfcompat_row_positions"  # on a text model's positions m
 class PatchHandle:
     """The result of `patch`: what was changed, and how to take it back (`undo`, or leave the ``with``)."""
 
-    def __init__(self, model: torch.nn.Module, resolved: Resolved, options: dict[str, Any]) -> None:
+    def __init__(self, model: torch.nn.Module, resolved: Resolved, options: dict[str, Any],
+                 proof: hf_proof.Proof | None = None) -> None:
         self.model = model
         self.resolved = resolved
         self.options = options
+        self.proof = proof  # a derived type's patch-time proof (`tfcompat.hf.proof`); None: not proven here
         self.records: list[Record] = []
         self._undo: list[Callable[[], None]] = []
         self.active = True
@@ -114,7 +117,8 @@ class PatchHandle:
     def explain(self) -> str:
         state = "active" if self.active else "undone"
         head = f"tfcompat patch of {type(self.model).__name__} ({state}), options {self.options}"
-        return "\n".join([head, *(f"  {r}" for r in self.records), self.resolved.explain()])
+        proof = [] if self.proof is None else [f"  {self.proof}"]
+        return "\n".join([head, *proof, *(f"  {r}" for r in self.records), self.resolved.explain()])
 
 
 def patch(
@@ -126,6 +130,7 @@ def patch(
     linear_backend: hf_linear_attention.LinearBackend = "auto",
     fused: hf_fused.Fused = False,
     checkpoint_keep: hf_checkpointing.CheckpointKeep = (),
+    prove: bool | None = None,
 ) -> PatchHandle:
     """Make a stock transformers model accept packed batches; returns a `PatchHandle`.
 
@@ -146,6 +151,10 @@ def patch(
         (projections, rotary, attention call), ``"mlp"``, ``"mlp_in"`` (the MLP's gate / up projections), or
         several; per layer with ``{kind: count or fraction}`` (the last layers), e.g. ``{"attention": 1.0,
         "mlp_in": 8}`` (`tfcompat.hf.checkpointing`).
+    prove: for a type without a written table (derived from its modeling module), check the patch first on a tiny
+        copy of the model's own config, CPU float32: stock per sequence against patched packed (`tfcompat.hf.proof`,
+        cached per type, release and config; `PatchHandle.proof` says what it found). None (default): prove unless
+        the environment sets ``TFCOMPAT_PROVE=0``; False skips it. `PatchError` where the copy's packed path is wrong.
 
     Idempotent: patching a patched model with the same options returns its handle. Everything that cannot
     apply raises `PatchError` here, never inside a forward. See the module docstring for what is changed.
@@ -188,8 +197,11 @@ def patch(
                              "modules kept from recomputation are the packed path's", supported="checkpoint_keep=()",
                              fix="patch without checkpoint_keep")
     kept, holders = hf_checkpointing.plan(model, keep, resolved.attention_cls, resolved.error)
+    is_derived = resolved.entry.derived is not None or resolved.entry.derived_vision is not None
+    proof = hf_proof.prove(model, resolved, functools.partial(patch, prove=False)) \
+        if is_derived and hf_proof.is_wanted(prove) else None  # the copy's own patch proves nothing again
 
-    handle = PatchHandle(model, resolved, options)
+    handle = PatchHandle(model, resolved, options, proof)
     hf_attention.register()
     # the use ends at undo() or when the model is collected (a dropped deepcopy is never undone)
     release = weakref.finalize(model, hf_attention.unregister)
