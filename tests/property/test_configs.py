@@ -38,14 +38,10 @@ SETTINGS = settings(max_examples=8, deadline=None, database=None,
 TYPES = [
     "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "cohere", "cohere2", "gpt_oss", "mixtral",
     "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "olmo2", "olmo3", "phimoe", "starcoder2", "granite",
-    "granitemoe", "exaone4", "ministral", "glm4", "smollm3", "dots1", "gemma4_text",
-]
+    "granitemoe", "exaone4", "ministral", "glm4", "smollm3", "dots1",
+]  # not gemma4_text: every drawn config fails its own config round trip (per-layer head_dim), so no example runs;
+# tests/test_derived.py and tests/test_mask_rules.py check Gemma 4 packed against stock in float32 and float64
 CI_REFERENCES = {"llama", "mistral"}
-# issue 26: windows that live only in the mask function (phimoe), gemma4's drift; another worker owns both fixes
-KNOWN = {
-    "phimoe": "issue 26 item 1: phimoe's window lives only in its mask function, which the derived patch does not read",
-    "gemma4_text": "issue 26 item 4: gemma4 packed vs alone drifts by ~1e-4 relative, unexplained",
-}
 LENGTHS = st.lists(st.integers(3, 18), min_size=2, max_size=3)
 ATTENTION_KINDS = ("sliding_attention", "full_attention")
 
@@ -146,8 +142,6 @@ def _params(types: list[str]) -> list[Any]:
     out = []
     for t in types:
         marks = [pytest.mark.ci_sweep] if t in CI_REFERENCES else []
-        if t in KNOWN:
-            marks.append(pytest.mark.xfail(reason=KNOWN[t], strict=False))
         if t not in shipped:
             marks.append(pytest.mark.skip(reason=f"transformers {installed_transformers()} "
                                           f"ships no {t} causal LM"))

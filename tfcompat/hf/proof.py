@@ -32,7 +32,7 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
-from ..errors import PatchError
+from ..errors import PatchedModelError, PatchError, TfcompatError
 from ..inputs.pack import pack
 from ..registry import Resolved
 from ..tiny_models import TinyModelError, sample_examples, shrunk_config, tiny_config, tiny_copy
@@ -131,13 +131,13 @@ def _outcome(model: torch.nn.Module, resolved: Resolved, apply: Apply, own: Any,
                 return _wrong(resolved, name, f"the patch of the tiny copy is refused: {_first_line(exc)}")
             with handle:
                 try:
-                    got = _values(tiny(**pack(tiny, examples).model_inputs, use_cache=False))
+                    got = _values(tiny(**_packed(tiny, examples), use_cache=False))
                 except Exception as exc:  # noqa: BLE001 -- the packed path failing on the copy is the finding
                     return _wrong(resolved, name, f"the patched forward raised {_first_line(exc)}")
             if got.shape != expected.shape:
                 return _wrong(resolved, name, f"packed output {tuple(got.shape)} vs stock per sequence "
                               f"{tuple(expected.shape)}")
-            scale = expected.abs().amax(-1).clamp_min(1e-6)  # (T,)
+            scale = expected.abs().amax(-1).clamp_min(1e-6)  # (T,) or (N,)
             diff = float(((got - expected).abs().amax(-1) / scale).max())
             if not diff <= TOLERANCE:  # NaN too
                 return _wrong(resolved, name, f"packed differs from stock per sequence by {diff:.1e} (relative, per "
@@ -160,8 +160,8 @@ def _isolated() -> Iterator[None]:
 
 
 def _stock(tiny: torch.nn.Module, images: bool) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
-    """The sequences' inputs and their stock outputs ``(T, V)``, each sequence alone at the positions the model gives
-    it by default (what the packed row's restarting position ids must give)."""
+    """The sequences' inputs and their stock outputs ``(T, V)`` (a sequence classifier's ``(N, C)``), each alone at
+    the positions the model gives it by default (what the packed row's restarting position ids must give)."""
     examples = sample_examples(tiny, LENGTHS, images=images)
     try:
         return examples, torch.cat([_values(tiny(**ex, use_cache=False)) for ex in examples])
@@ -169,10 +169,26 @@ def _stock(tiny: torch.nn.Module, images: bool) -> tuple[list[dict[str, torch.Te
         raise _Unbuildable(_first_line(exc)) from None
 
 
+def _packed(tiny: torch.nn.Module, examples: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
+    """The packed row's inputs: `tfcompat.pack`'s; where pack itself refuses a text-only copy (a text model whose
+    config type pack does not map, Mllama's), the raw packed call users make: ids ``(1, T)``, position ids restarting
+    at 0 per sequence ``(1, T)``."""
+    try:
+        return pack(tiny, examples).model_inputs
+    except TfcompatError as exc:
+        if isinstance(exc, PatchedModelError) or any(set(ex) != {"input_ids"} for ex in examples):
+            raise
+    ids = [ex["input_ids"] for ex in examples]  # (1, L_i) each
+    positions = torch.cat([torch.arange(x.shape[-1], device=x.device) for x in ids])[None]  # (1, T)
+    return {"input_ids": torch.cat(ids, -1), "position_ids": positions}
+
+
 def _values(out: Any) -> torch.Tensor:
-    """``(L, V)`` of a one-row output: its logits, or its last hidden states (a model without a head)."""
+    """``(L, V)`` of a one-row output: its logits, or its last hidden states (a model without a head); ``(N, C)``
+    of a sequence classifier's (one score per sequence: a packed row's N rows, one alone's one)."""
     values = getattr(out, "logits", None)
-    return (out.last_hidden_state if values is None else values)[0].float()
+    values = out.last_hidden_state if values is None else values
+    return (values if values.ndim == 2 else values[0]).float()
 
 
 def _has_image_features(model: torch.nn.Module) -> bool:
