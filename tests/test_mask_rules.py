@@ -44,12 +44,20 @@ def _packed_vs_alone(model: torch.nn.Module, lengths: tuple[int, ...] = LENGTHS)
     return (packed - alone).abs().amax(-1)
 
 
+def _reading(module: str, cls: str):
+    """``read_masks`` of a text model class, skipped where the release builds its masks without `masking_utils`
+    (4.x ``_update_causal_mask``: the window is in the attention call there, which the derived patch records)."""
+    reading = read_masks(getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), cls))
+    if not reading.selectors:
+        pytest.skip(f"{cls} on transformers {transformers.__version__} calls no masking_utils builder")
+    return reading
+
+
 class TestReading:
     """The reading names the builder each layer kind gets, resolved in the modeling module by identity."""
 
     def test_phimoe_picks_its_mask_by_config_sliding_window(self):
-        text = importlib.import_module("transformers.models.phimoe.modeling_phimoe").PhimoeModel
-        reading = read_masks(text)
+        reading = _reading("phimoe", "PhimoeModel")
         assert [(k, s) for k, s, _ in reading.selectors] == [
             ("", "create_causal_mask if self.config.sliding_window is None else create_sliding_window_causal_mask")]
         config = tiny_config("phimoe")
@@ -60,28 +68,29 @@ class TestReading:
 
     def test_a_builder_under_a_false_test_does_not_count(self):
         """BERT-style ``if self.config.is_decoder: create_causal_mask(...) else: create_bidirectional_mask(...)``."""
-        text = importlib.import_module("transformers.models.bert.modeling_bert").BertModel
+        reading = _reading("bert", "BertModel")
         config = tiny_config("bert")
         assert config.is_decoder
-        assert layer_mask(read_masks(text), config, None)[:2] == ("causal", None)
+        assert layer_mask(reading, config, None)[:2] == ("causal", None)
         config.is_decoder = False
-        assert layer_mask(read_masks(text), config, None)[:2] == ("bidirectional", None)
+        assert layer_mask(reading, config, None)[:2] == ("bidirectional", None)
 
     def test_layer_types_key_the_builders(self):
-        text = importlib.import_module("transformers.models.qwen2_moe.modeling_qwen2_moe").Qwen2MoeModel
+        reading = _reading("qwen2_moe", "Qwen2MoeModel")
         config = tiny_config("qwen2_moe")
         config.sliding_window = 6
-        reading = read_masks(text)
         assert layer_mask(reading, config, "sliding_attention")[:2] == ("window", 6)
         assert layer_mask(reading, config, "full_attention")[:2] == ("causal", None)
 
     def test_an_overlay_that_may_be_passed_is_named(self):
-        text = importlib.import_module("transformers.models.gemma3.modeling_gemma3").Gemma3TextModel
+        reading = _reading("gemma3", "Gemma3TextModel")
         config = tiny_config("gemma3_text")
+        if not hasattr(config, "use_bidirectional_attention"):
+            pytest.skip(f"Gemma 3 on transformers {transformers.__version__} has no use_bidirectional_attention")
         config.use_bidirectional_attention = False
-        assert not isinstance(layer_mask(read_masks(text), config, "full_attention"), str)
+        assert not isinstance(layer_mask(reading, config, "full_attention"), str)
         config.use_bidirectional_attention = True
-        assert "overlay" in layer_mask(read_masks(text), config, "full_attention")
+        assert "overlay" in layer_mask(reading, config, "full_attention")
 
 
 class TestWindowsFromTheMask:
@@ -89,6 +98,14 @@ class TestWindowsFromTheMask:
 
     def test_phimoe_window_past_the_sequences(self):
         model = _model("phimoe", sliding_window=6)
+        if not read_masks(type(model.model)).selectors:  # 4.x: the call passes the window, or patch() refuses
+            try:
+                diff = _packed_vs_alone(model)
+            except PatchError as exc:
+                assert exc.family == "phimoe"
+                return
+            assert diff.max() <= 1e-5, diff
+            return
         diff = _packed_vs_alone(model)
         assert diff.max() <= 1e-5, diff  # 0.26 at logit scale 0.63 when the window was dropped
         with tfcompat.patch(model) as handle:
@@ -123,6 +140,7 @@ class TestDisagreementIsRefused:
         assert info.value.family == "qwen2"
 
 
+@pytest.mark.skipif(not hasattr(transformers, "Gemma4ForCausalLM"), reason="no Gemma 4 in this transformers")
 class TestGemma4Explained:
     """Gemma 4 packed against alone differed by ~1e-4 relative against a stock *eager* reference: Gemma 4 attends
     with ``scaling=1.0`` (q/k RMS-normed, logits of order head_dim: 256 sliding, 512 full) and its

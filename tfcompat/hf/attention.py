@@ -198,7 +198,7 @@ def _names_read(modeling: str) -> frozenset[str] | None:
     where a source cannot be read (a compiled hub kernel): then every keyword counts as read, none is ignored on a
     guess."""
     functions = importlib.import_module("transformers.modeling_utils").ALL_ATTENTION_FUNCTIONS._global_mapping
-    sources = {inspect.getmodule(fn) for fn in functions.values() if fn is not packed_attention}
+    sources: set[Any] = {inspect.getmodule(fn) for fn in functions.values() if fn is not packed_attention}
     sources.update(importlib.import_module(name) for name in _ATTENTION_HELPERS)
     own = sys.modules.get(modeling)
     eager = [fn for name, fn in vars(own).items()

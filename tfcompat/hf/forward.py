@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -185,10 +185,11 @@ class Router:
         positions = self.positions(position_ids, tokens)
         mask = a.get("attention_mask")
         custom = isinstance(mask, torch.Tensor) and mask.ndim == 4
+        mask4d = cast(torch.Tensor, mask)  # read only where `custom`
         if mask is not None and not custom and (not isinstance(mask, torch.Tensor)
                                                 or mask.shape != positions.text.shape):
             return self.context  # a precomputed mask (a dict per layer type, ...): the caller asked for stock masking
-        comparable = custom and is_comparable(mask, *positions.text.shape)
+        comparable = custom and is_comparable(mask4d, *positions.text.shape)
         ids = a.get("input_ids")
         vision = (self.vision_config is not None and self.r.spec.mm_token_types is not None and ids is not None
                   and position_ids.ndim == 2)
@@ -196,7 +197,7 @@ class Router:
         if mask is not None and not custom:
             rows.append(mask[None].to(rows[0].device, torch.long))
         if comparable:  # where the caller's 4-D mask first differs from the boundaries', per query token
-            rows.append(disagreement(mask, positions.text.long())[None].to(rows[0].device))
+            rows.append(disagreement(mask4d, positions.text.long())[None].to(rows[0].device))
         if vision:  # vision placeholders with text-only ids: M-RoPE positions would be lost
             rows.append(self.r.spec.mm_token_types(self.vision_config, ids)[None].to(  # type: ignore[misc, arg-type]
                 rows[0].device, torch.long))  # `vision` checked both for None
@@ -205,7 +206,7 @@ class Router:
         if custom:
             if not has_packed_rows(text):  # one sequence per row (or no packed ids): the caller's masking, stock
                 return self.context
-            self._check_custom_mask(mask, host[4] if comparable else None, text)
+            self._check_custom_mask(mask4d, host[4] if comparable else None, text)
         elif mask is not None and not bool(host[4].all()):
             if not self._packed_with_padding(text, host[4]):
                 return self.context

@@ -189,7 +189,8 @@ def _read(fn: ast.FunctionDef, aliases: dict[str, str]
             # mask_creation_functions[layer_type](...) over a local dict of builders (Lara-Mini)
             entries = cast(ast.Dict, local[table.id])
             found += [(k.value, aliases[v.id], guard) for k, v in zip(entries.keys, entries.values)
-                      if isinstance(k, ast.Constant) and isinstance(v, ast.Name) and v.id in aliases]
+                      if isinstance(k, ast.Constant) and isinstance(k.value, str) and isinstance(v, ast.Name)
+                      and v.id in aliases]
             continue
         name = selector(call.func)
         if name == "create_masks_for_generate":
