@@ -123,9 +123,10 @@ def test_packed_text_equals_stock_per_sequence(model_type):
 
 def _written_text_types() -> dict[str, list[str]]:
     """text type -> the written families whose text model class ``MODEL_MAPPING_NAMES`` maps it to, in their text
-    module (``qwen3_vl_text``: ``qwen3_vl``; ``glm4v_text``: ``glm4v`` and ``glm46v``), the type not a family key."""
+    module (``qwen3_vl_text``: ``qwen3_vl``; ``glm4v_text``: ``glm4v`` and ``glm46v``), the type neither a family key
+    nor a causal LM of its own (5.25's ``exaone`` runs ``LlamaForCausalLM``: it derives as a causal LM)."""
     names = importlib.import_module("transformers.models.auto.modeling_auto").MODEL_MAPPING_NAMES
-    known = {**lookup.families(), **lookup._text_only_families()}
+    known = {**lookup.families(), **lookup._text_only_families(), **derive.causal_lm_types()}
     found: dict[str, list[str]] = {}
     for key, fam in lookup.families().items():
         entry = lookup._entry_on(fam, VERSION)
