@@ -166,9 +166,10 @@ def _layer_sinks(module: torch.nn.Module, features: AttentionFeatures, dropout: 
         raise refuse(f"asked for attention dropout {dropout!r}",
                      why="tfcompat's packed attention has no dropout (it would be silently skipped)",
                      fix="set the config's attention_dropout to 0.0, or undo() the patch")
-    read = _names_read(type(module).__module__)
-    unknown = sorted(name for name in extra - _CHECKED
-                     if kwargs[name] is not None and (read is None or name in read))
+    unknown = sorted(name for name in extra - _CHECKED if kwargs[name] is not None)
+    if unknown:  # read only then: usually nothing is unknown (and a compiled graph calls no import)
+        read = _names_read(type(module).__module__)
+        unknown = [name for name in unknown if read is None or name in read]
     if unknown:
         raise refuse(f"passed {', '.join(unknown)} to the packed attention, which does not implement "
                      f"{'it' if len(unknown) == 1 else 'them'}",

@@ -42,6 +42,7 @@ from typing import Any, Literal, cast
 import torch
 
 from ..errors import PatchError
+from ..registry.sources import function
 from .changes import Record
 
 __all__ = ["KERNELS", "Fused", "FusedModule", "apply", "plan", "prepare"]
@@ -342,16 +343,17 @@ def _rope_gap(modeling: types.ModuleType) -> str:
 def _calls(fn: Any, name: str) -> bool:
     """Whether ``fn``'s source calls the global ``name`` (so replacing it in its module reaches the call)."""
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function(fn))))
     except (TypeError, OSError, SyntaxError):
         return False
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name for n in ast.walk(tree))
 
 
 def _tree(fn: Any) -> str | None:
-    """``fn``'s syntax tree without its docstring, annotations and decorators; None if it has no Python source."""
+    """``fn``'s syntax tree without its docstring, annotations and decorators; None if it has no Python source.
+    A kernels function module (5.25's ``apply_rotary_pos_emb``) reads as the function it calls."""
     try:
-        source = textwrap.dedent(inspect.getsource(fn))
+        source = textwrap.dedent(inspect.getsource(function(fn)))
     except (TypeError, OSError):
         return None
     return _normalize(source)

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from ..errors import SymbolProbeError
 from .derive import positions_from_row
 from .records import Entry, Family
+from .sources import function
 
 __all__ = ["Probe", "Probed", "probe"]
 
@@ -84,10 +85,10 @@ def probe(family: Family, entry: Entry, version: str, forward_compatible: bool) 
     if rotary is not None:
         if not callable(apply_rotary):
             raise fail(rotary.apply, "is missing")
-        params = inspect.signature(apply_rotary).parameters
-        if (rotary.layout == "sectioned") != ("mrope_section" in params):
-            raise fail(rotary.apply, f"has parameters {list(params)}, not the {rotary.layout} convention")
-        probes.append(Probe("apply_rotary", True, f"{rotary.apply}{inspect.signature(apply_rotary)}"))
+        signature = inspect.signature(function(apply_rotary))  # 5.25: a kernels module calling the function
+        if (rotary.layout == "sectioned") != ("mrope_section" in signature.parameters):
+            raise fail(rotary.apply, f"has parameters {list(signature.parameters)}, not the {rotary.layout} convention")
+        probes.append(Probe("apply_rotary", True, f"{rotary.apply}{signature}"))
 
         if rotary.marker is not None:
             if not hasattr(classes["rotary"], rotary.marker):

@@ -1,9 +1,10 @@
-"""The function a class defines for a method, behind the wrappers transformers puts around it.
+"""The function a class or module defines, behind the wrappers transformers puts around it.
 
-Reading a model's structure reads its methods' source. ``functools.wraps`` decorators are undone by
-`inspect.unwrap`; the ``kernels`` package (a dependency of transformers from 5.25) replaces the ``__init__`` of
-every class decorated with ``use_kernelized_func`` by a closure ``new_init`` that calls the original, without
-``__wrapped__``: the original is the closure's cell holding ``Class.__init__``.
+Reading a model's structure reads its methods' and functions' source. ``functools.wraps`` decorators are undone by
+`inspect.unwrap`. The ``kernels`` package (a dependency of transformers from 5.25) wraps without ``__wrapped__``:
+``use_kernelized_func`` replaces a decorated class's ``__init__`` by a closure ``new_init`` whose cell holds
+``Class.__init__``, and ``use_kernel_forward_from_hub`` on a function (``apply_rotary_pos_emb``) puts an
+``nn.Module`` instance in its place whose class ``forward`` calls the function from its closure cell ``func``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-__all__ = ["defined"]
+__all__ = ["defined", "function"]
 
 
 def defined(owner: type, name: str) -> Any:
@@ -25,3 +26,16 @@ def defined(owner: type, name: str) -> Any:
         if inner is not None:
             return inspect.unwrap(inner)
     return fn
+
+
+def function(obj: Any) -> Any:
+    """The Python function ``obj`` runs: ``obj`` unwrapped, or the function a kernels function module calls (its
+    class ``forward``'s closure cell ``func``); ``obj`` itself where neither applies."""
+    if inspect.isfunction(obj):
+        return inspect.unwrap(obj)
+    forward = getattr(type(obj), "forward", None)
+    if inspect.isfunction(forward) and forward.__closure__ and "func" in forward.__code__.co_freevars:
+        inner = forward.__closure__[forward.__code__.co_freevars.index("func")].cell_contents
+        if inspect.isfunction(inner):
+            return inspect.unwrap(inner)
+    return obj

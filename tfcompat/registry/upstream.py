@@ -53,12 +53,11 @@ UPSTREAM_BUGS: tuple[UpstreamBug, ...] = (
         "returns a BaseModelOutput without one; 5.2 returns BaseModelOutputWithPooling)",
         fix="use transformers 4.53, 4.56-4.57 or >= 5.2 for Llama 4", model_types=("llama4",)),
     UpstreamBug(
-        "llama4_output_image_outputs", ("transformers.models.llama4.modeling_llama4",), VersionRange("5.24"),
+        "llama4_output_image_outputs", ("transformers.models.llama4.modeling_llama4",), VersionRange("5.24", "5.25"),
         what="Llama4ForConditionalGeneration.forward builds its output with image_outputs=outputs.image_outputs, "
         "where outputs is the language model's MoeCausalLMOutputWithPast, which has no such field: every forward "
-        "raises AttributeError, with or without images, return_dict or not (no release fixes it yet: 5.24 is the "
-        "latest)",
-        fix="use transformers 4.53, 4.56-4.57 or 5.2-5.23 for Llama 4", model_types=("llama4",)),
+        "raises AttributeError, with or without images, return_dict or not (5.25 fixes it)",
+        fix="use transformers 4.53, 4.56-4.57, 5.2-5.23 or 5.25 for Llama 4", model_types=("llama4",)),
     UpstreamBug(
         "bool_config_field_typed_int", tuple(f"transformers.models.{m}.modeling_{m}" for m in (
             "aya_vision", "big_bird", "chameleon", "cohere2", "cohere2_vision", "ernie4_5", "ernie4_5_moe",
