@@ -20,16 +20,22 @@ ORIGINAL = 8  # sequences of 5 and 6 tokens are below it, of 12 and 10 past it
 
 def _model(rope_type: str) -> torch.nn.Module:
     config = tiny_config("llama")
-    theta = config.rope_parameters["rope_theta"]
+    key = tfcompat.resolve("llama").entry.rope_config_key  # rope_scaling (4.x, rope_theta beside it) or
+    theta = getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"]  # rope_parameters (5.x)
+    settings = {"rope_theta": theta} if key == "rope_parameters" else {}
     if rope_type == "longrope":
         half = config.head_dim // 2
-        config.rope_parameters = {"rope_type": "longrope", "rope_theta": theta, "short_factor": [1.0] * half,
-                                  "long_factor": [float(2 + i % 3) for i in range(half)],
-                                  "original_max_position_embeddings": ORIGINAL}
+        settings |= {"rope_type": "longrope", "short_factor": [1.0] * half,
+                     "long_factor": [float(2 + i % 3) for i in range(half)],
+                     "original_max_position_embeddings": ORIGINAL}
     else:
-        config.rope_parameters = {"rope_type": "dynamic", "rope_theta": theta, "factor": 4.0}
+        settings |= {"rope_type": "dynamic", "factor": 4.0}
         config.max_position_embeddings = ORIGINAL
-    return tiny_model("llama", attn_implementation="sdpa", config=config)
+    values = {k: v for k, v in config.to_dict().items() if k not in ("transformers_version", "model_type")}
+    if rope_type == "longrope" and key == "rope_scaling":  # 4.x reads the original length from the config itself
+        values["original_max_position_embeddings"] = ORIGINAL
+    # built anew, so that the config class standardizes and checks the rope settings as from a checkpoint
+    return tiny_model("llama", attn_implementation="sdpa", config=type(config)(**{**values, key: settings}))
 
 
 def _per_sequence(model: torch.nn.Module, seqs: list[torch.Tensor]) -> list[torch.Tensor]:
