@@ -98,6 +98,9 @@ _CAPPED_OWN = ("sliding_window", "attention_chunk_size", "sliding_window_size", 
 _NOT_SEMANTIC = {"dtype", "torch_dtype", "_name_or_path", "quantization_config", "auto_map"}
 # Lists of layer indices (not one entry per layer): SAM-style towers' global-attention layers among windowed ones
 _LAYER_INDICES = ("global_attn_indexes",)
+# indices of a tower's layers whose features are tapped (DeepStack: each feeds one decoder layer): the tiny tower's
+# first layers, as many as it has
+_TAPPED_LAYERS = ("deepstack_visual_indexes",)
 
 # Additions to the generic shrink, by config class, each with the reason the generic one fails.
 _OVERRIDES: dict[str, dict[str, Any]] = {
@@ -635,6 +638,10 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
     for key in _LAYER_INDICES:  # indices of the full-size layers that are of another kind: the tiny model's last
         if isinstance(values.get(key), (list, tuple)) and key not in _OVERRIDES.get(type(default).__name__, {}):
             kwargs[key] = [layers - 1]
+    depth = next((kwargs[k] for k in ("depth", *_LAYERS) if isinstance(kwargs.get(k), int)), layers)
+    for key in _TAPPED_LAYERS:
+        if isinstance(values.get(key), (list, tuple)) and values[key]:
+            kwargs[key] = list(range(min(len(values[key]), depth)))
     for key, value in kwargs.items():
         if key in patterns and isinstance(value, list):
             kwargs[key] = value[:layers]  # a per-layer size (gemma3n's intermediate_size), shrunk above

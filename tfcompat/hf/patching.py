@@ -733,20 +733,22 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
 
     def _take_visual(a: dict[str, Any], visual: Any, shape: torch.Size) -> None:
         """Hand `tfcompat.embed_inputs`' DeepStack extras to the stock text model's own parameters."""
-        if r.entry.vision is None or not r.entry.vision.deepstack or not isinstance(visual, VisualExtras):
+        derived = r.entry.derived_vision.visual_extras if r.entry.derived_vision is not None else ()
+        names = ("visual_pos_masks", "deepstack_visual_embeds") if r.entry.vision is not None and (
+            r.entry.vision.deepstack) else derived
+        if not names or not isinstance(visual, VisualExtras):
             raise r.error(InvalidInputError, f"{r.family}'s text model takes no visual extras",
                           why=f"got {type(visual).__name__}", fix="pass **tfcompat.embed_inputs(...).model_inputs() "
                           "of this model")
-        if a.get("visual_pos_masks") is not None or a.get("deepstack_visual_embeds") is not None:
+        if any(a.get(n) is not None for n in names):
             raise r.error(InvalidInputError, "visual extras given twice",
-                          why="the forward also got visual_pos_masks / deepstack_visual_embeds",
+                          why=f"the forward also got {' / '.join(names)}",
                           fix="pass either pixel values or the embed_inputs result, not both")
         if tuple(visual.visual_pos_masks.shape) != tuple(shape):
             raise r.error(InvalidInputError, "the visual extras do not match the input tokens",
                           why=f"visual_pos_masks {tuple(visual.visual_pos_masks.shape)}, tokens {tuple(shape)}",
                           fix="shard the embed_inputs result with tfcompat.ulysses.shard_inputs(inputs_embeds=...)")
-        a["visual_pos_masks"] = visual.visual_pos_masks
-        a["deepstack_visual_embeds"] = list(visual.deepstack_visual_embeds)
+        a[names[0]], a[names[1]] = visual.visual_pos_masks, list(visual.deepstack_visual_embeds)
 
     return forward
 

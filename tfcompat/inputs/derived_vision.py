@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import torch
 
-from ..core.extras import Embedded
+from ..core.extras import Embedded, VisualExtras
 from ..core.labels import mask_starts, shift_labels
 from ..core.packing import PackedSeqs, from_lengths
 from ..core.position_ids import text_row_from_mask
@@ -126,7 +126,8 @@ def _token_types(config: Any, input_ids: torch.Tensor) -> torch.Tensor:
 
 def embed_derived(r: Resolved, model: torch.nn.Module, input_ids: Any, vision: dict[str, Any]) -> Embedded:
     """The ``(B, L, H)`` embeddings the model's owner hands its language model for ``input_ids`` and ``vision``
-    (its own forward's vision keyword arguments: pixel values, image sizes, patch masks, ...).
+    (its own forward's vision keyword arguments: pixel values, image sizes, patch masks, ...), with the features it
+    hands it for the visual tokens (`VisionDerivation.visual_extras`: DeepStack's) as `VisualExtras`.
 
     Without vision inputs the tower still runs, on a dummy image (`dummy_features`), and ``0 * its mean`` is added:
     the tower gets zero gradients rather than none, and every rank runs the same collectives.
@@ -174,7 +175,11 @@ def embed_derived(r: Resolved, model: torch.nn.Module, input_ids: Any, vision: d
     if all(v is None for v in vision.values()):
         for x in dummy_features(r, owner):
             embeds = embeds + 0 * x.float().mean().to(embeds.dtype)
-    return Embedded(embeds)
+    visual = None
+    if v is not None and v.visual_extras and isinstance(captured.get(v.visual_extras[0]), torch.Tensor):
+        mask, features = (captured[k] for k in v.visual_extras)  # (B, L) and one (n_visual, H) per DeepStack layer
+        visual = VisualExtras(mask, tuple(features))
+    return Embedded(embeds, visual)
 
 
 def dummy_features(r: Resolved, owner: torch.nn.Module) -> list[torch.Tensor]:

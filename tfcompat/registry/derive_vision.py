@@ -38,7 +38,8 @@ __all__ = ["LANGUAGE_MODEL_KEYWORDS", "default_text_type", "derive", "vision_key
 # what an owner may pass its language model besides **kwargs: the embeddings, the mask, the positions and flags
 LANGUAGE_MODEL_KEYWORDS = frozenset({
     "inputs_embeds", "attention_mask", "position_ids", "past_key_values", "past_key_value", "cache", "use_cache",
-    "cache_position", "return_dict", "output_attentions", "output_hidden_states", "logits_to_keep",
+    "cache_position", "return_dict", "output_attentions", "output_hidden_states", "output_router_logits",
+    "logits_to_keep",
 })
 # config attributes naming the image placeholder token, across families and releases
 PLACEHOLDER_ATTRS = ("image_token_id", "image_token_index")
@@ -188,12 +189,14 @@ def derive(model_type: str, version: str, text_type: str | None,
     towers, projectors = _submodules(module, owner, lm_attr)
     config = _default_config(key)
     placeholder = next((a for a in PLACEHOLDER_ATTRS if isinstance(getattr(config, a, None), int)), "")
+    extras = _added_at_mask(text_cls)  # the owner hands them over (DeepStack), or the text model never adds them
     derivation = VisionDerivation(
         model=top.__name__, hops=tuple((c.__name__, a) for c, a in hops), owner=owner.__name__,
         language_model_attr=lm_attr, tower_attrs=towers, projector_attrs=projectors, text_family=text_type,
         placeholder=placeholder, owner_mask=owner_mask, mask_inputs=mask_inputs, batched_images=_batched(owner),
         embeds_need_ids=any(_refuses_embeds_alone(c) for c, _ in hops),
-        token_inputs=_token_inputs(owner, lm_attr, text_cls), positions_call=positions_call)
+        token_inputs=_token_inputs(owner, lm_attr, text_cls), positions_call=positions_call,
+        visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else ())
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
@@ -287,8 +290,8 @@ def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
     """Why ``cls.forward`` may not hand a packed row on to ``self.attr`` ("" when it does): every call of it passes
     ``position_ids=position_ids`` (or, where the forward names no such parameter, leaves them in) the forward's
     ``**kwargs``, the forward assigns no ``position_ids``, and to a
-    language model (``text_model`` given: its class) passes nothing but `LANGUAGE_MODEL_KEYWORDS` and what the text
-    model computes itself (`_text_model_computes`)."""
+    language model (``text_model`` given: its class) passes nothing but `LANGUAGE_MODEL_KEYWORDS`, what the text
+    model computes itself (`_text_model_computes`) and features it adds at masked tokens (`_added_at_mask`)."""
     fn = _method(cls, "forward")
     if fn is None:
         return f"{cls.__name__}.forward cannot be read"
@@ -303,7 +306,9 @@ def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
             return f"{cls.__name__}.forward passes position_ids={keywords.get('position_ids')} to self.{attr}"
         if var_kw is None or not any(k.arg is None and ast.unparse(k.value) == var_kw for k in call.keywords):
             return f"{cls.__name__}.forward calls self.{attr} without its **kwargs"
+        added = _added_at_mask(text_model) if text_model is not None else ()
         extra = sorted(k for k, v in keywords.items() if k not in LANGUAGE_MODEL_KEYWORDS and v != "None"
+                       and k not in added
                        and not (text_model is not None and _text_model_computes(fn, attr, k, v, text_model)))
         if text_model is not None and extra:
             return f"{cls.__name__}.forward passes {', '.join(extra)} to its language model"
@@ -375,6 +380,41 @@ def _text_model_computes(fn: ast.FunctionDef, attr: str, keyword: str, value: st
         isinstance(n, ast.Assign) and len(n.targets) == 1 and (ast.unparse(n.value) == "None" or (  # none: its own
             isinstance(n.value, ast.Call) and ast.unparse(n.value.func).rsplit(".", 1)[0] == f"self.{attr}"
             and ast.unparse(n.value.func).rsplit(".", 1)[-1] in own)) for n in assigns)
+
+
+def _added_at_mask(text_model: type) -> tuple[str, str] | tuple[()]:
+    """``(mask, features)``: the parameters of ``text_model.forward`` whose tensors it adds to the hidden states at
+    the masked tokens, as DeepStack does (``self.<method>(hidden_states, visual_pos_masks,
+    deepstack_visual_embeds[layer_idx])``, the method adding ``features`` at ``hidden_states[mask, :]``); () where
+    there are none. Such features follow the tokens: a packed row's are its sequences' in order, as the owner
+    computes them over the row."""
+    fn = _method(text_model, "forward")
+    params = {a.arg for a in fn.args.args + fn.args.kwonlyargs} if fn is not None else set()
+    for call in ast.walk(fn) if fn is not None else []:
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and len(call.args) == 3
+                and ast.unparse(call.func.value) == "self" and isinstance(call.args[1], ast.Name)
+                and isinstance(call.args[2], ast.Subscript) and isinstance(call.args[2].value, ast.Name)
+                and {call.args[1].id, call.args[2].value.id} <= params):
+            continue
+        method = _method(text_model, call.func.attr)
+        names = [a.arg for a in method.args.args[1:4]] if method is not None else []
+        if len(names) != 3:
+            continue
+        hidden, mask, features = names
+        indexed = any(isinstance(n, ast.Subscript) and ast.unparse(n.value) == hidden and mask in {
+            x.id for x in ast.walk(n.slice) if isinstance(x, ast.Name)} for n in ast.walk(method))
+        added = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add) and features in (
+            ast.unparse(n.left), ast.unparse(n.right)) for n in ast.walk(method))
+        if indexed and added:
+            return call.args[1].id, call.args[2].value.id
+    return ()
+
+
+def _keywords(cls: type, attr: str) -> set[str]:
+    """The keywords ``cls.forward`` passes ``self.attr``, other than None."""
+    fn = _method(cls, "forward")
+    return {k.arg for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == f"self.{attr}"
+            for k in n.keywords if k.arg is not None and ast.unparse(k.value) != "None"} if fn is not None else set()
 
 
 def _token_inputs(owner: type, attr: str, text_model: type) -> tuple[str, ...]:

@@ -197,7 +197,10 @@ class VisionDerivation:
     owner computes from the token ids for its language model besides the embeddings (Gemma 4's ``per_layer_inputs``),
     which embeddings computed outside it do not carry; positions_call: where the owner numbers M-RoPE positions
     itself when given none (``position_ids = self.compute_3d_position_ids(...)``): the method and its keywords as
-    ``(keyword, source)`` (() for a 1-D RoPE text model: the text row is all there is).
+    ``(keyword, source)`` (() for a 1-D RoPE text model: the text row is all there is); visual_extras: the text
+    model's keywords ``(mask, features)`` for features it adds at the masked tokens (DeepStack's
+    ``visual_pos_masks``, ``deepstack_visual_embeds``), which the owner hands it (`tfcompat.embed_inputs` returns
+    them as `tfcompat.core.extras.VisualExtras`).
     """
 
     model: str
@@ -214,6 +217,7 @@ class VisionDerivation:
     embeds_need_ids: bool = False
     token_inputs: tuple[str, ...] = ()
     positions_call: tuple[str, tuple[tuple[str, str], ...]] | tuple[()] = ()
+    visual_extras: tuple[str, str] | tuple[()] = ()
 
 
 @dataclass(frozen=True)
