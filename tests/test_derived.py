@@ -17,7 +17,7 @@ import torch
 
 import tfcompat
 from tfcompat.errors import PatchError, UnknownFamilyError
-from tfcompat.registry import families
+from tfcompat.registry import derive_vision, families
 from tfcompat.registry.derive import causal_lm_types, module_name
 from tfcompat.registry.upstream import bug_in
 
@@ -489,16 +489,13 @@ def test_language_model_is_the_one_built_from_the_text_config_alone():
 def test_default_positions_counted_after_the_cache_are_the_contract():
     """Fuyu numbers a row without position_ids as ``torch.arange(cache_length, seq_len + cache_length)``: the usual
     default (0, 1, ... after the cache), so given position ids it hands them on and the composite packs (the sweep
-    compares it); PaliGemma's offset (``+ 1``) stays refused."""
+    compares it)."""
     try:
         assert tfcompat.resolve("fuyu").entry.derived_vision is not None
     except PatchError as exc:
         if "calls self.model without its **kwargs" not in str(exc):
             raise
         pytest.skip(f"FuyuForCausalLM.forward drops **kwargs on {INSTALLED_VERSION} (5.0-5.2): refused")
-    if "paligemma" in causal_lm_types() or tfcompat.registry.derive_vision.vision_key("paligemma"):
-        with pytest.raises(PatchError, match=r"computes its own position_ids \(position_ids = position_ids"):
-            tfcompat.resolve("paligemma")
 
 
 @pytest.mark.parametrize("model_type", [t for t in ("musicgen", "musicgen_melody") if _installed(t)])
@@ -654,3 +651,48 @@ def test_cross_attention_layers_skipped_without_states_are_left_stock():
             model.model(**inputs, cross_attention_states=torch.randn(1, 4, model.config.hidden_size))
     control = logits_of(model, **inputs, attention_mask=torch.ones_like(inputs["input_ids"]))
     assert compare(control, expected) > 1e-3
+
+
+@pytest.mark.skipif("paligemma" not in derive_vision.vision_types(), reason="transformers has no paligemma here")
+@pytest.mark.parametrize("token_types", [False, True])
+def test_owner_numbering_from_an_offset_is_kept_per_sequence(token_types):
+    """PaliGemma's owner numbers a sequence from 1 when given no positions (``position_ids.unsqueeze(0) + 1``): the
+    derivation reads the offset (`_counts_the_row`) and the packed text model gets the contract's row plus it; packed
+    with images equals stock per sequence, with token types (a bidirectional prefix) too. Eager: without token types
+    stock sdpa attends both ways over the whole sequence (PaliGemma's attention is not causal and the mask it builds
+    is dropped for sdpa), which packing does not copy; the proof, on the model's own attention, refuses there, and
+    where stock eager attends both ways without token types too (4.x: over its whole prompt)."""
+    import ast
+
+    from tests.every_type import build, vlm_examples
+    from tfcompat.registry.derive_vision import _counts_the_row
+
+    assert _counts_the_row(ast.parse("position_ids = position_ids.unsqueeze(0) + 1").body[0]) == 1
+    assert _counts_the_row(ast.parse("position_ids = torch.arange(n) + past_seen_tokens").body[0]) == 0
+    assert _counts_the_row(ast.parse("position_ids = position_ids * 2").body[0]) is None
+    entry = tfcompat.resolve("paligemma").entry
+    if entry.derived_vision is None or entry.derived_vision.position_offset != 1:
+        pytest.skip(f"paligemma's owner numbers no offset row on {INSTALLED_VERSION}")
+    model = build("paligemma", "eager", kind="image_text_to_text")
+    examples = vlm_examples(model)
+    for ex in examples if token_types else []:  # the processor's: 0 over the image and prompt, 1 over the suffix
+        ex["token_type_ids"] = (torch.arange(ex["input_ids"].shape[1]) >= ex["input_ids"].shape[1] // 2).long()[None]
+    with torch.no_grad():
+        expected = [model(**ex).logits[0] for ex in examples]
+        packed = tfcompat.pack(model, examples)
+        if not _causal_without_token_types(model, examples[0]):  # the proof runs no token types
+            with pytest.raises(PatchError, match="proof"):
+                tfcompat.patch(model)
+            return
+        with tfcompat.patch(model):  # proved on a copy running the model's own attention
+            got = model(**packed.model_inputs).logits[0]
+    assert rel_diff(got, expected) < 1e-5
+
+
+def _causal_without_token_types(model: torch.nn.Module, example: dict[str, torch.Tensor]) -> bool:
+    """Whether the stock model's logits of a prefix are those of the whole sequence's first tokens (causal)."""
+    with torch.no_grad():
+        whole = model(**example).logits[0]
+        ids = example["input_ids"]
+        prefix = model(**{**example, "input_ids": ids[:, : ids.shape[1] - 2]}).logits[0]
+    return bool(torch.allclose(whole[: prefix.shape[0]], prefix, atol=1e-5))

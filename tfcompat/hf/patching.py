@@ -632,6 +632,7 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
     # None: a text model of per-sequence modules alone that takes no **kwargs (4.x Mamba, GPT-Neo): the context
     # reaches those modules from `call` only
     var_kw = next((p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+    offset = r.entry.derived_vision.position_offset if r.entry.derived_vision is not None else 0
 
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -681,6 +682,8 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
             a["position_ids"] = a["position_ids"].clone()
         if own is not None:  # the model's own default positions (RoBERTa's), per sequence
             a["position_ids"] = own(tokens, ctx.seqs)
+        if offset:  # where the owner starts a sequence's row given none (PaliGemma's 1-indexed positions)
+            a["position_ids"] = a["position_ids"] + offset
         mask = a.get("attention_mask")
         # ctx.mask: a 4-D mask `Router.decide` found equal to the boundaries' block-diagonal causal mask
         if mask is not None and mask is not ctx.mask and not (isinstance(mask, torch.Tensor)

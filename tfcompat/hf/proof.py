@@ -89,7 +89,7 @@ def prove(model: torch.nn.Module, resolved: Resolved, apply: Apply) -> Proof:
         own, why_not = None, _first_line(exc)
     fingerprint = "" if own is None else hashlib.sha256(own.to_json_string().encode()).hexdigest()
     key = (config.model_type, resolved.transformers_version, f"{type(model).__module__}.{type(model).__qualname__}",
-           fingerprint)
+           fingerprint, _implementation(model))
     if key in _CACHE:
         found = _CACHE[key]
         if isinstance(found, PatchError):
@@ -101,6 +101,15 @@ def prove(model: torch.nn.Module, resolved: Resolved, apply: Apply) -> Proof:
     return found
 
 
+def _implementation(model: torch.nn.Module) -> str:
+    """The stock attention the copy runs: the model's own where a CPU copy can run it (eager, sdpa: where they
+    differ, an upstream bug, the user's is the oracle), else sdpa where the class has it, else eager."""
+    own = getattr(model.config, "_attn_implementation", None)
+    if own in ("eager", "sdpa"):
+        return own
+    return "sdpa" if getattr(type(model), "_supports_sdpa", False) else "eager"
+
+
 def _outcome(model: torch.nn.Module, resolved: Resolved, apply: Apply, own: Any, why_not: str
              ) -> Proof | PatchError:
     """The proof on the shrunk copy ``own`` (None: it does not shrink, ``why_not``), else on the type's tiny default
@@ -109,7 +118,7 @@ def _outcome(model: torch.nn.Module, resolved: Resolved, apply: Apply, own: Any,
     config: Any = model.config
     vision = resolved.spec.is_vision or resolved.entry.derived_vision is not None
     images = vision and _has_image_features(model)
-    impl = "sdpa" if getattr(type(model), "_supports_sdpa", False) else "eager"
+    impl = _implementation(model)
     reasons = [] if own is not None else [f"its own config does not shrink ({why_not})"]
     with _isolated():
         for name in ("own", "default"):

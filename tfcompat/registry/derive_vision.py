@@ -166,13 +166,17 @@ def derive(model_type: str, version: str, text_type: str | None,
                          "reach the text model unchanged")
     positions_call = _positions_call(owner)
     layout = text.text_model_positions
-    if positions_call:  # M-RoPE numbered by the owner's own method, per sequence (`inputs.derived_vision`)
-        if layout != "text+mrope" or not _four_rows(text_cls):
-            raise refuse(f"{text_cls.__name__}.forward takes no text row in front of three M-RoPE rows",
-                         "a packed row's M-RoPE position ids go to the text model as (4, B, L) = [text; t; h; w]; "
-                         f"this text model takes {'(B, L)' if layout == 'text' else '(3, B, L)'} or another number "
-                         "of rows")
-    elif layout != "text":
+    # M-RoPE numbered by the owner's own method, per sequence (`inputs.derived_vision`)
+    if positions_call and (layout != "text+mrope" or not _four_rows(text_cls)):
+        raise refuse(f"{text_cls.__name__}.forward takes no text row in front of three M-RoPE rows",
+                     "a packed row's M-RoPE position ids go to the text model as (4, B, L) = [text; t; h; w]; "
+                     f"this text model takes {'(B, L)' if layout == 'text' else '(3, B, L)'} or another number "
+                     "of rows")
+    offset = _position_offset(owner)
+    if offset and (positions_call or layout != "text"):
+        raise refuse(f"{owner.__name__}.forward numbers its positions from {offset}, and M-RoPE",
+                     "an offset is applied to the text row only", fix="run it unpatched")
+    if layout != "text" and not positions_call:
         raise refuse(f"its language model {text_type} takes M-RoPE positions",
                      f"{owner.__name__}.forward numbers no M-RoPE positions itself (no `position_ids = self.<method>"
                      "(...)` when none are given) for tfcompat to call per sequence")
@@ -196,7 +200,7 @@ def derive(model_type: str, version: str, text_type: str | None,
         placeholder=placeholder, owner_mask=owner_mask, mask_inputs=mask_inputs, batched_images=_batched(owner),
         embeds_need_ids=any(_refuses_embeds_alone(c) for c, _ in hops),
         token_inputs=_token_inputs(owner, lm_attr, text_cls), positions_call=positions_call,
-        visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else ())
+        visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else (), position_offset=offset)
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
@@ -313,7 +317,8 @@ def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
         if text_model is not None and extra:
             return f"{cls.__name__}.forward passes {', '.join(extra)} to its language model"
     defaults = {id(n) for g in ast.walk(fn) if isinstance(g, ast.If) and ast.unparse(g.test) == "position_ids is None"
-                for n in g.body if _counts_the_row(n) or (text_model is not None and _own_positions_call(n, cls))}
+                for n in g.body if _counts_the_row(n) == 0 or (text_model is not None and (
+                    _own_positions_call(n, cls) or _counts_the_row(n) is not None))}  # the owner's own: offsets, M-RoPE
     for node in ast.walk(fn):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
             node, (ast.AugAssign, ast.AnnAssign)) else []
@@ -427,13 +432,14 @@ def _token_inputs(owner: type, attr: str, text_model: type) -> tuple[str, ...]:
                                and _text_model_computes(fn, attr, k.arg, ast.unparse(k.value), text_model)))
 
 
-def _counts_the_row(node: ast.stmt) -> bool:
-    """Whether ``node`` (inside ``if position_ids is None:``) sets the default positions every text model takes
-    without them: the row counted from 0 after the cache (``torch.arange(...) + past_seen_tokens``,
-    ``torch.arange(cache_length, seq_len + cache_length)`` (Fuyu), ``cache_position``), reshaped (``.unsqueeze``,
-    ``.expand``, ``.view``). An offset (PaliGemma's ``+ 1``) is not."""
+def _counts_the_row(node: ast.stmt) -> int | None:
+    """The offset from 0 at which ``node`` (inside ``if position_ids is None:``) counts the row, where it sets the
+    default positions every text model takes without them: 0 for the row counted from 0 after the cache
+    (``torch.arange(...) + past_seen_tokens``, ``torch.arange(cache_length, seq_len + cache_length)`` (Fuyu),
+    ``cache_position``), reshaped (``.unsqueeze``, ``.expand``, ``.view``); a constant added to such a row (PaliGemma's
+    ``+ 1``, its 1-indexed positions) is the offset; None for anything else."""
     if not (isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["position_ids"]):
-        return False
+        return None
 
     def cached(e: ast.expr) -> bool:  # the cache's length, by its name
         return isinstance(e, ast.Name) and ("past" in e.id or e.id == "cache_length")
@@ -453,7 +459,18 @@ def _counts_the_row(node: ast.stmt) -> bool:
             return len(e.args) == 1
         return isinstance(e, ast.Name) and e.id in ("cache_position", "position_ids")
 
-    return plain(node.value)
+    value = node.value
+    if (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add) and isinstance(value.right, ast.Constant)
+            and type(value.right.value) is int and plain(value.left)):
+        return value.right.value
+    return 0 if plain(value) else None
+
+
+def _position_offset(owner: type) -> int:
+    """The offset from 0 at which ``owner.forward`` numbers a sequence given no positions (`_counts_the_row`)."""
+    fn = _method(owner, "forward")
+    return sum(o for g in ast.walk(fn) if isinstance(g, ast.If) and ast.unparse(g.test) == "position_ids is None"
+               for n in g.body for o in [_counts_the_row(n)] if o) if fn is not None else 0
 
 
 def _passed(cls: type, attr: str, keyword: str) -> str:

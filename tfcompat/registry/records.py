@@ -200,7 +200,8 @@ class VisionDerivation:
     ``(keyword, source)`` (() for a 1-D RoPE text model: the text row is all there is); visual_extras: the text
     model's keywords ``(mask, features)`` for features it adds at the masked tokens (DeepStack's
     ``visual_pos_masks``, ``deepstack_visual_embeds``), which the owner hands it (`tfcompat.embed_inputs` returns
-    them as `tfcompat.core.extras.VisualExtras`).
+    them as `tfcompat.core.extras.VisualExtras`); position_offset: where the owner, given no positions, starts each
+    sequence's text row (PaliGemma's 1); a packed row's text model gets the contract's row plus it.
     """
 
     model: str
@@ -218,6 +219,7 @@ class VisionDerivation:
     token_inputs: tuple[str, ...] = ()
     positions_call: tuple[str, tuple[tuple[str, str], ...]] | tuple[()] = ()
     visual_extras: tuple[str, str] | tuple[()] = ()
+    position_offset: int = 0
 
 
 @dataclass(frozen=True)
