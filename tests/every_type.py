@@ -372,12 +372,19 @@ def vlm_examples(model: torch.nn.Module, seed: int = 0) -> list[dict[str, torch.
     except REFUSALS:
         takes_videos = False
     video = video_sequence(model, seed=seed + 3) if takes_videos else None
-    examples = [image_sequence(model, seed=seed), {"input_ids": text}, image_sequence(model, seed=seed + 2),
+    # a forward that requires pixel values (BLIP-2) runs no text alone: that sequence holds an image too
+    alone = image_sequence(model, seed=seed + 1) if _requires_images(model) else {"input_ids": text}
+    examples = [image_sequence(model, seed=seed), alone, image_sequence(model, seed=seed + 2),
                 *([video] if video is not None else [])]
     if _written_family(model) is not None:  # as selfcheck.stock_inputs: 4.x mask builders crash on 3-row ids without
         for ex in examples:
             ex["attention_mask"] = torch.ones_like(ex["input_ids"])
     return examples
+
+
+def _requires_images(model: torch.nn.Module) -> bool:
+    param = inspect.signature(model.forward).parameters.get("pixel_values")
+    return param is not None and param.default is inspect.Parameter.empty
 
 
 def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> Outcome:

@@ -696,3 +696,30 @@ def _causal_without_token_types(model: torch.nn.Module, example: dict[str, torch
         ids = example["input_ids"]
         prefix = model(**{**example, "input_ids": ids[:, : ids.shape[1] - 2]}).logits[0]
     return bool(torch.allclose(whole[: prefix.shape[0]], prefix, atol=1e-5))
+
+
+@pytest.mark.skipif("instructblip" not in derive_vision.vision_types(), reason="transformers has no instructblip")
+def test_decoder_only_branch_and_sub_model_text():
+    """InstructBLIP's forward calls a decoder-only language model or, in its other branch, a seq2seq one with
+    ``decoder_input_ids``: the derivation reads the decoder-only call (its text model is a causal family) and packs;
+    its forward requires pixel values, so embeddings alone are refused, typed. The Q-Former's instruction ids are
+    padded by `pack`: of different lengths without their mask, refused naming it."""
+    from tests.every_type import build, vlm_examples
+
+    entry = tfcompat.resolve("instructblip").entry
+    if entry.derived_vision is None:
+        pytest.skip("instructblip is a written family here")
+    assert entry.derived_vision.embeds_need_ids
+    model = build("instructblip", "eager", kind="image_text_to_text")
+    examples = vlm_examples(model)[:3]
+    with torch.no_grad():
+        expected = [model(**ex).logits[0] for ex in examples]
+        with tfcompat.patch(model):
+            got = model(**tfcompat.pack(model, examples).model_inputs).logits[0]
+            with pytest.raises(tfcompat.InvalidInputError, match="cannot take embeddings computed outside"):
+                tfcompat.embed_inputs(model, examples[0]["input_ids"], pixel_values=examples[0]["pixel_values"])
+    assert rel_diff(got, expected) < 1e-5
+    examples[0] = {**examples[0], "qformer_input_ids": examples[0]["qformer_input_ids"][:, :3]}
+    examples[0].pop("qformer_attention_mask")
+    with pytest.raises(tfcompat.InvalidInputError, match="qformer_input_ids differ in length"):
+        tfcompat.pack(model, examples)

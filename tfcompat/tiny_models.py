@@ -50,8 +50,9 @@ _SIZES: dict[str, int] = {
     "num_key_value_heads": 2,
     "head_dim": 16,
     # other names of the same roles that are not in an attribute_map
-    "n_embd": 64, "d_model": 64, "emb_dim": 64, "embedding_dim": 64, "n_inner": 128, "ffn_dim": 128,
-    "decoder_ffn_dim": 128, "encoder_ffn_dim": 128, "ffn_hidden_size": 128, "dim_ff": 128, "intermediate_size_mlp": 128,
+    "n_embd": 64, "d_model": 64, "emb_dim": 64, "embedding_dim": 64, "word_embed_proj_dim": 64, "n_inner": 128,
+    "ffn_dim": 128, "decoder_ffn_dim": 128, "encoder_ffn_dim": 128, "ffn_hidden_size": 128, "dim_ff": 128,
+    "intermediate_size_mlp": 128,
     "dense_intermediate_size": 128, "n_head": 4, "n_heads": 4, "num_heads": 4, "decoder_attention_heads": 4,
     "encoder_attention_heads": 4, "attention_heads": 4, "num_kv_heads": 2, "d_head": 16, "dim_head": 16,
     "attention_head_dim": 16, "kv_channels": 16, "rotary_dim": 8, "swa_num_attention_heads": 4,
@@ -298,7 +299,8 @@ def sample_examples(model: torch.nn.Module, lengths: tuple[int, ...], images: bo
                     ) -> list[dict[str, torch.Tensor]]:
     """One forward's inputs per sequence: ``input_ids (1, L_i)`` of random text tokens (no special id) for each of
     ``lengths``; images: the first and last hold one image each (`tiny_image`, after their third token, with
-    ``mm_token_type_ids`` where the forward takes them), the others are text only."""
+    ``mm_token_type_ids`` where the forward takes them), the others are text only (or each holds one, where the
+    forward requires pixel values)."""
     import inspect
 
     import torch
@@ -308,7 +310,9 @@ def sample_examples(model: torch.nn.Module, lengths: tuple[int, ...], images: bo
     gen = torch.Generator().manual_seed(seed)
     examples: list[dict[str, Any]] = [
         {"input_ids": allowed[torch.randint(len(allowed), (n,), generator=gen)][None]} for n in lengths]
-    for i in sorted({0, len(lengths) - 1}) if images else ():
+    pixels = inspect.signature(model.forward).parameters.get("pixel_values")
+    required = pixels is not None and pixels.default is inspect.Parameter.empty  # BLIP-2 runs no text alone
+    for i in (range(len(lengths)) if required else sorted({0, len(lengths) - 1})) if images else ():
         image = tiny_image(model, seed=i)
         ids = examples[i]["input_ids"]  # (1, L): text, the image's placeholders, text
         run = torch.full((1, image.tokens), image.token_id)
@@ -364,6 +368,12 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
             channels = getattr(tower, "num_channels", 3)
             layouts = [{**layout, name: torch.randn(*layout["pixel_values"].shape[:-3], channels, size, size,
                                                     generator=g)} for layout in layouts]
+    for name in params:  # a sub-model's own text the tower reads (InstructBLIP's Q-Former instruction), with its mask
+        sub = getattr(config, name.removesuffix("input_ids") + "config", None)
+        if name.endswith("_input_ids") and isinstance(getattr(sub, "vocab_size", None), int):
+            ids = torch.randint(sub.vocab_size, (1, 5), generator=g)
+            mask = {name.removesuffix("input_ids") + "attention_mask": torch.ones_like(ids)}
+            layouts = [{**layout, name: ids, **{k: v for k, v in mask.items() if k in params}} for layout in layouts]
     return _first_fit(config.model_type, "image", features, layouts, hidden, token_id,
                       lambda layout: _required_from_config(features, config, layout))
 

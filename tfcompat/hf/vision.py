@@ -76,7 +76,8 @@ def plan_vision(model: torch.nn.Module, r: Resolved, text_models: list[torch.nn.
                       fix="run the model unpatched")
     if v.embeds_need_ids and group is not None:
         raise r.error(PatchError, f"{type(model).__name__} cannot run sequence parallel on this transformers",
-                      why=f"{v.model}'s forward raises for inputs_embeds without input_ids, and a sharded forward "
+                      why=f"{v.model}'s forward takes no inputs_embeds without input_ids (or without pixel "
+                      "values), and a sharded forward "
                       "takes the embeddings of whole images (tfcompat.embed_inputs) sliced per rank",
                       supported="Ulysses for vision-language models whose forward takes inputs_embeds",
                       fix="patch without ulysses_group, or use a transformers release whose forward takes them")

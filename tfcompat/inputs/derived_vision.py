@@ -136,7 +136,8 @@ def embed_derived(r: Resolved, model: torch.nn.Module, input_ids: Any, vision: d
     v = r.entry.derived_vision
     if v is not None and v.embeds_need_ids:
         raise r.error(InvalidInputError, f"{r.family} cannot take embeddings computed outside its forward",
-                      why=f"{v.model}'s forward on this release raises for inputs_embeds without input_ids",
+                      why=f"{v.model}'s forward on this release takes no inputs_embeds without input_ids (or "
+                      "without pixel values)",
                       fix="pass input_ids and the vision inputs to the model (the tower runs inside its forward); "
                       "Ulysses with images needs a release whose forward takes inputs_embeds")
     if v is not None and v.token_inputs:
@@ -315,6 +316,12 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
                               fix=f"pass one {name} entry per token")
             inputs[name] = torch.cat(types)[None].to(ids.device)  # (L_i,) each -> (1, T)
             continue
+        mask = name.removesuffix("input_ids") + "attention_mask"
+        if (name.endswith("_input_ids") and mask in vision_keys and len({p.shape[-1] for p in parts}) > 1
+                and any(ex.get(name) is not None and ex.get(mask) is None for ex in examples)):
+            raise r.error(InvalidInputError, f"tfcompat.pack: {name} differ in length and some example has no {mask}",
+                          why=f"pack pads {name} with zeros at the end; without {mask} the padding would be read "
+                          "as tokens", fix=f"pass each example's {mask} (its processor returns it)")
         inputs[name] = _concat(parts, dim=1 if batched and all(p.ndim >= 2 and p.shape[0] == 1 for p in parts) else 0)
     shifted = None
     if all(has_labels):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -198,7 +199,7 @@ def derive(model_type: str, version: str, text_type: str | None,
         model=top.__name__, hops=tuple((c.__name__, a) for c, a in hops), owner=owner.__name__,
         language_model_attr=lm_attr, tower_attrs=towers, projector_attrs=projectors, text_family=text_type,
         placeholder=placeholder, owner_mask=owner_mask, mask_inputs=mask_inputs, batched_images=_batched(owner),
-        embeds_need_ids=any(_refuses_embeds_alone(c) for c, _ in hops),
+        embeds_need_ids=any(_refuses_embeds_alone(c) or _requires_pixels(c) for c, _ in hops),
         token_inputs=_token_inputs(owner, lm_attr, text_cls), positions_call=positions_call,
         visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else (), position_offset=offset)
     release = versions.parse(version).release
@@ -293,9 +294,10 @@ def _submodules(module: Any, owner: type, lm_attr: str) -> tuple[tuple[str, ...]
 def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
     """Why ``cls.forward`` may not hand a packed row on to ``self.attr`` ("" when it does): every call of it passes
     ``position_ids=position_ids`` (or, where the forward names no such parameter, leaves them in) the forward's
-    ``**kwargs``, the forward assigns no ``position_ids``, and to a
-    language model (``text_model`` given: its class) passes nothing but `LANGUAGE_MODEL_KEYWORDS`, what the text
-    model computes itself (`_text_model_computes`) and features it adds at masked tokens (`_added_at_mask`)."""
+    ``**kwargs`` (of a language model, the calls of a decoder-only one: those passing no ``decoder_input_ids``),
+    the forward assigns no ``position_ids``, and to a language model (``text_model`` given: its class) passes
+    nothing but `LANGUAGE_MODEL_KEYWORDS`, what the text model computes itself (`_text_model_computes`) and features
+    it adds at masked tokens (`_added_at_mask`)."""
     fn = _method(cls, "forward")
     if fn is None:
         return f"{cls.__name__}.forward cannot be read"
@@ -303,6 +305,8 @@ def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
     calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == f"self.{attr}"]
     if not calls:
         return f"{cls.__name__}.forward does not call self.{attr}"
+    if text_model is not None:  # the call for a decoder-only language model only (BLIP-2's other builds a seq2seq one)
+        calls = [c for c in calls if "decoder_input_ids" not in {k.arg for k in c.keywords}] or calls
     for call in calls:
         keywords = {k.arg: ast.unparse(k.value) for k in call.keywords if k.arg is not None}
         named = "position_ids" in {a.arg for a in fn.args.args + fn.args.kwonlyargs}  # else they travel in **kwargs
@@ -489,6 +493,12 @@ def _refuses_embeds_alone(cls: type) -> bool:
         isinstance(n, ast.If) and isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And)
         and {"inputs_embeds is not None", "input_ids is None"} <= {ast.unparse(v) for v in n.test.values}
         and any(isinstance(b, ast.Raise) for b in n.body) for n in ast.walk(fn))
+
+
+def _requires_pixels(cls: type) -> bool:
+    """Whether ``cls.forward`` takes ``pixel_values`` without a default (BLIP-2's): no call of embeddings alone."""
+    param = inspect.signature(cls.forward).parameters.get("pixel_values")
+    return param is not None and param.default is inspect.Parameter.empty
 
 
 def _batched(owner: type) -> bool:

@@ -192,7 +192,8 @@ class VisionDerivation:
     language model's attention mask ("attention_mask": the caller's); mask_inputs: the owner's forward parameters
     that shape a mask it builds itself (token types: bidirectional attention within images); batched_images: the
     owner reads pixel values as ``(B, images, ...)`` (one row of the batch per text row), not ``(images, ...)``;
-    embeds_need_ids: a forward on the way raises for ``inputs_embeds`` without ``input_ids`` (4.53's Idefics2), so
+    embeds_need_ids: a forward on the way raises for ``inputs_embeds`` without ``input_ids`` (4.53's Idefics2) or
+    requires ``pixel_values`` (BLIP-2), so
     embeddings computed outside it (`tfcompat.embed_inputs`, Ulysses) cannot be fed to it; token_inputs: what the
     owner computes from the token ids for its language model besides the embeddings (Gemma 4's ``per_layer_inputs``),
     which embeddings computed outside it do not carry; positions_call: where the owner numbers M-RoPE positions
