@@ -349,11 +349,14 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
 
     config: Any = model.config
     token_id = _image_token_id(config)
+    kind = "image"
+    if token_id is None and _video_token_id(config) is not None:  # a video model whose pixel values are frames
+        token_id, kind = _video_token_id(config), "video"  # (InstructBLIP-Video): a one-frame video is the image
     vision = getattr(config, "vision_config", None)
     if token_id is None or vision is None:
         raise _error(config.model_type, "the config names no image token id or no vision config")
-    features = getattr(model, "get_image_features", None) or getattr(getattr(model, "model", None),
-                                                                    "get_image_features", None)
+    features = getattr(model, f"get_{kind}_features", None) or getattr(getattr(model, "model", None),
+                                                                      f"get_{kind}_features", None)
     if features is None:
         raise _error(config.model_type, "the model has no get_image_features")
     hidden = config.get_text_config().hidden_size
@@ -374,7 +377,7 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
             ids = torch.randint(sub.vocab_size, (1, 5), generator=g)
             mask = {name.removesuffix("input_ids") + "attention_mask": torch.ones_like(ids)}
             layouts = [{**layout, name: ids, **{k: v for k, v in mask.items() if k in params}} for layout in layouts]
-    return _first_fit(config.model_type, "image", features, layouts, hidden, token_id,
+    return _first_fit(config.model_type, kind, features, layouts, hidden, token_id,
                       lambda layout: _required_from_config(features, config, layout))
 
 
@@ -388,8 +391,7 @@ def tiny_video(model: torch.nn.Module, seed: int = 0) -> TinyImage:
     import torch
 
     config: Any = model.config
-    token_id = next((v for k in ("video_token_id", "video_token_index") if isinstance(v := getattr(config, k, None),
-                                                                                      int)), None)
+    token_id = _video_token_id(config)
     vision = getattr(config, "vision_config", None)
     features = getattr(model, "get_video_features", None) or getattr(getattr(model, "model", None),
                                                                     "get_video_features", None)
@@ -441,6 +443,11 @@ def _required_from_config(fn: Any, config: Any, given: dict[str, Any]) -> dict[s
                 if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n not in given]
     return {n: next(getattr(h, n) for h in holders if hasattr(h, n)) for n in required
             if any(hasattr(h, n) for h in holders)}
+
+
+def _video_token_id(config: Any) -> int | None:
+    return next((v for k in ("video_token_id", "video_token_index") if isinstance(v := getattr(config, k, None), int)),
+                None)
 
 
 def _image_token_id(config: Any) -> int | None:

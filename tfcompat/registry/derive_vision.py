@@ -305,11 +305,18 @@ def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
     calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == f"self.{attr}"]
     if not calls:
         return f"{cls.__name__}.forward does not call self.{attr}"
+    named = "position_ids" in {a.arg for a in fn.args.args + fn.args.kwonlyargs}  # else they travel in **kwargs
+    leaks = sorted({ast.unparse(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call) and var_kw is not None
+                    and ast.unparse(n.func).startswith("self.") and ast.unparse(n.func) not in (
+                        f"self.{attr}", "self.loss_function")
+                    and any(k.arg is None and ast.unparse(k.value) == var_kw for k in n.keywords)})
+    if not named and leaks:  # InstructBLIP-Video's Q-Former would read the row's positions as its own
+        return (f"{cls.__name__}.forward hands its **{var_kw}, which carry the position ids, to {', '.join(leaks)} "
+                f"besides self.{attr}")
     if text_model is not None:  # the call for a decoder-only language model only (BLIP-2's other builds a seq2seq one)
         calls = [c for c in calls if "decoder_input_ids" not in {k.arg for k in c.keywords}] or calls
     for call in calls:
         keywords = {k.arg: ast.unparse(k.value) for k in call.keywords if k.arg is not None}
-        named = "position_ids" in {a.arg for a in fn.args.args + fn.args.kwonlyargs}  # else they travel in **kwargs
         if keywords.get("position_ids") != "position_ids" and (named or "position_ids" in keywords):
             return f"{cls.__name__}.forward passes position_ids={keywords.get('position_ids')} to self.{attr}"
         if var_kw is None or not any(k.arg is None and ast.unparse(k.value) == var_kw for k in call.keywords):
