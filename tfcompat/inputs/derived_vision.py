@@ -81,7 +81,9 @@ def mrope_positions(r: Resolved, owner: torch.nn.Module, call: tuple[str, tuple[
     """``(4, B, L)`` = ``[text; t; h; w]`` for ``input_ids (B, L)`` of a derived M-RoPE family: the M-RoPE rows from
     the owner's own numbering ``call`` (`tfcompat.registry.records.VisionDerivation.positions_call`: what its
     forward computes when given no positions), called with ``inputs`` (its forward's vision inputs by name) and no
-    cache; the owner's state (``rope_deltas``) is left as it was. Rows it numbers none for (text only) count like
+    cache, after the forward's own statements computing the locals it reads from those inputs
+    (`VisionDerivation.positions_locals`); the owner's state (``rope_deltas``) is left as it was. Rows it numbers
+    none for (text only) count like
     the text row. ``mm_token_type_ids`` it needs and is not given: 1 at the image token, 2 at the video token
     (the processors' convention)."""
     method, keywords = call
@@ -93,6 +95,11 @@ def mrope_positions(r: Resolved, owner: torch.nn.Module, call: tuple[str, tuple[
         given["mm_token_type_ids"] = _token_types(owner.config, input_ids)
     if "inputs_embeds" in (n for _, n in keywords):
         given["inputs_embeds"] = cast(Any, owner).get_input_embeddings()(input_ids)
+    v = r.entry.derived_vision
+    for name, statement in v.positions_locals if v is not None else ():  # read from the forward: its parameters
+        scope = {k: given.get(k) for k in inspect.signature(owner.forward).parameters}  # and torch alone
+        exec(statement, {"torch": torch}, scope)  # noqa: S102 -- the owner's own statement (`_local_of_params`)
+        given[name] = scope[name]
     state = dict(vars(owner))  # the method records rope_deltas for generation: a call from here must not
     if "rope_deltas" in state:  # and reads those of an earlier call (some releases): numbered as a fresh model
         setattr(owner, "rope_deltas", None)  # noqa: B010 -- a plain attribute of the owner, not a submodule

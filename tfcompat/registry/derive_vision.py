@@ -201,7 +201,8 @@ def derive(model_type: str, version: str, text_type: str | None,
         placeholder=placeholder, owner_mask=owner_mask, mask_inputs=mask_inputs, batched_images=_batched(owner),
         embeds_need_ids=any(_refuses_embeds_alone(c) or _requires_pixels(c) for c, _ in hops),
         token_inputs=_token_inputs(owner, lm_attr, text_cls), positions_call=positions_call,
-        visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else (), position_offset=offset)
+        visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else (), position_offset=offset,
+        positions_locals=_positions_locals(owner, positions_call))
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
@@ -363,9 +364,44 @@ def _own_positions_call(node: ast.stmt, owner: type) -> tuple[str, tuple[tuple[s
     params = {a.arg for a in fn.args.args + fn.args.kwonlyargs} - assigned if fn is not None else set()
     keywords = tuple((k.arg, ast.unparse(k.value)) for k in node.value.keywords if k.arg is not None)
     if (func == method or not method.isidentifier() or not callable(getattr(owner, method, None))
-            or len(keywords) != len(node.value.keywords) or any(v not in params | {"None"} for _, v in keywords)):
+            or len(keywords) != len(node.value.keywords)
+            or any(v not in params | {"None"} and not _local_of_params(fn, v, params) for _, v in keywords)):
         return ()
     return method, keywords
+
+
+def _local_of_params(fn: ast.FunctionDef | None, name: str, params: set[str]) -> str:
+    """The source of the one statement of ``fn`` that assigns ``name`` from its parameters alone: ``if p is not
+    None: name = <expression of parameters and torch> else: name = None`` (Qwen-Omni's ``audio_feature_lengths =
+    torch.sum(feature_attention_mask, dim=1)``); "" where ``name`` is assigned otherwise. `mrope_positions` runs it
+    on the caller's inputs before the owner's numbering."""
+    if fn is None or not name.isidentifier():
+        return ""
+    found = [n for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(
+        isinstance(t, ast.Name) and t.id == name for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+    ifs = [g for g in fn.body if isinstance(g, ast.If) and len(g.body) >= 1 and len(g.orelse) == 1]
+    for g in ifs:
+        body = [b for b in g.body if isinstance(b, ast.Assign) and [ast.unparse(t) for t in b.targets] == [name]]
+        other = g.orelse[0]
+        if (len(body) != 1 or not isinstance(other, ast.Assign) or [ast.unparse(t) for t in other.targets] != [name]
+                or ast.unparse(other.value) != "None" or {id(n) for n in found} != {id(body[0]), id(other)}):
+            continue
+        names = {n.id for n in ast.walk(g.test) if isinstance(n, ast.Name)} | {
+            n.id for n in ast.walk(body[0].value) if isinstance(n, ast.Name)}
+        if names <= params | {"torch"} and not any(isinstance(n, ast.Attribute) and ast.unparse(n.value) == "self"
+                                                   for n in ast.walk(body[0].value)):
+            return ast.unparse(ast.If(test=g.test, body=body, orelse=[other]))
+    return ""
+
+
+def _positions_locals(owner: type, call: tuple[str, tuple[tuple[str, str], ...]] | tuple[()]
+                      ) -> tuple[tuple[str, str], ...]:
+    """``(name, statement)`` of the locals the owner's numbering ``call`` reads (`_local_of_params`)."""
+    fn = _method(owner, "forward")
+    if not call or fn is None:
+        return ()
+    params = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+    return tuple((v, src) for _, v in call[1] if (src := _local_of_params(fn, v, params)))
 
 
 def _four_rows(text_model: type) -> bool:

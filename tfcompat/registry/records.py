@@ -202,7 +202,9 @@ class VisionDerivation:
     model's keywords ``(mask, features)`` for features it adds at the masked tokens (DeepStack's
     ``visual_pos_masks``, ``deepstack_visual_embeds``), which the owner hands it (`tfcompat.embed_inputs` returns
     them as `tfcompat.core.extras.VisualExtras`); position_offset: where the owner, given no positions, starts each
-    sequence's text row (PaliGemma's 1); a packed row's text model gets the contract's row plus it.
+    sequence's text row (PaliGemma's 1); a packed row's text model gets the contract's row plus it; positions_locals:
+    ``(name, statement)`` for each local of the owner's forward that its numbering reads, computed from the forward's
+    parameters alone (Qwen-Omni's ``audio_feature_lengths``), run on a sequence's inputs before the numbering.
     """
 
     model: str
@@ -221,6 +223,7 @@ class VisionDerivation:
     positions_call: tuple[str, tuple[tuple[str, str], ...]] | tuple[()] = ()
     visual_extras: tuple[str, str] | tuple[()] = ()
     position_offset: int = 0
+    positions_locals: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
