@@ -501,6 +501,8 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
                         "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16).bool()})
     image = torch.randn(1, channels, size, size, generator=g)
     layouts += [{"pixel_values": image}, {"pixel_values": image[:, None]}]
+    if "pixel_attention_mask" in params:  # tiles of an image and which are real (Granite-Docling: (B, tiles))
+        layouts.append({"pixel_values": image[:, None], "pixel_attention_mask": torch.ones(1, 1, dtype=torch.bool)})
     if "image_sizes" in params:  # any-resolution (LLaVA-NeXT): the base image and one tile of the 32 x 32 grid
         sizes = torch.tensor([[size, size]])
         layouts += [{"pixel_values": image, "image_sizes": sizes},
