@@ -723,3 +723,27 @@ def test_decoder_only_branch_and_sub_model_text():
     examples[0].pop("qformer_attention_mask")
     with pytest.raises(tfcompat.InvalidInputError, match="qformer_input_ids differ in length"):
         tfcompat.pack(model, examples)
+
+
+@pytest.mark.skipif("qwen4_exp" not in derive_vision.vision_types(), reason="transformers has no qwen4_exp here")
+def test_owner_hands_the_ids_the_text_model_would_look_up():
+    """Qwen4-Exp's owner hands its language model ``ple_input_ids`` (the token ids, or the text model's
+    ``reverse_embedding`` of the embeddings), which the text model computes alike when not given: accepted
+    (`_lookups`); with per-layer embeddings on, packed with images equals stock per sequence; embeddings alone are
+    refused, typed (they do not carry the ids)."""
+    from tests.every_type import compare, vlm_examples
+    from tfcompat.tiny_models import tiny_config, tiny_model
+
+    entry = tfcompat.resolve("qwen4_exp").entry
+    assert entry.derived_vision is not None and entry.derived_vision.token_inputs == ("ple_input_ids",)
+    config = tiny_config("qwen4_exp", "image_text_to_text")
+    config.text_config.ple_layer_ids, config.text_config.ple_embed_dim = [0], 16
+    model = tiny_model("qwen4_exp", kind="image_text_to_text", config=config)
+    examples = vlm_examples(model)
+    with torch.no_grad():
+        expected = [model(**ex).logits[0] for ex in examples]
+        with tfcompat.patch(model):
+            inputs = tfcompat.pack(model, examples).model_inputs
+            assert compare(model(**inputs).logits[0], expected) <= 1e-5
+            with pytest.raises(tfcompat.InvalidInputError, match="also hands its language model ple_input_ids"):
+                tfcompat.embed_inputs(model, inputs["input_ids"])

@@ -75,7 +75,8 @@ _SIZES: dict[str, int] = {
     "mamba_head_dim": 16, "mamba_headdim": 16, "mamba_d_ssm": 128, "ssm_state_size": 16, "state_size": 16,
     "mamba_chunk_size": 16, "chunk_size": 16,  # the torch SSD scan pads to whole chunks
     # vision towers: 32 x 32 images of 8 x 8 patches (a 4 x 4 grid, divisible by the usual 2 x 2 merges)
-    "image_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 64, "out_hidden_size": 64, "projection_dim": 64, "output_dim": 64,
+    "image_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 64, "out_hidden_size": 64, "projection_dim": 64,
+    "output_dim": 64,
     "mm_tokens_per_image": 4, "vision_hidden_size": 64, "text_hidden_size": 64, "vision_output_dim": 64,
     "projector_input_dim": 64, "projector_output_dim": 64, "projection_hidden_size": 64,
     "mm_embed_dim": 64, "output_proj_dims": 64, "mm_posemb_size": 16,  # Gemma 4 unified's tower and its positions

@@ -415,23 +415,37 @@ def _four_rows(text_model: type) -> bool:
 def _text_model_computes(fn: ast.FunctionDef, attr: str, keyword: str, value: str, text_model: type) -> bool:
     """Whether ``fn`` (an owner's forward) passes its language model ``self.attr`` as ``keyword`` only what the text
     model's own forward computes for it when not given: the value is a name (``per_layer_inputs``) that ``fn`` takes
-    as a parameter (the caller's own) or assigns only as None or ``self.attr.<method>(...)``, and ``text_model.forward``
-    takes ``keyword`` and assigns it from ``self.<method>(...)`` itself (Gemma 3n's and Gemma 4's per-layer inputs: a
-    lookup of each token). Such a value is what the patched text model computes on a packed row, token by token."""
+    as a parameter (the caller's own) or assigns only as None or the lookups the text model makes (`_lookups`:
+    ``self.attr.<method>(...)``, the ids themselves), and ``text_model.forward`` takes ``keyword`` and assigns it
+    from those lookups itself (Gemma 3n's and Gemma 4's per-layer inputs: ``self.get_per_layer_inputs(...)``;
+    Qwen4-Exp's ``ple_input_ids = input_ids if input_ids is not None else self.reverse_embedding(...)``). Such a
+    value is what the patched text model computes on a packed row, token by token."""
     text_fn = _method(text_model, "forward")
     if text_fn is None or keyword not in {a.arg for a in text_fn.args.args + text_fn.args.kwonlyargs}:
         return False
-    own = {ast.unparse(n.value.func)[len("self."):] for n in ast.walk(text_fn) if isinstance(n, ast.Assign)
-           and [ast.unparse(t) for t in n.targets] == [keyword] and isinstance(n.value, ast.Call)
-           and ast.unparse(n.value.func).count(".") == 1 and ast.unparse(n.value.func).startswith("self.")}
+    own = {f for n in ast.walk(text_fn) if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == [
+        keyword] and keyword not in {x.id for x in ast.walk(n.value) if isinstance(x, ast.Name)}  # a change of
+        for f in _lookups(n.value, "self.")}  # the value given or computed (Qwen4-Exp's masking) applies to both
     assigns = [n for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
                and any(isinstance(t, ast.Name) and t.id == value
                        for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
     params = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
-    return value.isidentifier() and (bool(assigns) or value in params) and all(
-        isinstance(n, ast.Assign) and len(n.targets) == 1 and (ast.unparse(n.value) == "None" or (  # none: its own
-            isinstance(n.value, ast.Call) and ast.unparse(n.value.func).rsplit(".", 1)[0] == f"self.{attr}"
-            and ast.unparse(n.value.func).rsplit(".", 1)[-1] in own)) for n in assigns)
+    return value.isidentifier() and "" not in own and (bool(assigns) or value in params) and all(
+        isinstance(n, ast.Assign) and len(n.targets) == 1 and (ast.unparse(n.value) == "None" or (
+            bool(_lookups(n.value, f"self.{attr}.")) and _lookups(n.value, f"self.{attr}.") <= own))
+        for n in assigns)
+
+
+def _lookups(expr: ast.expr, prefix: str) -> set[str]:
+    """What ``expr`` computes a per-token input from: ``method`` for ``<prefix><method>(...)`` (one attribute
+    deep), the name of the ids it passes on (``input_ids``), either branch of a conditional; "" for anything else."""
+    if isinstance(expr, ast.IfExp):
+        return _lookups(expr.body, prefix) | _lookups(expr.orelse, prefix)
+    if isinstance(expr, ast.Name) and expr.id == "input_ids":
+        return {"input_ids"}
+    func = ast.unparse(expr.func) if isinstance(expr, ast.Call) else ""
+    method = func.removeprefix(prefix)
+    return {method} if func.startswith(prefix) and method.isidentifier() else {""}
 
 
 def _added_at_mask(text_model: type) -> tuple[str, str] | tuple[()]:
