@@ -101,6 +101,9 @@ _LAYER_INDICES = ("global_attn_indexes",)
 # indices of a tower's layers whose features are tapped (DeepStack: each feeds one decoder layer): the tiny tower's
 # first layers, as many as it has
 _TAPPED_LAYERS = ("deepstack_visual_indexes",)
+# One layer index of the full-size tower: where MiniCPM-V inserts its window merger (past a tiny tower's layers, the
+# merger never runs while the features are still split by the merged sizes)
+_LAYER_INDEX = ("insert_layer_id",)
 
 # Additions to the generic shrink, by config class, each with the reason the generic one fails.
 _OVERRIDES: dict[str, dict[str, Any]] = {
@@ -482,6 +485,10 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
     if "spatial_shapes" in params:  # SigLIP2 NaFlex (LFM2-VL): (B, N, C*p*p) patches, their grid, a patch mask
         layouts.append({"pixel_values": torch.randn(1, 16, channels * patch * patch, generator=g),
                         "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16).bool()})
+    if "target_sizes" in params:  # NaViT-packed (MiniCPM-V): one entry, each patch a (C, p, p) column block along the
+        side = size // patch  # last dim, (1, C, p, N * p); the image and one slice, their (h, w) grids of patches
+        layouts.append({"pixel_values": torch.randn(1, channels, patch, 2 * side * side * patch, generator=g),
+                        "target_sizes": torch.tensor([[side, side]] * 2, dtype=torch.int32)})
     image = torch.randn(1, channels, size, size, generator=g)
     layouts += [{"pixel_values": image}, {"pixel_values": image[:, None]}]
     if "image_sizes" in params:  # any-resolution (LLaVA-NeXT): the base image and one tile of the 32 x 32 grid
@@ -642,6 +649,11 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
     for key in _TAPPED_LAYERS:
         if isinstance(values.get(key), (list, tuple)) and values[key]:
             kwargs[key] = list(range(min(len(values[key]), depth)))
+    for key in _LAYER_INDEX:  # the tiny tower's last layer but one (a layer runs after it); a parent's copy, which it
+        # hands its sub-config, follows the sub-config holding the same key
+        holder = next((kwargs[n] for n in subs if hasattr(kwargs[n], key)), None)
+        if isinstance(values.get(key), int):
+            kwargs[key] = max(min(values[key], getattr(holder, "num_hidden_layers", layers) - 2), 0)
     for key, value in kwargs.items():
         if key in patterns and isinstance(value, list):
             kwargs[key] = value[:layers]  # a per-layer size (gemma3n's intermediate_size), shrunk above

@@ -7,7 +7,9 @@ the language model (a forward pre-hook that records them and stops the forward).
 ``0 .. L-1`` per sequence over attended tokens, and where the model numbers M-RoPE itself, below it the rows its own
 method numbers for each sequence alone (`mrope_positions`). A packed row concatenates the examples' tokens and their
 vision inputs in sequence order: on dim 0 (``(images, ...)``), or on dim 1 where the owner reads ``(B, images,
-...)``, zero-padded to the largest trailing shape as processors pad a batch.
+...)``, zero-padded to the largest trailing shape as processors pad a batch; an input the processors return as one
+entry holding every item along an axis (``VisionDerivation.item_axes``: MiniCPM-V's patches on the last dim) is
+concatenated on that axis.
 """
 
 from __future__ import annotations
@@ -299,6 +301,7 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
         positions = torch.cat([torch.arange(len(x), device=ids.device) for x in ids_list])[None]  # (T,) -> (1, T)
     inputs: dict[str, Any] = {"input_ids": ids, "position_ids": positions}
     batched = v is not None and v.batched_images
+    item_axes = dict(v.item_axes) if v is not None else {}
     for name in sorted(vision_keys):
         try:  # a processor called without return_tensors gives lists of numbers (LLaVA-OneVision's image counts)
             parts = [torch.as_tensor(ex[name]) for ex in examples if ex.get(name) is not None]
@@ -315,6 +318,10 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
                               fix=f"pass one {name} entry per token")
             inputs[name] = torch.cat(types)[None].to(ids.device)  # (L_i,) each -> (1, T)
             continue
+        axis = item_axes.get(name)
+        if axis is not None and all(p.ndim > 1 and p.shape[0] == 1 for p in parts):  # one entry holding the items
+            inputs[name] = _items_along(r, name, parts, axis)
+            continue
         inputs[name] = _concat(parts, dim=1 if batched and all(p.ndim >= 2 and p.shape[0] == 1 for p in parts) else 0)
     shifted = None
     if all(has_labels):
@@ -322,6 +329,18 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
         inputs["labels"] = mask_starts(labels, seqs, ignore_index)
         shifted = shift_labels(labels, seqs, ignore_index)
     return inputs, shifted, seqs
+
+
+def _items_along(r: Resolved, name: str, parts: list[torch.Tensor], axis: int) -> torch.Tensor:
+    """``parts`` ``(1, ..., n_i, ...)`` concatenated on ``axis`` (their items: MiniCPM-V's patches, ``(1, C, p,
+    n_i * p)`` -> ``(1, C, p, sum n_i * p)``), as the processor batches them; `InvalidInputError` where the other
+    dims differ."""
+    others = {tuple(s for d, s in enumerate(p.shape) if d != axis % p.ndim) for p in parts}
+    if len({p.ndim for p in parts}) != 1 or len(others) != 1:
+        raise r.error(InvalidInputError, f"tfcompat.pack: the examples' {name} differ outside their item axis {axis}",
+                      why=f"shapes {[tuple(p.shape) for p in parts]}; the processor concatenates a batch's items on "
+                      f"dim {axis} of one entry", fix="process every example with the same processor settings")
+    return torch.cat(parts, dim=axis)
 
 
 def _concat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 
 from ..errors import PatchError, TfcompatError, UnknownFamilyError
-from . import versions
+from . import batching, versions
 from .derive import _built_classes, _method, causal_lm_types
-from .records import TEXT_ROLES, Entry, Family, VisionDerivation
+from .records import TEXT_MODULE_ROLES, Entry, Family, VisionDerivation
 
 __all__ = ["LANGUAGE_MODEL_KEYWORDS", "default_text_type", "derive", "vision_key", "vision_types"]
 
@@ -143,9 +143,6 @@ def derive(model_type: str, version: str, text_type: str | None,
             else "is not a text family tfcompat patches"),
             f"{type(exc).__name__}: {exc.what}" + (f" ({exc.why})" if exc.why else ""),
             fix=exc.fix or "run it unpatched") from None
-    if text.linear_attention is not None:
-        raise refuse(f"its language model {text_type} is a hybrid (linear attention)",
-                     "the packed linear-attention layers are bridged for written families only")
     if lm_attr is None:
         raise _no_language_model(refuse, top, owner, module)
     hops.append((owner, lm_attr))
@@ -172,10 +169,12 @@ def derive(model_type: str, version: str, text_type: str | None,
                          "a packed row's M-RoPE position ids go to the text model as (4, B, L) = [text; t; h; w]; "
                          f"this text model takes {'(B, L)' if layout == 'text' else '(3, B, L)'} or another number "
                          "of rows")
-    elif layout != "text":
+    elif layout != "text" and not _row_in_every_axis(text_cls):
         raise refuse(f"its language model {text_type} takes M-RoPE positions",
                      f"{owner.__name__}.forward numbers no M-RoPE positions itself (no `position_ids = self.<method>"
                      "(...)` when none are given) for tfcompat to call per sequence")
+    else:  # 1-D positions: an M-RoPE text model given none numbers the row in every axis, as it expands a (B, L) row
+        layout = "text"
     owner_mask = _passed(owner, lm_attr, "attention_mask")
     forward = _method(owner, "forward")
     params = [a.arg for a in forward.args.args + forward.args.kwonlyargs] if forward is not None else []
@@ -196,13 +195,13 @@ def derive(model_type: str, version: str, text_type: str | None,
         placeholder=placeholder, owner_mask=owner_mask, mask_inputs=mask_inputs, batched_images=_batched(owner),
         embeds_need_ids=any(_refuses_embeds_alone(c) for c, _ in hops),
         token_inputs=_token_inputs(owner, lm_attr, text_cls), positions_call=positions_call,
-        visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else ())
+        visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else (), item_axes=batching.item_axes(key))
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
         versions=versions.VersionRange(f"{release[0]}.{release[1]}", f"{release[0]}.{release[1] + 1}"),
         module=module.__name__, text_module=text.module_of("text_model"),
-        classes={**{r: text.classes[r] for r in TEXT_ROLES if r in text.classes}, "model": owner.__name__,
+        classes={**{r: text.classes[r] for r in TEXT_MODULE_ROLES if r in text.classes}, "model": owner.__name__,
                  "for_causal_lm": top.__name__},
         vision=None, rope_index_deviations=(), known_issues=(), derived_vision=derivation, text_model_positions=layout,
         why=f"derived from {module.__name__} on transformers {version}; text model as {text_type}'s {text.versions} "
@@ -358,6 +357,25 @@ def _four_rows(text_model: type) -> bool:
     fn = _method(text_model, "forward")
     return fn is not None and any(isinstance(n, ast.Compare) and ast.unparse(n) == "position_ids.shape[0] == 4"
                                   for n in ast.walk(fn))
+
+
+def _row_in_every_axis(text_model: type) -> bool:
+    """Whether ``text_model.forward`` (an M-RoPE text model) takes ``(B, L)`` position ids as the row of every axis
+    (``elif position_ids.ndim == 2: position_ids = position_ids[None, ...].expand(n, B, -1)``) and, given none,
+    counts that row from 0 in every axis (`_counts_the_row`): what an owner numbering no M-RoPE gives it either way
+    (MiniCPM-V's Qwen3.5 text model)."""
+    fn = _method(text_model, "forward")
+    tests = {"position_ids.ndim == 2": False, "position_ids is None": False}
+    for node in ast.walk(fn) if fn is not None else []:
+        test = ast.unparse(node.test) if isinstance(node, ast.If) else ""
+        if test not in tests:
+            continue
+        sets = [n for n in node.body if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == [
+            "position_ids"]]
+        expands = all(ast.unparse(n.value).startswith(("position_ids[None, ...].expand(",
+                                                       "position_ids.unsqueeze(0).expand(")) for n in sets)
+        tests[test] = bool(sets) and (expands if test == "position_ids.ndim == 2" else all(map(_counts_the_row, sets)))
+    return all(tests.values())
 
 
 def _text_model_computes(fn: ast.FunctionDef, attr: str, keyword: str, value: str, text_model: type) -> bool:

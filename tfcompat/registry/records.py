@@ -14,9 +14,9 @@ import torch
 from . import versions
 
 __all__ = [
-    "TEXT_ROLES", "AttentionCall", "CacheKwarg", "Derivation", "Entry", "Family", "LinearAttention",
-    "LinearProjections", "MixerCall", "MixerRole", "RopeConfigKey", "Rotary", "RotaryLayout", "TextModelLayout",
-    "VisionDerivation", "VisionItem", "VisionOutput", "VisionTower",
+    "TEXT_MODULE_ROLES", "TEXT_ROLES", "AttentionCall", "CacheKwarg", "Derivation", "Entry", "Family",
+    "LinearAttention", "LinearProjections", "MixerCall", "MixerRole", "RopeConfigKey", "Rotary", "RotaryLayout",
+    "TextModelLayout", "VisionDerivation", "VisionItem", "VisionOutput", "VisionTower",
 ]
 
 RotaryLayout = Literal["sectioned", "folded"]
@@ -32,6 +32,8 @@ VisionItem = tuple[Literal["image", "video"], tuple[int, int, int]]
 VisionOutput = Literal["tensors", "model_output"]
 # the roles of the text model's own classes (in `Entry.text_module` where the text model comes from another module)
 TEXT_ROLES = ("attention", "rotary", "text_model", "decoder_layer")
+# the roles `Entry.text_module` holds: the text roles, and a hybrid text model's linear-attention class
+TEXT_MODULE_ROLES = (*TEXT_ROLES, "linear_attention")
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,10 @@ class VisionDerivation:
     ``(keyword, source)`` (() for a 1-D RoPE text model: the text row is all there is); visual_extras: the text
     model's keywords ``(mask, features)`` for features it adds at the masked tokens (DeepStack's
     ``visual_pos_masks``, ``deepstack_visual_embeds``), which the owner hands it (`tfcompat.embed_inputs` returns
-    them as `tfcompat.core.extras.VisualExtras`).
+    them as `tfcompat.core.extras.VisualExtras`); item_axes: ``(input, axis)`` of each vision input its processors
+    return as one batch entry holding every item along ``axis`` (MiniCPM-V's ``pixel_values`` ``(1, C, p, N * p)``:
+    -1), which a packed row concatenates there (`tfcompat.registry.batching`); the other inputs hold their items on
+    dim 0 (or 1: ``batched_images``).
     """
 
     model: str
@@ -218,6 +223,7 @@ class VisionDerivation:
     token_inputs: tuple[str, ...] = ()
     positions_call: tuple[str, tuple[tuple[str, str], ...]] | tuple[()] = ()
     visual_extras: tuple[str, str] | tuple[()] = ()
+    item_axes: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -241,7 +247,7 @@ class Entry:
     known_issues: bugs of the stock forward in this range, by name (``"videos_rejected"``: the forward
         rejects every video; pass videos through `tfcompat.embed_inputs` instead).
     linear_attention: the family's linear-attention layers (None: every decoder layer is softmax attention).
-    text_module: the module holding the text roles (`TEXT_ROLES`) and the functions their attention calls
+    text_module: the module holding the text roles (`TEXT_MODULE_ROLES`) and the functions their attention calls
         (``rotary.apply``, ``repeat_kv``) when the model builds its text model from another family's module
         (GLM-4.6V: ``AutoModel.from_config(config.text_config)``); None: ``module``.
     derived: what a derived entry (`tfcompat.registry.derive`) was read from; None for a written table's entry.
@@ -270,7 +276,7 @@ class Entry:
 
     def module_of(self, role: str) -> str:
         """The module holding ``classes[role]``."""
-        return self.text_module if self.text_module is not None and role in TEXT_ROLES else self.module
+        return self.text_module if self.text_module is not None and role in TEXT_MODULE_ROLES else self.module
 
 
 @dataclass(frozen=True)
