@@ -459,7 +459,8 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
         windows = windows.permute(0, 2, 1, 3).reshape(-1, 4)
         layouts.append({"pixel_values": torch.randn(2, side * side, channels * patch * patch, generator=g),
                         "image_token_pooling": torch.cat([windows, windows + side * side]),
-                        "image_grids": torch.tensor([[side // 2] * 4])})  # [low h, low w, high h, high w]
+                        "image_grids": torch.tensor([[side // 2] * 4]),  # [low h, low w, high h, high w]
+                        **({"image_num_crops": torch.tensor([2])} if "image_num_crops" in params else {})})
     if "image_grid_thw" in params:  # flattened patches and their (t, h, w) grid (Qwen2-VL); Kimi takes them unflattened
         merge = _first_attr(vision, ("spatial_merge_size", "merge_size"), 2) or 1  # Muse Spark's names second
         merge = merge[0] if isinstance(merge, (list, tuple)) else merge

@@ -9,7 +9,8 @@ method numbers for each sequence alone (`mrope_positions`). A packed row concate
 vision inputs in sequence order: on dim 0 (``(images, ...)``), or on dim 1 where the owner reads ``(B, images,
 ...)``, zero-padded to the largest trailing shape as processors pad a batch; an input the processors return as one
 entry holding every item along an axis (``VisionDerivation.item_axes``: MiniCPM-V's patches on the last dim) is
-concatenated on that axis.
+concatenated on that axis; indices into the whole batch's patches (``VisionDerivation.batch_indices``: Molmo2's
+``image_token_pooling``) are shifted by the patches of the sequences before.
 """
 
 from __future__ import annotations
@@ -302,7 +303,10 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
     inputs: dict[str, Any] = {"input_ids": ids, "position_ids": positions}
     batched = v is not None and v.batched_images
     item_axes = dict(v.item_axes) if v is not None else {}
+    indexed = dict(v.batch_indices) if v is not None else {}
     for name in sorted(vision_keys):
+        if name in indexed:  # after the patches they index (below)
+            continue
         try:  # a processor called without return_tensors gives lists of numbers (LLaVA-OneVision's image counts)
             parts = [torch.as_tensor(ex[name]) for ex in examples if ex.get(name) is not None]
         except (TypeError, ValueError, RuntimeError) as exc:
@@ -323,12 +327,40 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
             inputs[name] = _items_along(r, name, parts, axis)
             continue
         inputs[name] = _concat(parts, dim=1 if batched and all(p.ndim >= 2 and p.shape[0] == 1 for p in parts) else 0)
+    for name, pixels in indexed.items():
+        if any(ex.get(name) is not None for ex in examples):
+            inputs[name] = _shifted_indices(r, examples, name, pixels).to(ids.device)
     shifted = None
     if all(has_labels):
         labels = torch.cat([ex["labels"].reshape(-1) for ex in examples])[None].to(ids.device)  # (T,) -> (1, T)
         inputs["labels"] = mask_starts(labels, seqs, ignore_index)
         shifted = shift_labels(labels, seqs, ignore_index)
     return inputs, shifted, seqs
+
+
+def _shifted_indices(r: Resolved, examples: Sequence[Mapping[str, Any]], name: str, pixels: str) -> torch.Tensor:
+    """Each example's ``name`` ``(n_i, k_i)`` (indices into the rows of its own ``pixels`` flattened to ``(rows, D)``,
+    as Molmo2's adapter flattens ``(crops, patches, D)``; -1 a padding slot) shifted by the rows of every earlier
+    example's ``pixels``, as the processor offsets a batch's images; ``(sum n_i, max k_i)``, padded with -1.
+    `InvalidInputError` where an example has indices without pixels, or the examples' pixels differ in their rows'
+    layout (the concatenation would pad them, moving the rows)."""
+    offset, parts = 0, []
+    layouts = {tuple(torch.as_tensor(ex[pixels]).shape[1:]) for ex in examples if ex.get(pixels) is not None}
+    if len(layouts) > 1:
+        raise r.error(InvalidInputError, f"tfcompat.pack: the examples' {pixels} differ in shape after dim 0",
+                      why=f"{name} indexes the rows of the flattened {pixels}; shapes {sorted(layouts)} would be "
+                      "padded, which moves the rows", fix="process every example with the same processor settings")
+    for i, ex in enumerate(examples):
+        if ex.get(name) is not None:
+            if ex.get(pixels) is None:
+                raise r.error(InvalidInputError, f"tfcompat.pack example {i} has {name} but no {pixels}",
+                              why=f"{name} indexes the rows of its {pixels}", fix=f"pass its {pixels}, or neither")
+            index = torch.as_tensor(ex[name])
+            parts.append(torch.where(index >= 0, index + offset, index))
+        if ex.get(pixels) is not None:
+            offset += torch.as_tensor(ex[pixels]).shape[:-1].numel()  # (crops, patches, D): crops * patches rows
+    width = max(p.shape[-1] for p in parts)
+    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[-1]), value=-1) for p in parts])
 
 
 def _items_along(r: Resolved, name: str, parts: list[torch.Tensor], axis: int) -> torch.Tensor:

@@ -1,12 +1,15 @@
-"""How a vision-language type's processors batch its vision inputs, read from their source with `ast`.
+"""How a vision-language type batches its vision inputs, read from its processors' and its model's source with `ast`.
 
 Most image and video processors return a batch's items (images, tiles, frames) on dim 0, and `tfcompat.pack`
 concatenates a packed row's there. NaViT-packing processors (MiniCPM-V) instead return a batch of one entry whose
 items lie along another axis: ``pixel_values = torch.cat(patches, dim=-1).unsqueeze(0)``, ``(1, C, p, N * p)``; the
 model reads that one entry (``pixel_values[:1]``) and splits it by the per-item sizes. A packed row is what the
-processor returns for all its examples' items at once, so `pack` concatenates such an input on that axis.
+processor returns for all its examples' items at once, so `pack` concatenates such an input on that axis
+(`item_axes`); the source is read, not imported: a processor whose backend is missing (torchvision) still names it.
 
-The source is read, not imported: a processor whose backend is missing (torchvision) still names its axis.
+Index inputs (Molmo2's ``image_token_pooling``: each image token pools patches by their row in the flattened patches)
+index the whole batch's patches unless the model offsets them per item itself (5.25's Molmo2 adds each image's
+patch offset in ``get_image_features``): `batch_indices` names those a packed row must shift.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import pathlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["item_axes"]
+from .derive import _method
+
+__all__ = ["batch_indices", "item_axes"]
 
 # (auto module, mapping) of the processors whose outputs are a model's vision inputs (a name is None where its backend
 # is missing: 5.x video processors without torchvision, which then process nothing)
@@ -126,3 +131,48 @@ def _concat_axis(call: ast.expr) -> int | None:
     except ValueError:
         return None
     return axis if isinstance(axis, int) else None
+
+
+def batch_indices(owner: type, names: list[str]) -> tuple[tuple[str, str], ...]:
+    """``(index input, pixel input)`` for each of ``names`` (parameters of ``owner.forward``: Molmo2's
+    ``image_token_pooling``) that indexes the rows of the whole batch's flattened patches: the pixel input is what the
+    forward's call handing it on (``self.get_image_features(pixel_values, image_token_pooling, ...)``) passes by a
+    ``pixel_values*`` name ("" where it passes none); a name the called method (or one it hands it to) offsets itself
+    (``image_token_pooling + offsets``: each item's indices its own) is left out."""
+    fn = _method(owner, "forward")
+    calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+             and ast.unparse(c.func.value) == "self"] if fn is not None else []
+    found = []
+    for name in names:
+        takers = [c for c in calls if name in _names_passed(c)]
+        if any(_offsets(owner, c, name) for c in takers):
+            continue
+        pixels = [p for c in takers for p in _names_passed(c) if p.startswith("pixel_values")]
+        found.append((name, pixels[0] if pixels else ""))
+    return tuple(found)
+
+
+def _names_passed(call: ast.Call) -> list[str]:
+    return [a.id for a in (*call.args, *(k.value for k in call.keywords)) if isinstance(a, ast.Name)]
+
+
+def _offsets(cls: type, call: ast.Call, name: str, depth: int = 3) -> bool:
+    """Whether the method of ``cls`` that ``call`` (``self.<method>(...)``) calls adds to the parameter it takes
+    ``name`` as (``image_token_pooling = torch.where(..., image_token_pooling + offsets, ...)``), or hands it to a
+    method of ``cls`` that does, ``depth`` calls down."""
+    method = _method(cls, call.func.attr) if isinstance(call.func, ast.Attribute) else None
+    if method is None or depth == 0:
+        return False
+    params = [a.arg for a in method.args.args[1:]]
+    taken = [params[i] for i, a in enumerate(call.args[:len(params)]) if isinstance(a, ast.Name) and a.id == name]
+    taken += [k.arg for k in call.keywords if k.arg and isinstance(k.value, ast.Name) and k.value.id == name]
+    if not taken:
+        return False
+    param = taken[0]
+    for node in ast.walk(method):
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == param for t in node.targets)
+                and any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Add)
+                        and param in (ast.unparse(b.left), ast.unparse(b.right)) for b in ast.walk(node.value))):
+            return True
+    return any(_offsets(cls, c, param, depth - 1) for c in ast.walk(method) if isinstance(c, ast.Call)
+               and isinstance(c.func, ast.Attribute) and ast.unparse(c.func.value) == "self")

@@ -179,12 +179,14 @@ def derive(model_type: str, version: str, text_type: str | None,
     forward = _method(owner, "forward")
     params = [a.arg for a in forward.args.args + forward.args.kwonlyargs] if forward is not None else []
     mask_inputs = tuple(p for p in params if p.endswith("token_type_ids")) if owner_mask != "attention_mask" else ()
-    pooled = [p for p in params if p.endswith("_token_pooling")]
-    if pooled:  # Molmo2's: each image token pools patches by their index in the whole batch's patches
-        raise refuse(f"{owner.__name__}.forward takes {', '.join(pooled)}: indices into the flattened patches of the "
-                     "whole batch", "a packed row concatenates the sequences' vision inputs; these indices would have "
-                     "to be shifted by every earlier image's patches, which tfcompat cannot read from the inputs alone",
-                     fix="run it unpatched")
+    # Molmo2's: each image token pools patches by their index in the whole batch's patches (`pack` shifts them)
+    indices = batching.batch_indices(owner, [p for p in params if p.endswith("_token_pooling")])
+    unread = [i for i, pixels in indices if not pixels]
+    if unread:
+        raise refuse(f"{owner.__name__}.forward takes {', '.join(unread)}: indices into the flattened patches of the "
+                     "whole batch", "a packed row concatenates the sequences' vision inputs; these indices must be "
+                     "shifted by every earlier sequence's patches, and the forward hands them on with no pixel_values* "
+                     "input whose patches they index", fix="run it unpatched")
     towers, projectors = _submodules(module, owner, lm_attr)
     config = _default_config(key)
     placeholder = next((a for a in PLACEHOLDER_ATTRS if isinstance(getattr(config, a, None), int)), "")
@@ -195,7 +197,8 @@ def derive(model_type: str, version: str, text_type: str | None,
         placeholder=placeholder, owner_mask=owner_mask, mask_inputs=mask_inputs, batched_images=_batched(owner),
         embeds_need_ids=any(_refuses_embeds_alone(c) for c, _ in hops),
         token_inputs=_token_inputs(owner, lm_attr, text_cls), positions_call=positions_call,
-        visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else (), item_axes=batching.item_axes(key))
+        visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else (), item_axes=batching.item_axes(key),
+        batch_indices=indices)
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,

@@ -205,7 +205,9 @@ class VisionDerivation:
     them as `tfcompat.core.extras.VisualExtras`); item_axes: ``(input, axis)`` of each vision input its processors
     return as one batch entry holding every item along ``axis`` (MiniCPM-V's ``pixel_values`` ``(1, C, p, N * p)``:
     -1), which a packed row concatenates there (`tfcompat.registry.batching`); the other inputs hold their items on
-    dim 0 (or 1: ``batched_images``).
+    dim 0 (or 1: ``batched_images``); batch_indices: ``(index input, pixel input)`` of each input holding indices into
+    the rows of the whole batch's flattened patches of the pixel input (Molmo2's ``image_token_pooling``; -1 a padding
+    slot), which a packed row shifts by the rows of every earlier sequence (`tfcompat.registry.batching`).
     """
 
     model: str
@@ -224,6 +226,7 @@ class VisionDerivation:
     positions_call: tuple[str, tuple[tuple[str, str], ...]] | tuple[()] = ()
     visual_extras: tuple[str, str] | tuple[()] = ()
     item_axes: tuple[tuple[str, int], ...] = ()
+    batch_indices: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
