@@ -213,7 +213,9 @@ def dummy_features(r: Resolved, owner: torch.nn.Module) -> list[torch.Tensor]:
 def dummy_layouts(vision: Any, params: Mapping[str, Any]) -> list[dict[str, torch.Tensor]]:
     """Zero images in the layouts transformers' vision-language models take, in order: one ``(1, C, S, S)`` image,
     ``(1, 1, C, S, S)`` (a batch of image lists), with ``image_sizes`` (any resolution: the image and one tile),
-    NaFlex patches ``(1, N, C * p * p)`` with ``spatial_shapes`` and a patch mask. S is the config's image size."""
+    one crop's patches ``(1, N, C * p * p)`` pooled 2 x 2 by index (Molmo2), NaViT-packed patches ``(1, C, p, N * p)``
+    with their ``target_sizes``, NaFlex patches ``(1, N, C * p * p)`` with ``spatial_shapes`` and a patch mask. S is
+    the config's image size."""
     channels = getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None) or 3
     size = getattr(vision, "image_size", 224)
     size = size[0] if isinstance(size, (list, tuple)) else size
@@ -225,6 +227,16 @@ def dummy_layouts(vision: Any, params: Mapping[str, Any]) -> list[dict[str, torc
         sizes = torch.tensor([[size, size]])
         layouts += [{"pixel_values": image, "image_sizes": sizes},
                     {"pixel_values": torch.cat([image, image])[None], "image_sizes": sizes}]
+    if "image_token_pooling" in params and "image_grids" in params:  # Molmo2: one crop's patches, pooled by index
+        side = max(2, size // patch) // 2 * 2
+        windows = torch.arange(side * side).view(side // 2, 2, side // 2, 2)  # (h/2, 2, w/2, 2) -> (h*w/4, 4)
+        layouts.append({"pixel_values": torch.zeros(1, side * side, channels * patch * patch),
+                        "image_token_pooling": windows.permute(0, 2, 1, 3).reshape(-1, 4),
+                        "image_grids": torch.tensor([[side // 2, side // 2, 0, 0]])})  # [low h, low w, high h, high w]
+    if "target_sizes" in params:  # NaViT-packed (MiniCPM-V): one entry of the patches along the last dim, its grid
+        side = max(1, size // patch)
+        layouts.append({"pixel_values": torch.zeros(1, channels, patch, side * side * patch),  # (1, C, p, N * p)
+                        "target_sizes": torch.tensor([[side, side]], dtype=torch.int32)})
     if "spatial_shapes" in params:
         side = max(1, size // patch)
         layouts.append({"pixel_values": torch.zeros(1, side * side, channels * patch * patch),
