@@ -369,8 +369,8 @@ def _row_in_every_axis(text_model: type) -> bool:
     (MiniCPM-V's Qwen3.5 text model)."""
     fn = _method(text_model, "forward")
     tests = {"position_ids.ndim == 2": False, "position_ids is None": False}
-    for node in ast.walk(fn) if fn is not None else []:
-        test = ast.unparse(node.test) if isinstance(node, ast.If) else ""
+    for node in (n for n in ast.walk(fn) if isinstance(n, ast.If)) if fn is not None else ():
+        test = ast.unparse(node.test)
         if test not in tests:
             continue
         sets = [n for n in node.body if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == [
