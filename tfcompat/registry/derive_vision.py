@@ -1,9 +1,11 @@
 """Deriving a vision-language entry from the installed transformers: a vision tower, a projector and placeholder
 tokens in front of a text model that tfcompat already patches (a written or derived text family; a text type without
 a causal LM derives from the text model class the owner builds: `derive.derive_text_model`). Its positions are the
-text row (1-D RoPE), or M-RoPE that the owner numbers itself when given none (``position_ids =
-self.compute_3d_position_ids(...)``, the 5.x Qwen-VL descendants: GLM-OCR, PaddleOCR-VL, ...), which tfcompat calls
-per sequence. An encoder-decoder model, whose decoder reads the encoder's states, is refused as such.
+text row (1-D RoPE; an M-RoPE text model whose owner numbers none takes it in every axis: MiniCPM-V's Qwen3.5), or
+M-RoPE that the owner numbers itself when given none (``position_ids = self.compute_3d_position_ids(...)``, the 5.x
+Qwen-VL descendants: GLM-OCR, PaddleOCR-VL, ...), which tfcompat calls per sequence. A hybrid text model's
+linear-attention layers are packed as in its family. An encoder-decoder model, whose decoder reads the encoder's
+states, is refused as such.
 
 What a packed row of such a model needs is what its text model needs, plus proof that the packed position ids and
 the forward context reach the text model: each forward from the vision-language class down to the text model (read
