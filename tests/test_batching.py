@@ -49,7 +49,9 @@ def test_item_axes_of_real_processors():
     assert batching.item_axes("minicpmv4_6") == (("pixel_values", -1),)
     assert batching.item_axes("minicpmv4_7") == (("pixel_values", -1),)  # 4.6's image processor
     assert batching.item_axes("llava") == ()
-    assert tfcompat.resolve("minicpmv4_6").entry.derived_vision.item_axes == (("pixel_values", -1),)
+    resolved = tfcompat.resolve("minicpmv4_6")
+    assert resolved.entry.derived_vision.item_axes == (("pixel_values", -1),)
+    assert "pixel_values on dim -1 of one entry" in resolved.explain()
 
 
 class _Owner(torch.nn.Module):
