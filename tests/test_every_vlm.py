@@ -73,7 +73,7 @@ def test_resolve_says_derived_and_from_what():
 
 
 def test_a_language_model_tfcompat_cannot_patch_is_refused_at_patch():
-    refused = "its language model .* (is not a text family tfcompat patches|cannot be patched|takes M-RoPE|is a hybrid)"
+    refused = "its language model .* (is not a text family tfcompat patches|cannot be patched|takes M-RoPE)"
 
     def refused_for_its_language_model(model_type: str) -> bool:
         try:
@@ -230,8 +230,6 @@ def test_pack_places_images_as_the_owner_reads_them():
     ("paligemma", "PaliGemmaModel.forward computes its own position_ids"),
     ("cohere_compass", "passes deepstack_visual_embeds, visual_pos_masks to its language model"),
     ("hunyuan_vl", "takes no text row in front of three M-RoPE rows"),
-    ("minicpmv4_6", "its language model qwen3_5_text is a hybrid"),
-    ("molmo2", "takes image_token_pooling.*indices into the flattened patches"),
     ("granite_docling", "passes deepstack_visual_embeds, visual_pos_masks to its language model"),
 ])
 def test_refusals_name_what_is_missing(model_type, reason):
@@ -239,6 +237,17 @@ def test_refusals_name_what_is_missing(model_type, reason):
         pytest.skip(f"transformers ships no {model_type}")
     with pytest.raises(PatchError, match=reason):
         tfcompat.resolve(model_type)
+
+
+@pytest.mark.parametrize("model_type", ["minicpm_ocr", "minicpmv4_6", "minicpmv4_7", "molmo2"])
+def test_packs_what_the_processor_batches_its_own_way(model_type):
+    """Hybrid (Gated DeltaNet) language models behind a tower (MiniCPM-V's Qwen3.5 text model), NaViT-packed patches
+    concatenated on the axis the processor batches them along (MiniCPM-V: the last), and pooling indices into the
+    whole batch's patches shifted per sequence (Molmo2 where the model does not offset them itself): packed equals
+    stock per sequence, forward and backward, and the control differs (`vlm_check`)."""
+    _skip_unless_patched(model_type)
+    outcome = vlm_check(model_type, "sdpa")
+    assert outcome.status == "pass", outcome.reason
 
 
 def test_embed_inputs_refuses_what_the_forward_does_not_take():

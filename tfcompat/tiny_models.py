@@ -103,6 +103,9 @@ _LAYER_INDICES = ("global_attn_indexes",)
 # indices of a tower's layers whose features are tapped (DeepStack: each feeds one decoder layer): the tiny tower's
 # first layers, as many as it has
 _TAPPED_LAYERS = ("deepstack_visual_indexes",)
+# One layer index of the full-size tower: where MiniCPM-V inserts its window merger (past a tiny tower's layers, the
+# merger never runs while the features are still split by the merged sizes)
+_LAYER_INDEX = ("insert_layer_id",)
 
 # Additions to the generic shrink, by config class, each with the reason the generic one fails.
 _OVERRIDES: dict[str, dict[str, Any]] = {
@@ -474,7 +477,8 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
         windows = windows.permute(0, 2, 1, 3).reshape(-1, 4)
         layouts.append({"pixel_values": torch.randn(2, side * side, channels * patch * patch, generator=g),
                         "image_token_pooling": torch.cat([windows, windows + side * side]),
-                        "image_grids": torch.tensor([[side // 2] * 4])})  # [low h, low w, high h, high w]
+                        "image_grids": torch.tensor([[side // 2] * 4]),  # [low h, low w, high h, high w]
+                        **({"image_num_crops": torch.tensor([2])} if "image_num_crops" in params else {})})
     if "image_grid_thw" in params:  # flattened patches and their (t, h, w) grid (Qwen2-VL); Kimi takes them unflattened
         merge = _first_attr(vision, ("spatial_merge_size", "merge_size"), 2) or 1  # Muse Spark's names second
         merge = merge[0] if isinstance(merge, (list, tuple)) else merge
@@ -500,6 +504,10 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
     if "spatial_shapes" in params:  # SigLIP2 NaFlex (LFM2-VL): (B, N, C*p*p) patches, their grid, a patch mask
         layouts.append({"pixel_values": torch.randn(1, 16, channels * patch * patch, generator=g),
                         "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16).bool()})
+    if "target_sizes" in params:  # NaViT-packed (MiniCPM-V): one entry, each patch a (C, p, p) column block along the
+        side = size // patch  # last dim, (1, C, p, N * p); the image and one slice, their (h, w) grids of patches
+        layouts.append({"pixel_values": torch.randn(1, channels, patch, 2 * side * side * patch, generator=g),
+                        "target_sizes": torch.tensor([[side, side]] * 2, dtype=torch.int32)})
     image = torch.randn(1, channels, size, size, generator=g)
     layouts += [{"pixel_values": image}, {"pixel_values": image[:, None]}]
     if "pixel_attention_mask" in params:  # tiles of an image and which are real (Granite-Docling: (B, tiles))
@@ -662,6 +670,11 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
     for key in _TAPPED_LAYERS:
         if isinstance(values.get(key), (list, tuple)) and values[key]:
             kwargs[key] = list(range(min(len(values[key]), depth)))
+    for key in _LAYER_INDEX:  # the tiny tower's last layer but one (a layer runs after it); a parent's copy, which it
+        # hands its sub-config, follows the sub-config holding the same key
+        holder = next((kwargs[n] for n in subs if hasattr(kwargs[n], key)), None)
+        if isinstance(values.get(key), int):
+            kwargs[key] = max(min(values[key], getattr(holder, "num_hidden_layers", layers) - 2), 0)
     for key, value in kwargs.items():
         if key in patterns and isinstance(value, list):
             kwargs[key] = value[:layers]  # a per-layer size (gemma3n's intermediate_size), shrunk above

@@ -7,7 +7,10 @@ the language model (a forward pre-hook that records them and stops the forward).
 ``0 .. L-1`` per sequence over attended tokens, and where the model numbers M-RoPE itself, below it the rows its own
 method numbers for each sequence alone (`mrope_positions`). A packed row concatenates the examples' tokens and their
 vision inputs in sequence order: on dim 0 (``(images, ...)``), or on dim 1 where the owner reads ``(B, images,
-...)``, zero-padded to the largest trailing shape as processors pad a batch.
+...)``, zero-padded to the largest trailing shape as processors pad a batch; an input the processors return as one
+entry holding every item along an axis (``VisionDerivation.item_axes``: MiniCPM-V's patches on the last dim) is
+concatenated on that axis; indices into the whole batch's patches (``VisionDerivation.batch_indices``: Molmo2's
+``image_token_pooling``) are shifted by the patches of the sequences before.
 """
 
 from __future__ import annotations
@@ -218,7 +221,9 @@ def dummy_features(r: Resolved, owner: torch.nn.Module) -> list[torch.Tensor]:
 def dummy_layouts(vision: Any, params: Mapping[str, Any]) -> list[dict[str, torch.Tensor]]:
     """Zero images in the layouts transformers' vision-language models take, in order: one ``(1, C, S, S)`` image,
     ``(1, 1, C, S, S)`` (a batch of image lists), with ``image_sizes`` (any resolution: the image and one tile),
-    NaFlex patches ``(1, N, C * p * p)`` with ``spatial_shapes`` and a patch mask. S is the config's image size."""
+    one crop's patches ``(1, N, C * p * p)`` pooled 2 x 2 by index (Molmo2), NaViT-packed patches ``(1, C, p, N * p)``
+    with their ``target_sizes``, NaFlex patches ``(1, N, C * p * p)`` with ``spatial_shapes`` and a patch mask. S is
+    the config's image size."""
     channels = getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None) or 3
     size = getattr(vision, "image_size", 224)
     size = size[0] if isinstance(size, (list, tuple)) else size
@@ -230,6 +235,16 @@ def dummy_layouts(vision: Any, params: Mapping[str, Any]) -> list[dict[str, torc
         sizes = torch.tensor([[size, size]])
         layouts += [{"pixel_values": image, "image_sizes": sizes},
                     {"pixel_values": torch.cat([image, image])[None], "image_sizes": sizes}]
+    if "image_token_pooling" in params and "image_grids" in params:  # Molmo2: one crop's patches, pooled by index
+        side = max(2, size // patch) // 2 * 2
+        windows = torch.arange(side * side).view(side // 2, 2, side // 2, 2)  # (h/2, 2, w/2, 2) -> (h*w/4, 4)
+        layouts.append({"pixel_values": torch.zeros(1, side * side, channels * patch * patch),
+                        "image_token_pooling": windows.permute(0, 2, 1, 3).reshape(-1, 4),
+                        "image_grids": torch.tensor([[side // 2, side // 2, 0, 0]])})  # [low h, low w, high h, high w]
+    if "target_sizes" in params:  # NaViT-packed (MiniCPM-V): one entry of the patches along the last dim, its grid
+        side = max(1, size // patch)
+        layouts.append({"pixel_values": torch.zeros(1, channels, patch, side * side * patch),  # (1, C, p, N * p)
+                        "target_sizes": torch.tensor([[side, side]], dtype=torch.int32)})
     if "spatial_shapes" in params:
         side = max(1, size // patch)
         layouts.append({"pixel_values": torch.zeros(1, side * side, channels * patch * patch),
@@ -307,7 +322,11 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
         positions = torch.cat([torch.arange(len(x), device=ids.device) for x in ids_list])[None]  # (T,) -> (1, T)
     inputs: dict[str, Any] = {"input_ids": ids, "position_ids": positions}
     batched = v is not None and v.batched_images
+    item_axes = dict(v.item_axes) if v is not None else {}
+    indexed = dict(v.batch_indices) if v is not None else {}
     for name in sorted(vision_keys):
+        if name in indexed:  # after the patches they index (below)
+            continue
         try:  # a processor called without return_tensors gives lists of numbers (LLaVA-OneVision's image counts)
             parts = [torch.as_tensor(ex[name]) for ex in examples if ex.get(name) is not None]
         except (TypeError, ValueError, RuntimeError) as exc:
@@ -329,13 +348,57 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
             raise r.error(InvalidInputError, f"tfcompat.pack: {name} differ in length and some example has no {mask}",
                           why=f"pack pads {name} with zeros at the end; without {mask} the padding would be read "
                           "as tokens", fix=f"pass each example's {mask} (its processor returns it)")
+        axis = item_axes.get(name)
+        if axis is not None and all(p.ndim > 1 and p.shape[0] == 1 for p in parts):  # one entry holding the items
+            inputs[name] = _items_along(r, name, parts, axis)
+            continue
         inputs[name] = _concat(parts, dim=1 if batched and all(p.ndim >= 2 and p.shape[0] == 1 for p in parts) else 0)
+    for name, pixels in indexed.items():
+        if any(ex.get(name) is not None for ex in examples):
+            inputs[name] = _shifted_indices(r, examples, name, pixels).to(ids.device)
     shifted = None
     if all(has_labels):
         labels = torch.cat([ex["labels"].reshape(-1) for ex in examples])[None].to(ids.device)  # (T,) -> (1, T)
         inputs["labels"] = mask_starts(labels, seqs, ignore_index)
         shifted = shift_labels(labels, seqs, ignore_index)
     return inputs, shifted, seqs
+
+
+def _shifted_indices(r: Resolved, examples: Sequence[Mapping[str, Any]], name: str, pixels: str) -> torch.Tensor:
+    """Each example's ``name`` ``(n_i, k_i)`` (indices into the rows of its own ``pixels`` flattened to ``(rows, D)``,
+    as Molmo2's adapter flattens ``(crops, patches, D)``; -1 a padding slot) shifted by the rows of every earlier
+    example's ``pixels``, as the processor offsets a batch's images; ``(sum n_i, max k_i)``, padded with -1.
+    `InvalidInputError` where an example has indices without pixels, or the examples' pixels differ in their rows'
+    layout (the concatenation would pad them, moving the rows)."""
+    offset, parts = 0, []
+    layouts = {tuple(torch.as_tensor(ex[pixels]).shape[1:]) for ex in examples if ex.get(pixels) is not None}
+    if len(layouts) > 1:
+        raise r.error(InvalidInputError, f"tfcompat.pack: the examples' {pixels} differ in shape after dim 0",
+                      why=f"{name} indexes the rows of the flattened {pixels}; shapes {sorted(layouts)} would be "
+                      "padded, which moves the rows", fix="process every example with the same processor settings")
+    for i, ex in enumerate(examples):
+        if ex.get(name) is not None:
+            if ex.get(pixels) is None:
+                raise r.error(InvalidInputError, f"tfcompat.pack example {i} has {name} but no {pixels}",
+                              why=f"{name} indexes the rows of its {pixels}", fix=f"pass its {pixels}, or neither")
+            index = torch.as_tensor(ex[name])
+            parts.append(torch.where(index >= 0, index + offset, index))
+        if ex.get(pixels) is not None:
+            offset += torch.as_tensor(ex[pixels]).shape[:-1].numel()  # (crops, patches, D): crops * patches rows
+    width = max(p.shape[-1] for p in parts)
+    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[-1]), value=-1) for p in parts])
+
+
+def _items_along(r: Resolved, name: str, parts: list[torch.Tensor], axis: int) -> torch.Tensor:
+    """``parts`` ``(1, ..., n_i, ...)`` concatenated on ``axis`` (their items: MiniCPM-V's patches, ``(1, C, p,
+    n_i * p)`` -> ``(1, C, p, sum n_i * p)``), as the processor batches them; `InvalidInputError` where the other
+    dims differ."""
+    others = {tuple(s for d, s in enumerate(p.shape) if d != axis % p.ndim) for p in parts}
+    if len({p.ndim for p in parts}) != 1 or len(others) != 1:
+        raise r.error(InvalidInputError, f"tfcompat.pack: the examples' {name} differ outside their item axis {axis}",
+                      why=f"shapes {[tuple(p.shape) for p in parts]}; the processor concatenates a batch's items on "
+                      f"dim {axis} of one entry", fix="process every example with the same processor settings")
+    return torch.cat(parts, dim=axis)
 
 
 def _concat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:

@@ -1,9 +1,11 @@
 """Deriving a vision-language entry from the installed transformers: a vision tower, a projector and placeholder
 tokens in front of a text model that tfcompat already patches (a written or derived text family; a text type without
 a causal LM derives from the text model class the owner builds: `derive.derive_text_model`). Its positions are the
-text row (1-D RoPE), or M-RoPE that the owner numbers itself when given none (``position_ids =
-self.compute_3d_position_ids(...)``, the 5.x Qwen-VL descendants: GLM-OCR, PaddleOCR-VL, ...), which tfcompat calls
-per sequence. An encoder-decoder model, whose decoder reads the encoder's states, is refused as such.
+text row (1-D RoPE; an M-RoPE text model whose owner numbers none takes it in every axis: MiniCPM-V's Qwen3.5), or
+M-RoPE that the owner numbers itself when given none (``position_ids = self.compute_3d_position_ids(...)``, the 5.x
+Qwen-VL descendants: GLM-OCR, PaddleOCR-VL, ...), which tfcompat calls per sequence. A hybrid text model's
+linear-attention layers are packed as in its family. An encoder-decoder model, whose decoder reads the encoder's
+states, is refused as such.
 
 What a packed row of such a model needs is what its text model needs, plus proof that the packed position ids and
 the forward context reach the text model: each forward from the vision-language class down to the text model (read
@@ -30,9 +32,9 @@ from typing import Any
 import torch
 
 from ..errors import PatchError, TfcompatError, UnknownFamilyError
-from . import versions
+from . import batching, versions
 from .derive import _built_classes, _method, causal_lm_types
-from .records import TEXT_ROLES, Entry, Family, VisionDerivation
+from .records import TEXT_MODULE_ROLES, Entry, Family, VisionDerivation
 
 __all__ = ["LANGUAGE_MODEL_KEYWORDS", "default_text_type", "derive", "vision_key", "vision_types"]
 
@@ -144,9 +146,6 @@ def derive(model_type: str, version: str, text_type: str | None,
             else "is not a text family tfcompat patches"),
             f"{type(exc).__name__}: {exc.what}" + (f" ({exc.why})" if exc.why else ""),
             fix=exc.fix or "run it unpatched") from None
-    if text.linear_attention is not None:
-        raise refuse(f"its language model {text_type} is a hybrid (linear attention)",
-                     "the packed linear-attention layers are bridged for written families only")
     if lm_attr is None:
         raise _no_language_model(refuse, top, owner, module)
     hops.append((owner, lm_attr))
@@ -178,19 +177,24 @@ def derive(model_type: str, version: str, text_type: str | None,
         raise refuse(f"{owner.__name__}.forward numbers its positions from {offset}, and M-RoPE",
                      "an offset is applied to the text row only", fix="run it unpatched")
     if layout != "text" and not positions_call:
-        raise refuse(f"its language model {text_type} takes M-RoPE positions",
-                     f"{owner.__name__}.forward numbers no M-RoPE positions itself (no `position_ids = self.<method>"
-                     "(...)` when none are given) for tfcompat to call per sequence")
+        if not _row_in_every_axis(text_cls):
+            raise refuse(f"its language model {text_type} takes M-RoPE positions",
+                         f"{owner.__name__}.forward numbers no M-RoPE positions itself (no `position_ids = self."
+                         "<method>(...)` when none are given) for tfcompat to call per sequence")
+        layout = "text"  # 1-D positions: given none, an M-RoPE text model numbers the row in every axis, as it
+        # expands a (B, L) row
     owner_mask = _passed(owner, lm_attr, "attention_mask")
     forward = _method(owner, "forward")
     params = [a.arg for a in forward.args.args + forward.args.kwonlyargs] if forward is not None else []
     mask_inputs = tuple(p for p in params if p.endswith("token_type_ids")) if owner_mask != "attention_mask" else ()
-    pooled = [p for p in params if p.endswith("_token_pooling")]
-    if pooled:  # Molmo2's: each image token pools patches by their index in the whole batch's patches
-        raise refuse(f"{owner.__name__}.forward takes {', '.join(pooled)}: indices into the flattened patches of the "
-                     "whole batch", "a packed row concatenates the sequences' vision inputs; these indices would have "
-                     "to be shifted by every earlier image's patches, which tfcompat cannot read from the inputs alone",
-                     fix="run it unpatched")
+    # Molmo2's: each image token pools patches by their index in the whole batch's patches (`pack` shifts them)
+    indices = batching.batch_indices(owner, [p for p in params if p.endswith("_token_pooling")])
+    unread = [i for i, pixels in indices if not pixels]
+    if unread:
+        raise refuse(f"{owner.__name__}.forward takes {', '.join(unread)}: indices into the flattened patches of the "
+                     "whole batch", "a packed row concatenates the sequences' vision inputs; these indices must be "
+                     "shifted by every earlier sequence's patches, and the forward hands them on with no pixel_values* "
+                     "input whose patches they index", fix="run it unpatched")
     towers, projectors = _submodules(module, owner, lm_attr)
     config = _default_config(key)
     placeholder = next((a for a in PLACEHOLDER_ATTRS if isinstance(getattr(config, a, None), int)), "")
@@ -202,13 +206,14 @@ def derive(model_type: str, version: str, text_type: str | None,
         embeds_need_ids=any(_refuses_embeds_alone(c) or _requires_pixels(c) for c, _ in hops),
         token_inputs=_token_inputs(owner, lm_attr, text_cls), positions_call=positions_call,
         visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else (), position_offset=offset,
-        positions_locals=_positions_locals(owner, positions_call))
+        positions_locals=_positions_locals(owner, positions_call), item_axes=batching.item_axes(key),
+        batch_indices=indices)
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
         versions=versions.VersionRange(f"{release[0]}.{release[1]}", f"{release[0]}.{release[1] + 1}"),
         module=module.__name__, text_module=text.module_of("text_model"),
-        classes={**{r: text.classes[r] for r in TEXT_ROLES if r in text.classes}, "model": owner.__name__,
+        classes={**{r: text.classes[r] for r in TEXT_MODULE_ROLES if r in text.classes}, "model": owner.__name__,
                  "for_causal_lm": top.__name__},
         vision=None, rope_index_deviations=(), known_issues=(), derived_vision=derivation, text_model_positions=layout,
         why=f"derived from {module.__name__} on transformers {version}; text model as {text_type}'s {text.versions} "
@@ -410,6 +415,25 @@ def _four_rows(text_model: type) -> bool:
     fn = _method(text_model, "forward")
     return fn is not None and any(isinstance(n, ast.Compare) and ast.unparse(n) == "position_ids.shape[0] == 4"
                                   for n in ast.walk(fn))
+
+
+def _row_in_every_axis(text_model: type) -> bool:
+    """Whether ``text_model.forward`` (an M-RoPE text model) takes ``(B, L)`` position ids as the row of every axis
+    (``elif position_ids.ndim == 2: position_ids = position_ids[None, ...].expand(n, B, -1)``) and, given none,
+    counts that row from 0 in every axis (`_counts_the_row`): what an owner numbering no M-RoPE gives it either way
+    (MiniCPM-V's Qwen3.5 text model)."""
+    fn = _method(text_model, "forward")
+    tests = {"position_ids.ndim == 2": False, "position_ids is None": False}
+    for node in (n for n in ast.walk(fn) if isinstance(n, ast.If)) if fn is not None else ():
+        test = ast.unparse(node.test)
+        if test not in tests:
+            continue
+        sets = [n for n in node.body if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == [
+            "position_ids"]]
+        expands = all(ast.unparse(n.value).startswith(("position_ids[None, ...].expand(",
+                                                       "position_ids.unsqueeze(0).expand(")) for n in sets)
+        tests[test] = bool(sets) and (expands if test == "position_ids.ndim == 2" else all(map(_counts_the_row, sets)))
+    return all(tests.values())
 
 
 def _text_model_computes(fn: ast.FunctionDef, attr: str, keyword: str, value: str, text_model: type) -> bool:

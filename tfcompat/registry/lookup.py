@@ -192,6 +192,12 @@ def _vision_lines(v: VisionDerivation) -> list[str]:
         + ("; its forward refuses inputs_embeds without input_ids (no embed_inputs, no Ulysses)"
            if v.embeds_need_ids else "")
         + (f"; it computes {', '.join(v.token_inputs)} from the token ids (no embed_inputs)" if v.token_inputs else ""),
+        *([] if not v.item_axes else [
+            "  items along another axis, as its processors batch them (pack concatenates there): "
+            + ", ".join(f"{name} on dim {axis} of one entry" for name, axis in v.item_axes)]),
+        *([] if not v.batch_indices else [
+            "  indices into the whole batch's patches (pack shifts each sequence's by the rows before it): "
+            + ", ".join(f"{name} into the flattened {pixels}" for name, pixels in v.batch_indices)]),
         *([] if not v.positions_call else [
             f"  M-RoPE positions: {v.owner}.{v.positions_call[0]}, called per sequence by pack and rope_index (what "
             "its forward numbers when given no positions)"]),

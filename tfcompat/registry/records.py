@@ -14,9 +14,9 @@ import torch
 from . import versions
 
 __all__ = [
-    "TEXT_ROLES", "AttentionCall", "CacheKwarg", "Derivation", "Entry", "Family", "LinearAttention",
-    "LinearProjections", "MixerCall", "MixerRole", "RopeConfigKey", "Rotary", "RotaryLayout", "TextModelLayout",
-    "VisionDerivation", "VisionItem", "VisionOutput", "VisionTower",
+    "TEXT_MODULE_ROLES", "TEXT_ROLES", "AttentionCall", "CacheKwarg", "Derivation", "Entry", "Family",
+    "LinearAttention", "LinearProjections", "MixerCall", "MixerRole", "RopeConfigKey", "Rotary", "RotaryLayout",
+    "TextModelLayout", "VisionDerivation", "VisionItem", "VisionOutput", "VisionTower",
 ]
 
 RotaryLayout = Literal["sectioned", "folded"]
@@ -32,6 +32,8 @@ VisionItem = tuple[Literal["image", "video"], tuple[int, int, int]]
 VisionOutput = Literal["tensors", "model_output"]
 # the roles of the text model's own classes (in `Entry.text_module` where the text model comes from another module)
 TEXT_ROLES = ("attention", "rotary", "text_model", "decoder_layer")
+# the roles `Entry.text_module` holds: the text roles, and a hybrid text model's linear-attention class
+TEXT_MODULE_ROLES = (*TEXT_ROLES, "linear_attention")
 
 
 @dataclass(frozen=True)
@@ -204,7 +206,13 @@ class VisionDerivation:
     them as `tfcompat.core.extras.VisualExtras`); position_offset: where the owner, given no positions, starts each
     sequence's text row (PaliGemma's 1); a packed row's text model gets the contract's row plus it; positions_locals:
     ``(name, statement)`` for each local of the owner's forward that its numbering reads, computed from the forward's
-    parameters alone (Qwen-Omni's ``audio_feature_lengths``), run on a sequence's inputs before the numbering.
+    parameters alone (Qwen-Omni's ``audio_feature_lengths``), run on a sequence's inputs before the numbering;
+    item_axes: ``(input, axis)`` of each vision input its processors
+    return as one batch entry holding every item along ``axis`` (MiniCPM-V's ``pixel_values`` ``(1, C, p, N * p)``:
+    -1), which a packed row concatenates there (`tfcompat.registry.batching`); the other inputs hold their items on
+    dim 0 (or 1: ``batched_images``); batch_indices: ``(index input, pixel input)`` of each input holding indices into
+    the rows of the whole batch's flattened patches of the pixel input (Molmo2's ``image_token_pooling``; -1 a padding
+    slot), which a packed row shifts by the rows of every earlier sequence (`tfcompat.registry.batching`).
     """
 
     model: str
@@ -224,6 +232,8 @@ class VisionDerivation:
     visual_extras: tuple[str, str] | tuple[()] = ()
     position_offset: int = 0
     positions_locals: tuple[tuple[str, str], ...] = ()
+    item_axes: tuple[tuple[str, int], ...] = ()
+    batch_indices: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -247,7 +257,7 @@ class Entry:
     known_issues: bugs of the stock forward in this range, by name (``"videos_rejected"``: the forward
         rejects every video; pass videos through `tfcompat.embed_inputs` instead).
     linear_attention: the family's linear-attention layers (None: every decoder layer is softmax attention).
-    text_module: the module holding the text roles (`TEXT_ROLES`) and the functions their attention calls
+    text_module: the module holding the text roles (`TEXT_MODULE_ROLES`) and the functions their attention calls
         (``rotary.apply``, ``repeat_kv``) when the model builds its text model from another family's module
         (GLM-4.6V: ``AutoModel.from_config(config.text_config)``); None: ``module``.
     derived: what a derived entry (`tfcompat.registry.derive`) was read from; None for a written table's entry.
@@ -276,7 +286,7 @@ class Entry:
 
     def module_of(self, role: str) -> str:
         """The module holding ``classes[role]``."""
-        return self.text_module if self.text_module is not None and role in TEXT_ROLES else self.module
+        return self.text_module if self.text_module is not None and role in TEXT_MODULE_ROLES else self.module
 
 
 @dataclass(frozen=True)
