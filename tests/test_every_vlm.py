@@ -227,16 +227,27 @@ def test_pack_places_images_as_the_owner_reads_them():
 
 
 @pytest.mark.parametrize("model_type,reason", [
-    ("paligemma", "PaliGemmaModel.forward computes its own position_ids"),
-    ("cohere_compass", "passes deepstack_visual_embeds, visual_pos_masks to its language model"),
     ("hunyuan_vl", "takes no text row in front of three M-RoPE rows"),
-    ("granite_docling", "passes deepstack_visual_embeds, visual_pos_masks to its language model"),
+    ("instructblipvideo", "hands its \\*\\*kwargs, which carry the position ids, to self.get_video_features"),
 ])
 def test_refusals_name_what_is_missing(model_type, reason):
     if model_type not in TYPES:
         pytest.skip(f"transformers ships no {model_type}")
     with pytest.raises(PatchError, match=reason):
         tfcompat.resolve(model_type)
+
+
+@pytest.mark.parametrize("model_type", [
+    "cohere_compass", "granite_docling", "qwen3_omni_moe_thinker", "qwen2_5_omni_thinker", "blip-2", "instructblip",
+    "qwen4_exp"])
+def test_packs_what_the_owner_hands_its_language_model(model_type):
+    """DeepStack features added at the visual tokens (read from the text model), M-RoPE numbered from locals of the
+    owner's forward (Qwen-Omni's audio lengths), the decoder-only call of an owner that can build either kind of
+    language model (BLIP-2), per-token lookups the text model would make itself (Qwen4-Exp's ``ple_input_ids``):
+    packed equals stock per sequence, forward and backward, and the control differs (`vlm_check`)."""
+    _skip_unless_patched(model_type)
+    outcome = vlm_check(model_type, "sdpa")
+    assert outcome.status == "pass", outcome.reason
 
 
 @pytest.mark.parametrize("model_type", ["minicpm_ocr", "minicpmv4_6", "minicpmv4_7", "molmo2"])

@@ -376,9 +376,9 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
             layouts = [{**layout, name: torch.randn(*layout["pixel_values"].shape[:-3], channels, size, size,
                                                     generator=g)} for layout in layouts]
     for name in params:  # a sub-model's own text the tower reads (InstructBLIP's Q-Former instruction), with its mask
-        sub = getattr(config, name.removesuffix("input_ids") + "config", None)
-        if name.endswith("_input_ids") and isinstance(getattr(sub, "vocab_size", None), int):
-            ids = torch.randint(sub.vocab_size, (1, 5), generator=g)
+        vocab = getattr(getattr(config, name.removesuffix("input_ids") + "config", None), "vocab_size", None)
+        if name.endswith("_input_ids") and isinstance(vocab, int):
+            ids = torch.randint(vocab, (1, 5), generator=g)
             mask = {name.removesuffix("input_ids") + "attention_mask": torch.ones_like(ids)}
             layouts = [{**layout, name: ids, **{k: v for k, v in mask.items() if k in params}} for layout in layouts]
     return _first_fit(config.model_type, kind, features, layouts, hidden, token_id,

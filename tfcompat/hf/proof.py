@@ -66,7 +66,7 @@ class Proof(NamedTuple):
                 f"{self.max_rel_diff:.1e}, {self.seconds:.2f} s)" + (f"; {self.reason}" if self.reason else ""))
 
 
-_CACHE: dict[tuple[str, str, str, str], Proof | PatchError] = {}
+_CACHE: dict[tuple[str, str, str, str, str], Proof | PatchError] = {}
 
 
 class _Unbuildable(Exception):

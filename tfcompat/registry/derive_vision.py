@@ -395,7 +395,7 @@ def _local_of_params(fn: ast.FunctionDef | None, name: str, params: set[str]) ->
             n.id for n in ast.walk(body[0].value) if isinstance(n, ast.Name)}
         if names <= params | {"torch"} and not any(isinstance(n, ast.Attribute) and ast.unparse(n.value) == "self"
                                                    for n in ast.walk(body[0].value)):
-            return ast.unparse(ast.If(test=g.test, body=body, orelse=[other]))
+            return ast.unparse(ast.If(test=g.test, body=list[ast.stmt](body), orelse=[other]))
     return ""
 
 
@@ -432,7 +432,8 @@ def _row_in_every_axis(text_model: type) -> bool:
             "position_ids"]]
         expands = all(ast.unparse(n.value).startswith(("position_ids[None, ...].expand(",
                                                        "position_ids.unsqueeze(0).expand(")) for n in sets)
-        tests[test] = bool(sets) and (expands if test == "position_ids.ndim == 2" else all(map(_counts_the_row, sets)))
+        counts = all(_counts_the_row(n) == 0 for n in sets)
+        tests[test] = bool(sets) and (expands if test == "position_ids.ndim == 2" else counts)
     return all(tests.values())
 
 
@@ -488,7 +489,7 @@ def _added_at_mask(text_model: type) -> tuple[str, str] | tuple[()]:
             continue
         method = _method(text_model, call.func.attr)
         names = [a.arg for a in method.args.args[1:4]] if method is not None else []
-        if len(names) != 3:
+        if method is None or len(names) != 3:
             continue
         hidden, mask, features = names
         indexed = any(isinstance(n, ast.Subscript) and ast.unparse(n.value) == hidden and mask in {
@@ -578,7 +579,7 @@ def _refuses_embeds_alone(cls: type) -> bool:
 
 def _requires_pixels(cls: type) -> bool:
     """Whether ``cls.forward`` takes ``pixel_values`` without a default (BLIP-2's): no call of embeddings alone."""
-    param = inspect.signature(cls.forward).parameters.get("pixel_values")
+    param = inspect.signature(getattr(cls, "forward")).parameters.get("pixel_values")  # noqa: B009 -- a Module
     return param is not None and param.default is inspect.Parameter.empty
 
 
