@@ -365,6 +365,10 @@ def vlm_examples(model: torch.nn.Module, seed: int = 0) -> list[dict[str, torch.
     image (each an `image_sequence`: its own image kwargs, as a processor returns them for one sample), and text
     around a video where the model takes videos and tfcompat patches it (`video_sequence`), unless the release's
     stock forward rejects every video (known issue ``videos_rejected``: no reference)."""
+    if getattr(model.config, "vision_config", None) is None and not {"image_token_id", "image_token_index"} & set(
+            model.config.to_dict()):
+        # a text model the image-text-to-text mapping lists (5.24's Mistral 4): its own sequences, text alone
+        return [{"input_ids": ids[None]} for ids in sample_sequences(model.config, seed=seed)]  # (L,) -> (1, L)
     text = sample_sequences(model.config, lengths=(6,), seed=seed + 1)[0][None]
     try:
         issues = tfcompat.resolve(model.config.model_type).entry.known_issues

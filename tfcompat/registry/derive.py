@@ -88,9 +88,13 @@ SOFTMAX_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention
 
 
 def causal_lm_types() -> dict[str, str]:
-    """transformers' ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` on the installed release: ``model_type`` -> class name."""
-    names = importlib.import_module("transformers.models.auto.modeling_auto").MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    return {k: v for k, v in names.items() if isinstance(v, str)}
+    """transformers' ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` on the installed release: ``model_type`` -> class name;
+    with the causal LMs its image-text-to-text mapping alone names (5.24's ``Mistral4ForCausalLM``, a text model)."""
+    auto = importlib.import_module("transformers.models.auto.modeling_auto")
+    names = auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    vision = getattr(auto, "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", {})
+    only = {k: v for k, v in vision.items() if k not in names and isinstance(v, str) and v.endswith("ForCausalLM")}
+    return {**{k: v for k, v in names.items() if isinstance(v, str)}, **only}
 
 
 def module_name(model_type: str) -> str:
