@@ -94,7 +94,7 @@ def test_views_share_one_copy_and_parameters_stay():
     """Rule: views of one storage share one copy and come back as views of one block with their dtype, shape,
     strides and offset; parameters, views of them, leaves that require grad and storages under MIN_BYTES are held
     as they are (no copy)."""
-    stash = offload.Offloader(min_bytes=64).stash()
+    stash = offload.Offloader(min_bytes=64).stash(True)
     x = torch.randn(6, 8)
     q = x[:, 2:5]  # (6, 3), a strided view
     y = x.t()  # (8, 6)

@@ -231,8 +231,9 @@ def apply(handle: Any, plan: KeepPlan) -> None:
     for m in holders:
         fn = cast(functools.partial, m._gradient_checkpointing_func)  # plan checked it
         to_host = any(m is x for x in offloaded)
+        keeping = any(m is k.layer for k in kept)  # its recompute fetches the previous layer's copies ahead
         handle._set("instance", m, "_gradient_checkpointing_func",
-                    _with_context(fn, offloader if to_host else None),
+                    _with_context(fn, offloader if keeping else None, to_host),
                     "checkpoint with tfcompat's context_fn (kept module outputs are not recomputed"
                     + ("; what they save goes to host memory)" if to_host else ")"))
     for k in kept:
@@ -270,16 +271,16 @@ def _scope(outputs: _Outputs, recompute: bool) -> Iterator[None]:
             outputs.stash.close()
 
 
-def _context_fn(offloader: hf_offload.Offloader | None
+def _context_fn(offloader: hf_offload.Offloader | None, to_host: bool
                 ) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
-    outputs = _Outputs(None if offloader is None else offloader.stash())
+    outputs = _Outputs(None if offloader is None else offloader.stash(to_host))
     return _scope(outputs, False), _scope(outputs, True)
 
 
-def _with_context(fn: functools.partial, offloader: hf_offload.Offloader | None) -> Callable[..., Any]:
+def _with_context(fn: functools.partial, offloader: hf_offload.Offloader | None, to_host: bool) -> Callable[..., Any]:
     """transformers' checkpoint function (a partial of ``checkpoint`` with ``use_reentrant=False``) plus the
-    context_fn (with the layer's offloader, where it offloads)."""
-    return functools.partial(fn, context_fn=functools.partial(_context_fn, offloader))
+    context_fn (with the patch's offloader where the layer keeps modules; ``to_host``: it offloads them)."""
+    return functools.partial(fn, context_fn=functools.partial(_context_fn, offloader, to_host))
 
 
 def _hold(t: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,10 @@ tokens: about 0.6 GB for its attention, 1.6 GB more for ``"mlp_in"``); the first
 their copies have the whole forward to go out and the backward of the later layers to come back, and their kept
 tensors are the ones alive at the step's peak (late in the backward).
 
+Host memory: PyTorch's pinned allocator rounds each block up to a power of two (a 141 MB storage takes 256 MB);
+``PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:64`` (where the release takes it) stops that above 64 MiB. The
+blocks are cached from step to step.
+
 The method of torchao's and torchtitan's activation offloading (saved-tensor hooks, a side stream, ``record_stream``),
 applied to the kept modules only.
 """
@@ -101,6 +105,7 @@ def _fetch(copies: list[_Copy]) -> None:
         for c, host, back in zip(copies, hosts, backs):
             stream.wait_event(cast(torch.cuda.Event, c.saved))
             back.copy_(host, non_blocking=True)  # records its event on the pinned block: freed after the copy
+            back.record_stream(stream)  # a block fetched but never unpacked is not reused before the copy is done
     ready = torch.cuda.Event()
     ready.record(stream)
     for c, back in zip(copies, backs):
@@ -109,17 +114,19 @@ def _fetch(copies: list[_Copy]) -> None:
 
 class Stash:
     """One checkpointed layer call's offloaded storages (`Offloader.stash`): `pack` in the forward, `close` at its
-    end, `fetch` when its recompute starts."""
+    end, `fetch` when its recompute starts. A layer keeping modules without offloading has one that offloads
+    nothing (``offloads=False``): its recompute still fetches the previous layer's ahead."""
 
-    def __init__(self, offloader: Offloader) -> None:
+    def __init__(self, offloader: Offloader, offloads: bool) -> None:
         self._offloader = offloader
+        self._offloads = offloads
         self._copies: list[weakref.ref[_Copy]] = []  # a copy lives as long as a saved tensor or kept output uses it
         self._open: dict[int, tuple[torch.Tensor, _Copy]] = {}  # storage address -> (its bytes, its copy)
 
     def pack(self, t: torch.Tensor) -> Any:
         """A saved tensor or kept output: its storage's copy (the same for every view of it), or the tensor itself
         detached where it is not offloaded."""
-        if not _is_offloadable(t, self._offloader.min_bytes):
+        if not (self._offloads and _is_offloadable(t, self._offloader.min_bytes)):
             return t.detach()
         storage = t.untyped_storage()
         key = storage.data_ptr()
@@ -170,9 +177,9 @@ class Offloader:
         self._streams: dict[torch.device, tuple[torch.cuda.Stream, torch.cuda.Stream]] = {}
         self._stashes: list[weakref.ref[Stash]] = []
 
-    def stash(self) -> Stash:
-        """A new stash, for one checkpointed call of an offloading layer."""
-        s = Stash(self)
+    def stash(self, offloads: bool) -> Stash:
+        """A new stash, for one checkpointed call of a layer keeping modules (``offloads``: whether it offloads)."""
+        s = Stash(self, offloads)
         self._stashes = [r for r in self._stashes if r() is not None] + [weakref.ref(s)]
         return s
 
