@@ -48,14 +48,15 @@ def _step(model, inputs, keep, to_host, syncs: list | None = None):
             syncs.append(sum("synchroniz" in str(w.message) for w in caught))
     torch.cuda.synchronize()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return float(loss), grads, torch.cuda.max_memory_allocated()
+    return float(loss.detach()), grads, torch.cuda.max_memory_allocated()
 
 
 def test_offload_gives_the_kept_gradients_at_less_memory(setup):
     """Rule: every gradient equal to the kept path's without offload (bit for bit where two such runs agree; else
-    within their difference); the peak below the kept path's, by at least 40% of what keeping added over full
-    recompute (the copies back run one layer ahead, and a forward faster than the link holds blocks until their
-    copies are done); measured warm (a second step: the pinned host blocks cached)."""
+    within twice their difference: the attention backward's kernels are not deterministic); the peak below the
+    kept path's, by at least 40% of what keeping added over full recompute (the copies back run one layer ahead,
+    and a forward faster than the link holds blocks until their copies are done); measured warm (a second step:
+    the pinned host blocks cached)."""
     model, inputs = setup
     _, _, peak_full = _step(model, inputs, (), False)
     loss, kept, peak_kept = _step(model, inputs, KEEP, False)
@@ -65,7 +66,7 @@ def test_offload_gives_the_kept_gradients_at_less_memory(setup):
     assert off.keys() == kept.keys()
     for n, g in off.items():
         noise = float((again[n].float() - kept[n].float()).abs().max())
-        assert float((g.float() - kept[n].float()).abs().max()) <= noise, n
+        assert float((g.float() - kept[n].float()).abs().max()) <= 2 * noise, n
         if noise == 0:
             assert torch.equal(g, kept[n]), n
     assert peak_kept > peak_full, (peak_full, peak_kept)  # not vacuous: keeping costs memory here
