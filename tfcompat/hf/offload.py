@@ -21,8 +21,8 @@ their copies have the whole forward to go out and the backward of the later laye
 tensors are the ones alive at the step's peak (late in the backward).
 
 Host memory: PyTorch's pinned allocator rounds each block up to a power of two (a 141 MB storage takes 256 MB);
-``PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:64`` (where the release takes it) stops that above 64 MiB. The
-blocks are cached from step to step.
+``PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:64`` stops that above 64 MiB in releases that take the key
+(torch 2.11 refuses it). The blocks are cached from step to step.
 
 The method of torchao's and torchtitan's activation offloading (saved-tensor hooks, a side stream, ``record_stream``),
 applied to the kept modules only.
@@ -36,7 +36,7 @@ from typing import Any, cast
 
 import torch
 
-__all__ = ["MIN_BYTES", "Offloader", "Stash"]
+__all__ = ["MIN_BYTES", "Offloader", "Stash", "unpack"]
 
 MIN_BYTES = 1 << 20
 """Smaller storages stay where they are: their copies would cost more in launches than they free."""
@@ -136,7 +136,7 @@ class Stash:
             found = (src, self._save(src))
             self._open[key] = found  # held to the forward's end: the address names this storage until then
             self._copies.append(weakref.ref(found[1]))
-        return _Packed(found[1], t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
+        return _Packed(found[1], t.dtype, tuple(t.shape), t.stride(), int(t.storage_offset()))
 
     def _save(self, src: torch.Tensor) -> _Copy:
         if src.device.type != "cuda":
