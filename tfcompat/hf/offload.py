@@ -88,9 +88,7 @@ def _is_offloadable(t: torch.Tensor, min_bytes: int) -> bool:
 
 
 def _fetch(copies: list[_Copy]) -> None:
-    """Copy ``copies`` back to their device (one device's), each into a block of the compute stream."""
-    if not copies:
-        return
+    """Copy ``copies`` (of one device, at least one) back to it, each into a block of its compute stream."""
     device, streams = copies[0].device, copies[0].streams
     hosts = [cast(torch.Tensor, c.host) for c in copies]  # not fetched yet: still on the host
     backs = [torch.empty(h.numel(), dtype=torch.uint8, device=device) for h in hosts]
@@ -166,7 +164,8 @@ class Stash:
     def _fetch(self) -> None:
         copies = [c for r in self._copies if (c := r()) is not None and c.back is None]
         self._copies = []
-        _fetch(copies)
+        for device in dict.fromkeys(c.device for c in copies):  # one layer is on one device, as a rule
+            _fetch([c for c in copies if c.device == device])
 
 
 class Offloader:
