@@ -31,6 +31,8 @@ A suffix sets a variant's gradient checkpointing: ``@none`` turns it off for the
 (``patch(checkpoint_keep=...)``; a stock variant gets the same through `tfcompat.hf.checkpointing` alone), e.g.
 ``liger_flex_tfhead@attention+mlp``; ``kind:N`` keeps a kind in the last N layers only (``kind:0.5``: a fraction),
 e.g. ``@attention+mlp_in:8`` (``checkpoint_keep={"attention": 1.0, "mlp_in": 8}``);
+``offload`` among them moves what those modules keep to host memory (``patch(checkpoint_offload=True)``;
+``offload:N`` the first N layers keeping a module, ``offload:0.5`` a fraction), e.g. ``@attention+mlp_in+offload:20``;
 ``logits`` among them (``@logits``, ``@attention+logits``, ``@none+logits``) keeps the head's logits for its
 backward (tfcompat's head, ``keep_logits=True``: one lm-head matmul less, ``2 * T * V`` bytes more).
 
@@ -317,43 +319,50 @@ class _Changes:
         self.undo.append(lambda: setattr(target, attr, old) if had else delattr(target, attr))
 
 
-def keep_policy(mode: str) -> dict[str, int | float]:
-    """``checkpoint_keep`` of a suffix: "attention+mlp_in:8" -> {"attention": 1.0, "mlp_in": 8} ("kind:0.5": a
-    fraction of the layers)."""
+def keep_policy(mode: str) -> tuple[dict[str, int | float], bool | int | float]:
+    """``checkpoint_keep`` and ``checkpoint_offload`` of a suffix: "attention+mlp_in:8+offload:4" ->
+    ({"attention": 1.0, "mlp_in": 8}, 4) ("kind:0.5": a fraction of the layers; "offload" alone: True)."""
     policy: dict[str, int | float] = {}
+    offload: bool | int | float = False
     for token in mode.split("+") if mode else []:
         kind, _, n = token.partition(":")
-        policy[kind] = 1.0 if not n else float(n) if "." in n else int(n)
-    return policy
+        layers = float(n) if "." in n else int(n) if n else 1.0
+        if kind == "offload":
+            offload = layers if n else True
+        else:
+            policy[kind] = layers
+    return policy, offload
 
 
 @contextlib.contextmanager
-def checkpointing(model: torch.nn.Module, mode: str, stock: bool) -> Iterator[dict[str, int | float]]:
+def checkpointing(model: torch.nn.Module, mode: str, stock: bool
+                  ) -> Iterator[tuple[dict[str, int | float], bool | int | float]]:
     """A variant's checkpointing (the part of its name after ``@``): "" = full (as built), "none" = off for the
-    variant, else kinds kept out of the recompute joined by ``+`` ("attention+mlp", "attention+mlp_in:8"); yields
-    the policy for ``patch(checkpoint_keep=...)``, or applies it itself to a stock variant."""
+    variant, else kinds kept out of the recompute joined by ``+`` ("attention+mlp", "attention+mlp_in:8", with
+    "offload[:N]"); yields ``checkpoint_keep`` and ``checkpoint_offload`` for `tfcompat.patch`, or applies them
+    itself to a stock variant."""
     if mode == "none":
         model.gradient_checkpointing_disable()
         try:
-            yield {}
+            yield {}, False
         finally:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return
-    policy = keep_policy(mode)
+    policy, offload = keep_policy(mode)
     if not stock or not policy:
-        yield policy
+        yield policy, offload
         return
     from tfcompat.errors import PatchError
     from tfcompat.hf import checkpointing as ckpt
 
     layer = stack_of(model).layers[0]
     attention_cls = type(next(c for c in layer.children() if type(c).__name__.endswith("Attention")))
-    kept, holders = ckpt.plan(model, ckpt.policy_of(policy), attention_cls,
-                              lambda cls, what, **kw: PatchError(what, **kw))
+    keep_plan = ckpt.plan(model, ckpt.policy_of(policy), attention_cls, lambda cls, what, **kw: PatchError(what, **kw),
+                          ckpt.offload_of(offload))
     changes = _Changes()
-    ckpt.apply(changes, kept, holders)
+    ckpt.apply(changes, keep_plan)
     try:
-        yield {}
+        yield {}, False
     finally:
         for fn in reversed(changes.undo):
             fn()
@@ -366,11 +375,11 @@ def variant(model: torch.nn.Module, name: str, stock_attention: str, fused: Any)
     base, _, mode = name.partition("@")
     mode = "+".join(k for k in mode.split("+") if k != "logits")  # the head's, not the checkpointing's
     tf = base.startswith(("tfcompat", "liger_tfcompat"))
-    with checkpointing(model, mode, stock=not tf) as keep:
+    with checkpointing(model, mode, stock=not tf) as (keep, offload):
         if tf:
             backend = base[base.index("[") + 1:-1]
             with tfcompat.patch(model, backend=backend, fused=fused if base.startswith("tfcompat_fused") else False,
-                                checkpoint_keep=keep):
+                                checkpoint_keep=keep, checkpoint_offload=offload):
                 yield
             return
         set_attn(model, "flex_attention" if base in ("flex_packed", "liger_flex", "liger_flex_tfhead")
@@ -534,10 +543,10 @@ def main() -> None:
     for full in names:
         n, at, mode = full.partition("@")  # @none: no checkpointing; @attention+mlp: kept out of the recompute
         suffix = at + mode
-        kinds = {k.partition(":")[0] for k in mode.split("+")} - {"logits"} if mode else set()
+        kinds = {k.partition(":")[0] for k in mode.split("+")} - {"logits", "offload"} if mode else set()
         if kinds and kinds != {"none"} and not kinds <= {"attention", "mlp", "mlp_in"}:
             raise SystemExit(f"unknown checkpointing {mode!r} in {full!r}: none, attention, mlp, mlp_in, "
-                             "attention+mlp, kind:N (the last N layers), each with +logits")
+                             "attention+mlp, kind:N (the last N layers), each with +logits, +offload[:N]")
         if n == "liger_flex" and "logits" in mode:
             raise SystemExit(f"{full!r}: Liger's own head keeps no logits (+logits is for tfcompat's head)")
         if n.endswith("]") and n[:n.index("[")] in ("tfcompat", "tfcompat_fused", "liger_tfcompat"):

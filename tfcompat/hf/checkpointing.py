@@ -39,6 +39,19 @@ Qwen2.5-7B-shaped step of 19,679 tokens (bench/RESULTS.md section 11): full chec
 layer there (section 13): ``"mlp_in"`` keeps 1.52 GiB and saves 8 ms, ``"mlp"`` 2.35 GiB for the same; the first ~10
 layers of ``"attention"`` add no peak memory (the peak comes late in the backward, when they are freed).
 
+Offload: ``patch(checkpoint_keep=..., checkpoint_offload=...)`` moves what the kept modules of the chosen layers
+save (and their outputs) to pinned host memory during the forward, on a side stream, and brings it back during the
+backward, one layer ahead (`tfcompat.hf.offload`): kept outputs at about full checkpointing's GPU memory, the same
+gradients bit for bit. ``True`` offloads every layer keeping a module, a count (``int``) the first that many of those
+layers, a fraction (``float`` in [0, 1]) that share of them: the first, because their kept tensors live through the
+step's peak (late in the backward) and their copies have the rest of the forward to go out and the backward of the
+later layers to come back; the last layers' are freed before the peak, and their copies would stall the start of
+the backward. Each offloaded byte crosses the host link twice: what the link carries in a step bounds what pays. On
+the 28-layer step above (bench/RESULTS.md section 14, a 55 GB/s link): ``"attention"`` offloaded in every layer 1,691 ms
+at 31.3 GiB (full checkpointing 1,755 ms at 31.0); ``{"attention": 1.0, "mlp_in": 4}`` kept 1,648 ms at 46.9 GiB,
+offloaded in the first 24 layers 1,651 ms at 33.3 GiB, in all 28 1,793 ms (the last layers' copies stall the
+backward's start); ``("attention", "mlp_in")`` offloaded everywhere 2,405 ms (link-bound).
+
 Needs gradient checkpointing on, non-reentrant, before `patch` (`PatchError` otherwise). Enabling it again after
 the patch replaces the checkpoint function; a kept module then raises `PatchedModelError` in the next checkpointed
 forward rather than silently recomputing. Not for ``torch.compile`` of a checkpointed layer (its ``context_fn``
@@ -53,22 +66,36 @@ import functools
 import math
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch.utils._pytree import tree_map, tree_map_only
 
 from ..errors import PatchedModelError, PatchError
+from . import offload as hf_offload
 
-__all__ = ["KEEP", "CheckpointKeep", "Kept", "Policy", "apply", "plan", "policy_of"]
+__all__ = ["KEEP", "CheckpointKeep", "KeepPlan", "Kept", "Offload", "Policy", "apply", "offload_of", "plan",
+           "policy_of"]
 
 KEEP: tuple[str, ...] = ("attention", "mlp", "mlp_in")
 Policy = tuple[tuple[str, int | float], ...]
 """``checkpoint_keep`` normalized: ``(kind, layers)`` pairs sorted by kind, ``layers`` a count or a fraction."""
 CheckpointKeep = str | Collection[str] | Mapping[str, int | float] | Policy
+Offload = bool | int | float
+"""``checkpoint_offload``: False, True (every layer keeping a module), a count or a fraction of those layers (the
+first)."""
 _MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe")
 _MLP_IN_NAMES = ("gate_proj", "up_proj", "gate_up_proj")
 _FIX = "pass e.g. checkpoint_keep='attention', ('attention', 'mlp') or {'attention': 1.0, 'mlp': 8, 'mlp_in': 1.0}"
+
+
+class KeepPlan(NamedTuple):
+    """`plan`'s answer: the kept modules, the modules whose checkpoint function gets the context, and the layers
+    whose kept tensors go to host memory (in model order)."""
+
+    kept: list[Kept]
+    holders: list[torch.nn.Module]
+    offloaded: list[torch.nn.Module]
 
 
 @dataclass(frozen=True)
@@ -108,23 +135,43 @@ def policy_of(keep: CheckpointKeep) -> Policy:
     return tuple(sorted(pairs.items()))
 
 
+def offload_of(offload: Offload) -> Offload:
+    """``checkpoint_offload`` checked: a bool, a count >= 0 or a fraction in [0, 1] (`PatchError` otherwise)."""
+    count = isinstance(offload, int) and not isinstance(offload, bool) and offload >= 0
+    fraction = isinstance(offload, float) and 0.0 <= offload <= 1.0
+    if not (isinstance(offload, bool) or count or fraction):
+        raise PatchError(f"checkpoint_offload={offload!r}",
+                         why="it names the layers whose kept tensors go to host memory: all (True), none (False), the "
+                             "first that many (int >= 0) or that fraction of them (float in [0, 1])",
+                         supported="bool, int >= 0, float in [0.0, 1.0]",
+                         fix="pass e.g. checkpoint_offload=True or checkpoint_offload=20")
+    return offload
+
+
 def _last(layers: list[torch.nn.Module], n: int | float) -> list[torch.nn.Module]:
     """The last ``n`` of ``layers`` (a count), or that fraction of them rounded to the nearest count."""
     count = math.floor(n * len(layers) + 0.5) if isinstance(n, float) else n
     return layers[len(layers) - count:] if count else []
 
 
-def plan(model: torch.nn.Module, keep: Policy, attention_cls: type, error: Callable[..., PatchError]
-         ) -> tuple[list[Kept], list[torch.nn.Module]]:
-    """The kept modules and the modules whose checkpoint function gets the context, before anything changes.
+def plan(model: torch.nn.Module, keep: Policy, attention_cls: type, error: Callable[..., PatchError],
+         offload: Offload = False) -> KeepPlan:
+    """The kept modules, the modules whose checkpoint function gets the context and the offloaded layers, before
+    anything changes.
 
-    ``keep``: `policy_of`'s pairs. ``error(PatchError, what, why=..., fix=...)`` builds the family's error. Raises
-    when checkpointing is off or reentrant, a kind is found in no checkpointed layer, or a count exceeds the
-    layers holding its kind.
+    ``keep``: `policy_of`'s pairs; ``offload``: `offload_of`'s value. ``error(PatchError, what, why=..., fix=...)``
+    builds the family's error. Raises when checkpointing is off or reentrant, a kind is found in no checkpointed
+    layer, a count exceeds the layers holding its kind, or offload is asked for where nothing is kept or for more
+    layers than keep a module.
     """
     policy = [(kind, n) for kind, n in keep if n]
     if not policy:
-        return [], []
+        if offload:
+            raise error(PatchError, f"checkpoint_offload={offload!r} without checkpoint_keep",
+                        why="checkpoint_offload moves what checkpoint_keep keeps to host memory: nothing is kept",
+                        fix="pass checkpoint_keep too, e.g. {'attention': 1.0, 'mlp_in': 1.0}, or leave "
+                            "checkpoint_offload out")
+        return KeepPlan([], [], [])
     holders = [m for m in model.modules() if "_gradient_checkpointing_func" in vars(m)]
     layers = [m for m in holders if getattr(m, "gradient_checkpointing", False)]
     if not layers:
@@ -162,7 +209,15 @@ def plan(model: torch.nn.Module, keep: Policy, attention_cls: type, error: Calla
         for kind in KEEP:
             if layer in chosen.get(kind, ()) and not (kind == "mlp_in" and layer in chosen.get("mlp", ())):
                 kept += [Kept(names[id(m)], m, layer, kind) for m in found[layer][kind]]
-    return kept, holders
+    keeping = list({k.layer: None for k in kept})  # model order
+    if isinstance(offload, int) and not isinstance(offload, bool) and offload > len(keeping):
+        raise error(PatchError, f"checkpoint_offload={offload} but {len(keeping)} layers keep a module",
+                    why="a count offloads the first that many layers keeping a module",
+                    fix=f"pass a count up to {len(keeping)}, or True for every layer")
+    first = len(_last(keeping, offload)) if isinstance(offload, float) else len(keeping) if offload is True \
+        else int(offload)
+    offloaded = keeping[:first]
+    return KeepPlan(kept, holders, offloaded)
 
 
 def _modules(layer: torch.nn.Module, attention_cls: type) -> dict[str, list[torch.nn.Module]]:
@@ -173,12 +228,18 @@ def _modules(layer: torch.nn.Module, attention_cls: type) -> dict[str, list[torc
             "mlp_in": [c for mlp in mlps for n, c in mlp.named_children() if n in _MLP_IN_NAMES]}
 
 
-def apply(handle: Any, kept: list[Kept], holders: list[torch.nn.Module]) -> None:
+def apply(handle: Any, plan: KeepPlan) -> None:
     """Give each checkpoint function the context and each kept module its forward, recorded on the handle."""
+    kept, holders, offloaded = plan
+    offloader = hf_offload.Offloader() if offloaded else None
     for m in holders:
         fn = cast(functools.partial, m._gradient_checkpointing_func)  # plan checked it
-        handle._set("instance", m, "_gradient_checkpointing_func", _with_context(fn),
-                    "checkpoint with tfcompat's context_fn (kept module outputs are not recomputed)")
+        to_host = any(m is x for x in offloaded)
+        keeping = any(m is k.layer for k in kept)  # its recompute fetches the previous layer's copies ahead
+        handle._set("instance", m, "_gradient_checkpointing_func",
+                    _with_context(fn, offloader if keeping else None, to_host),
+                    "checkpoint with tfcompat's context_fn (kept module outputs are not recomputed"
+                    + ("; what they save goes to host memory)" if to_host else ")"))
     for k in kept:
         handle._set("instance", k.module, "forward", _kept_forward(k.module.forward, k.layer),
                     f"output kept through gradient checkpointing ({k.kind}), not recomputed")
@@ -190,9 +251,10 @@ def apply(handle: Any, kept: list[Kept], holders: list[torch.nn.Module]) -> None
 class _Outputs:
     """One checkpointed call's kept outputs, in call order: appended in the forward, taken in the recompute."""
 
-    def __init__(self) -> None:
-        self.items: list[tuple[Any, Any]] = []  # (outputs detached, their requires_grad)
+    def __init__(self, stash: hf_offload.Stash | None) -> None:
+        self.items: list[tuple[Any, Any]] = []  # (outputs detached or packed by the stash, their requires_grad)
         self.taken = 0
+        self.stash = stash  # the layer's offloaded tensors, where it offloads
 
 
 _SCOPE: contextvars.ContextVar[tuple[_Outputs, bool] | None] = contextvars.ContextVar("tfcompat_kept", default=None)
@@ -202,22 +264,27 @@ _SCOPE: contextvars.ContextVar[tuple[_Outputs, bool] | None] = contextvars.Conte
 def _scope(outputs: _Outputs, recompute: bool) -> Iterator[None]:
     if recompute:
         outputs.taken = 0  # a second backward (retain_graph) recomputes again
+        if outputs.stash is not None:
+            outputs.stash.fetch()  # this layer's tensors back, and the next layer's of the backward ahead
     token = _SCOPE.set((outputs, recompute))
     try:
         yield
     finally:
         _SCOPE.reset(token)
+        if not recompute and outputs.stash is not None:
+            outputs.stash.close()
 
 
-def _context_fn() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
-    outputs = _Outputs()
+def _context_fn(offloader: hf_offload.Offloader | None, to_host: bool
+                ) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    outputs = _Outputs(None if offloader is None else offloader.stash(to_host))
     return _scope(outputs, False), _scope(outputs, True)
 
 
-def _with_context(fn: functools.partial) -> Callable[..., Any]:
+def _with_context(fn: functools.partial, offloader: hf_offload.Offloader | None, to_host: bool) -> Callable[..., Any]:
     """transformers' checkpoint function (a partial of ``checkpoint`` with ``use_reentrant=False``) plus the
-    context_fn."""
-    return functools.partial(fn, context_fn=_context_fn)
+    context_fn (with the patch's offloader where the layer keeps modules; ``to_host``: it offloads them)."""
+    return functools.partial(fn, context_fn=functools.partial(_context_fn, offloader, to_host))
 
 
 def _hold(t: torch.Tensor) -> torch.Tensor:
@@ -238,13 +305,15 @@ def _kept_forward(forward: Callable[..., Any], layer: torch.nn.Module) -> Callab
             return forward(*args, **kwargs)
         outputs, recompute = scope
         if recompute:
-            detached, grads = outputs.items[outputs.taken]
+            held, grads = outputs.items[outputs.taken]
             outputs.taken += 1
             # the same requires_grad as in the forward: the rest of the recompute then saves the same tensors
-            return _rebuild(detached, grads)
-        with torch.autograd.graph.saved_tensors_hooks(_hold, lambda t: t):  # innermost hooks: kept, not dropped
+            return _rebuild(tree_map(hf_offload.unpack, held), grads)
+        pack = _hold if outputs.stash is None else outputs.stash.pack
+        # innermost hooks: kept (or offloaded), not dropped
+        with torch.autograd.graph.saved_tensors_hooks(pack, hf_offload.unpack):
             out = forward(*args, **kwargs)
-        outputs.items.append((tree_map_only(torch.Tensor, torch.Tensor.detach, out),
+        outputs.items.append((tree_map_only(torch.Tensor, pack, out),
                               tree_map_only(torch.Tensor, lambda t: t.requires_grad, out)))
         return out
 

@@ -130,6 +130,7 @@ def patch(
     linear_backend: hf_linear_attention.LinearBackend = "auto",
     fused: hf_fused.Fused = False,
     checkpoint_keep: hf_checkpointing.CheckpointKeep = (),
+    checkpoint_offload: hf_checkpointing.Offload = False,
     prove: bool | None = None,
 ) -> PatchHandle:
     """Make a stock transformers model accept packed batches; returns a `PatchHandle`.
@@ -151,6 +152,9 @@ def patch(
         (projections, rotary, attention call), ``"mlp"``, ``"mlp_in"`` (the MLP's gate / up projections), or
         several; per layer with ``{kind: count or fraction}`` (the last layers), e.g. ``{"attention": 1.0,
         "mlp_in": 8}`` (`tfcompat.hf.checkpointing`).
+    checkpoint_offload: what ``checkpoint_keep`` keeps goes to pinned host memory in the forward and comes back in
+        the backward, one layer ahead, overlapped on side streams (`tfcompat.hf.offload`; the same gradients):
+        False (default), True (every layer keeping a module), a count or fraction of those layers (the first).
     prove: for a type without a written table (derived from its modeling module), check the patch first on a tiny
         copy of the model's own config, CPU float32: stock per sequence against patched packed (`tfcompat.hf.proof`,
         cached per type, release and config; `PatchHandle.proof` says what it found). None (default): prove unless
@@ -169,8 +173,10 @@ def patch(
                          fix="pass one of the supported backends")
     ulysses_group = _check_group(ulysses_group)
     keep = hf_checkpointing.policy_of(checkpoint_keep)
+    offload = hf_checkpointing.offload_of(checkpoint_offload)
     options = {"remove_padding": remove_padding, "ulysses_group": ulysses_group, "backend": backend,
-               "linear_backend": linear_backend, "fused": fused, "checkpoint_keep": keep}
+               "linear_backend": linear_backend, "fused": fused, "checkpoint_keep": keep,
+               "checkpoint_offload": offload}
     existing = vars(model).get(_HANDLE_ATTR)
     if existing is not None and existing.active:
         if existing.options != options:
@@ -196,7 +202,7 @@ def patch(
                              why="tfcompat replaces those layers' forwards with a loop over the row's sequences; the "
                              "modules kept from recomputation are the packed path's", supported="checkpoint_keep=()",
                              fix="patch without checkpoint_keep")
-    kept, holders = hf_checkpointing.plan(model, keep, resolved.attention_cls, resolved.error)
+    keep_plan = hf_checkpointing.plan(model, keep, resolved.attention_cls, resolved.error, offload)
     is_derived = resolved.entry.derived is not None or resolved.entry.derived_vision is not None
     proof = hf_proof.prove(model, resolved, functools.partial(patch, prove=False)) \
         if is_derived and hf_proof.is_wanted(prove) else None  # the copy's own patch proves nothing again
@@ -274,7 +280,7 @@ def patch(
                     "packed Gated DeltaNet (conv and state restart per sequence)")
     hf_mixers.apply(handle, plan.mixers)
     hf_fused.apply(handle, fused_modules)
-    hf_checkpointing.apply(handle, kept, holders)
+    hf_checkpointing.apply(handle, keep_plan)
     handle._set("instance", model, "__deepcopy__", _deepcopy(handle), "copy.deepcopy gives a copy patched alike")
     handle._set("instance", model, "__reduce_ex__", _refuse_pickle(handle), "pickling raises PatchedModelError")
     handle._set("instance", model, _HANDLE_ATTR, handle, "the active handle (idempotence)")

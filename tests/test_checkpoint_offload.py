@@ -1,0 +1,143 @@
+"""`patch(model, checkpoint_keep=..., checkpoint_offload=...)`: what the kept modules save, offloaded and brought back.
+
+The oracle is the same patch without offload: the same graph on the same tensors, so the loss and every gradient
+must be equal bit for bit. On CPU the "host copy" is a clone of each storage, rebuilt as views of a second clone in
+the backward, so a wrong view, a storage shared by mistake or a copy that never comes back changes the gradients;
+a control corrupts the copies and must change them (the gradients do come from the copies).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tfcompat
+from tests.helpers import pack
+from tfcompat.hf import offload
+from tfcompat.registry.derive import causal_lm_types
+from tfcompat.registry.versions import installed_transformers
+from tfcompat.selfcheck import sample_sequences, tiny_model
+
+LENGTHS = [5, 9, 3]
+
+
+def _model(family: str) -> torch.nn.Module:
+    model = tiny_model(family, "sdpa", num_hidden_layers=3).train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+class _Saves:
+    """The storages each stash copies (`Stash._save` calls), per stash, in forward order."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.per_stash: dict[int, int] = {}
+        save = offload.Stash._save
+
+        def counted(stash, src):
+            self.per_stash[id(stash)] = self.per_stash.get(id(stash), 0) + 1
+            return save(stash, src)
+
+        monkeypatch.setattr(offload.Stash, "_save", counted)
+
+
+def _grads(family: str, keep, to_host, weight_seed: int = 5) -> tuple[float, dict[str, torch.Tensor]]:
+    model = _model(family)
+    inputs = pack(model, sample_sequences(model, LENGTHS, [None] * 3, seed=4))
+    weight = torch.randn(sum(LENGTHS), model.config.vocab_size, generator=torch.Generator().manual_seed(weight_seed))
+    with tfcompat.patch(model, checkpoint_keep=keep, checkpoint_offload=to_host):
+        loss = (model(**inputs, use_cache=False).logits[0].float() * weight).sum()
+        loss.backward()
+    return float(loss.detach()), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize(("family", "keep", "to_host", "offloading"), [
+    ("qwen2", ("attention", "mlp"), True, 3), ("llama", {"attention": 2, "mlp_in": 1.0}, True, 3),
+    ("qwen2", ("attention", "mlp_in"), 2, 2), ("qwen3", "attention", 0.34, 1),
+    ("qwen3_moe", ("attention", "mlp"), 1, 1), ("phi3", "mlp_in", True, 3)])
+def test_offloaded_gradients_equal_the_kept_path_bit_for_bit(family, keep, to_host, offloading, monkeypatch):
+    """Rule: offloading what the kept modules save (every storage here: MIN_BYTES = 0) changes no bit of the loss
+    or of any gradient against the same patch without offload, for dense and MoE blocks (tuple outputs), a fused
+    gate/up projection (phi3) and per-layer policies; a count or fraction offloads that many of the first layers
+    keeping a module (counted: stashes that copied something)."""
+    if family not in causal_lm_types():
+        pytest.skip(f"transformers {installed_transformers()} ships no {family}")
+    monkeypatch.setattr(offload, "MIN_BYTES", 0)
+    loss, kept = _grads(family, keep, False)
+    saves = _Saves(monkeypatch)
+    loss_off, off = _grads(family, keep, to_host)
+    assert len(saves.per_stash) == offloading, saves.per_stash
+    assert loss_off == loss
+    assert off.keys() == kept.keys()
+    for name, g in off.items():
+        assert torch.equal(g, kept[name]), name
+
+
+def test_the_gradients_come_from_the_copies(monkeypatch):
+    """Control: the copies corrupted on the host (zeroed before they come back) change the gradients, so the test
+    above compares gradients computed from the copies, not from tensors the patch still held."""
+    monkeypatch.setattr(offload, "MIN_BYTES", 0)
+    _, kept = _grads("qwen2", ("attention", "mlp_in"), False)
+    fetch = offload._fetch
+
+    def zeroed(copies):
+        for c in copies:
+            c.host.zero_()
+        fetch(copies)
+
+    monkeypatch.setattr(offload, "_fetch", zeroed)
+    _, corrupt = _grads("qwen2", ("attention", "mlp_in"), True)
+    assert any(not torch.equal(corrupt[n], kept[n]) for n in kept)
+
+
+def test_views_share_one_copy_and_parameters_stay():
+    """Rule: views of one storage share one copy and come back as views of one block with their dtype, shape,
+    strides and offset; parameters, views of them, leaves that require grad and storages under MIN_BYTES are held
+    as they are (no copy)."""
+    stash = offload.Offloader(min_bytes=64).stash(True)
+    x = torch.randn(6, 8)
+    q = x[:, 2:5]  # (6, 3), a strided view
+    y = x.t()  # (8, 6)
+    weight = torch.nn.Parameter(torch.randn(8, 8))
+    leaf = torch.randn(8, 8, requires_grad=True)
+    small = torch.randn(3)
+    packed = [stash.pack(t) for t in (x, q, y, weight, weight.t(), leaf, small)]
+    stash.close()
+    copies = {id(p.copy) for p in packed if isinstance(p, offload._Packed)}
+    assert len(copies) == 1
+    assert [isinstance(p, offload._Packed) for p in packed] == [True, True, True, False, False, False, False]
+    expected = [(t.clone(), t.shape, t.stride(), t.storage_offset()) for t in (x, q, y)]
+    x.zero_()  # the copy is the saved value, not the live tensor
+    stash.fetch()
+    back = [offload.unpack(p) for p in packed[:3]]
+    for b, (value, shape, stride, offset) in zip(back, expected):
+        assert (b.shape, b.stride(), b.storage_offset()) == (shape, stride, offset) and torch.equal(b, value)
+    assert back[0].untyped_storage().data_ptr() == back[2].untyped_storage().data_ptr()
+    assert back[0].untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+def test_options_and_the_layers_offloaded():
+    """Rule: the handle's options hold checkpoint_offload, patching again with them returns the handle, and the
+    offloading layers' checkpoint functions say so in explain()."""
+    model = _model("qwen2")
+    handle = tfcompat.patch(model, checkpoint_keep={"attention": 1.0}, checkpoint_offload=2)
+    assert handle.options["checkpoint_offload"] == 2
+    assert tfcompat.patch(model, checkpoint_keep={"attention": 1.0}, checkpoint_offload=2) is handle
+    assert handle.explain().count("goes to host memory") == 2
+    handle.undo()
+
+
+@pytest.mark.parametrize(("keep", "to_host", "match"), [
+    ("attention", "yes", "checkpoint_offload='yes'"),
+    ("attention", -1, "checkpoint_offload=-1"),
+    ("attention", 1.5, "checkpoint_offload=1.5"),
+    ((), True, "checkpoint_offload=True without checkpoint_keep"),
+    ({"attention": 2}, 3, "checkpoint_offload=3 but 2 layers keep a module"),
+])
+def test_bad_offloads_are_refused_at_patch_time(keep, to_host, match):
+    """Rule: checkpoint_offload is a bool, a count up to the layers keeping a module or a fraction in [0, 1], and
+    needs checkpoint_keep; anything else is a PatchError at patch() and nothing is changed."""
+    model = _model("qwen2")
+    with pytest.raises(tfcompat.PatchError, match=match):
+        tfcompat.patch(model, checkpoint_keep=keep, checkpoint_offload=to_host)
+    assert not tfcompat.is_patched(model)
