@@ -314,6 +314,8 @@ def sample_examples(model: torch.nn.Module, lengths: tuple[int, ...], images: bo
     gen = torch.Generator().manual_seed(seed)
     examples: list[dict[str, Any]] = [
         {"input_ids": allowed[torch.randint(len(allowed), (n,), generator=gen)][None]} for n in lengths]
+    # a text model the image-text-to-text mapping lists (5.24's Mistral 4) takes text alone
+    images = images and (getattr(config, "vision_config", None) is not None or _image_token_id(config) is not None)
     pixels = inspect.signature(model.forward).parameters.get("pixel_values")
     required = pixels is not None and pixels.default is inspect.Parameter.empty  # BLIP-2 runs no text alone
     for i in (range(len(lengths)) if required else sorted({0, len(lengths) - 1})) if images else ():
