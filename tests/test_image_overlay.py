@@ -51,13 +51,14 @@ def _shifted(model_type: str) -> tuple[torch.nn.Module, list[dict[str, torch.Ten
     try:
         model = build(model_type, "sdpa", kind="image_text_to_text")
         examples = vlm_examples(model)[:3]
-        if not _causal(model, examples[1]):  # PaliGemma: its stock sdpa attends both ways without token types, and
-            model = build(model_type, "eager", kind="image_text_to_text")  # the patch-time proof refuses there
-        if not _causal(model, examples[1]):  # 4.x PaliGemma: eager too over its whole prompt (tests/test_derived.py)
+        # PaliGemma's stock sdpa attends both ways without token types (the patch-time proof refuses there)
+        if not causal_without_types(model, examples[1]):
+            model = build(model_type, "eager", kind="image_text_to_text")
+        if not causal_without_types(model, examples[1]):  # 4.x PaliGemma: eager too, over its whole prompt
             pytest.skip(f"{model_type}: the stock model attends both ways without token types; patch() refuses")
     except Exception as exc:  # noqa: BLE001 -- the zoo's limit, named
         pytest.xfail(f"{model_type}: tiny model cannot be built or run with an image: {exc}")
-    image_id = next(v for k, v in model.config.to_dict().items() if k in ("image_token_id", "image_token_index"))
+    image_id = getattr(model.config, tfcompat.resolve(model_type).entry.derived_vision.placeholder)
     name = tfcompat.resolve(model_type).entry.derived_vision.mask_inputs[0]
     examples[2] = {**examples[2], "input_ids": torch.cat([examples[1]["input_ids"][:, :3], examples[2]["input_ids"]],
                                                          dim=1)}  # (1, L) -> (1, 3 + L)
@@ -68,7 +69,7 @@ def _shifted(model_type: str) -> tuple[torch.nn.Module, list[dict[str, torch.Ten
     return model, examples, name
 
 
-def _causal(model: torch.nn.Module, example: dict[str, torch.Tensor]) -> bool:
+def causal_without_types(model: torch.nn.Module, example: dict[str, torch.Tensor]) -> bool:
     """Whether the stock model's logits of a text prefix are those of the whole text's first tokens."""
     with torch.no_grad():
         whole = model(**example).logits[0]
