@@ -316,9 +316,6 @@ def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
                     and ast.unparse(n.func).startswith("self.") and ast.unparse(n.func) not in (
                         f"self.{attr}", "self.loss_function")
                     and any(k.arg is None and ast.unparse(k.value) == var_kw for k in n.keywords)})
-    if not named and leaks:  # InstructBLIP-Video's Q-Former would read the row's positions as its own
-        return (f"{cls.__name__}.forward hands its **{var_kw}, which carry the position ids, to {', '.join(leaks)} "
-                f"besides self.{attr}")
     if text_model is not None:  # the call for a decoder-only language model only (BLIP-2's other builds a seq2seq one)
         calls = [c for c in calls if "decoder_input_ids" not in {k.arg for k in c.keywords}] or calls
     for call in calls:
@@ -333,6 +330,9 @@ def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
                        and not (text_model is not None and _text_model_computes(fn, attr, k, v, text_model)))
         if text_model is not None and extra:
             return f"{cls.__name__}.forward passes {', '.join(extra)} to its language model"
+    if not named and leaks:  # InstructBLIP-Video's Q-Former would read the row's positions as its own
+        return (f"{cls.__name__}.forward hands its **{var_kw}, which carry the position ids, to {', '.join(leaks)} "
+                f"besides self.{attr}")
     defaults = {id(n) for g in ast.walk(fn) if isinstance(g, ast.If) and ast.unparse(g.test) == "position_ids is None"
                 for n in g.body if _counts_the_row(n) == 0 or (text_model is not None and (
                     _own_positions_call(n, cls) or _counts_the_row(n) is not None))}  # the owner's own: offsets, M-RoPE
