@@ -252,6 +252,8 @@ def test_packs_what_the_owner_hands_its_language_model(model_type):
     packed equals stock per sequence, forward and backward, and the control differs (`vlm_check`)."""
     _skip_unless_patched(model_type)
     outcome = vlm_check(model_type, "sdpa")
+    if outcome.status == "unbuildable":  # the zoo's limit on this release (4.57's BLIP-2 Q-Former: no sdpa), named
+        pytest.xfail(f"{model_type}: {outcome.reason}")
     assert outcome.status == "pass", outcome.reason
 
 
@@ -263,6 +265,8 @@ def test_packs_what_the_processor_batches_its_own_way(model_type):
     stock per sequence, forward and backward, and the control differs (`vlm_check`)."""
     _skip_unless_patched(model_type)
     outcome = vlm_check(model_type, "sdpa")
+    if outcome.status == "unbuildable":  # the zoo's limit on this release (4.57's BLIP-2 Q-Former: no sdpa), named
+        pytest.xfail(f"{model_type}: {outcome.reason}")
     assert outcome.status == "pass", outcome.reason
 
 
