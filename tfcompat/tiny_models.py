@@ -153,6 +153,15 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "LlavaNextConfig": {"image_grid_pinpoints": [[32, 32]]},
     "LlavaNextVideoConfig": {"image_grid_pinpoints": [[32, 32]]},
     "LlavaOnevisionConfig": {"image_grid_pinpoints": [[32, 32]]},
+    # the codebook's codes are token ids of the tiny vocab (`_CODE_NAMES`); GroupNorm's 32 groups of the smallest width
+    "ChameleonVQVAEConfig": {"num_embeddings": 32, "base_channels": 32},
+    "Emu3VQVAEConfig": {"codebook_size": 32, "base_channels": 32,
+                        "hidden_size": 128},  # its attention blocks' width: the last stage's, base_channels * 4
+    # image features are injected at text layers (one per projector: a deepstack layer of the vision tower, 4 spatial
+    # offset groups): 5 text layers, one each; the projector's Q-Former pools 2 x 2 windows of the 4 x 4 patches
+    "Granite4VisionConfig": {"deepstack_layer_map": [[1, 0]], "spatial_target_layers": [1, 2, 3, 4],
+                             "downsample_rate": "1/2", "image_grid_pinpoints": [[32, 32]]},
+    "Granite4VisionTextConfig": {"num_hidden_layers": 5},
     # rotary parameters are keyed by layer type, and the defaults give none
     "CohereCompassTextConfig": {"rope_parameters": {
         "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
@@ -182,6 +191,14 @@ _MROPE: dict[str, tuple[list[int], str]] = {
     "GlmOcrTextConfig": ([8, 12, 12], "default"), "PaddleOCRTextConfig": ([16, 24, 24], "default"),
     # ERNIE-4.5-VL's sections are [h, w, t] (h and w interleaved: equal)
     "Ernie4_5_VLMoeTextConfig": ([22, 22, 20], "default"), "Ernie4_5_VL_MoeTextConfig": ([22, 22, 20], "default"),
+}
+# VQ image tokenizers' vocabulary maps (the tokenizer's names of the codes, which the model parses), by config class:
+# the vq config's codebook-size field, the name of code i, the special names the model reads besides "<image>"
+_CODE_NAMES: dict[str, tuple[str, Callable[[int], str], tuple[str, ...]]] = {
+    # code 12 is "IMGIMGBCZ": its digits as the letters A-J
+    "ChameleonConfig": ("num_embeddings", lambda i: "IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(i)) + "Z",
+                        ()),
+    "Emu3Config": ("codebook_size", lambda i: f"<|visual token {i:06d}|>", ("<|extra_200|>",)),  # the row end
 }
 # Switches to the stock code path that runs on CPU, wherever a config has them.
 _FLAGS: dict[str, Any] = {"use_mamba_kernels": False}
@@ -235,15 +252,15 @@ def tiny_config(model_type: str, kind: Kind = "causal_lm") -> PretrainedConfig:
             default = config_cls(**{"vision_config": vision_cls()})  # an optional tower (Gemma 4): an image needs one
     except Exception as exc:  # noqa: BLE001 -- any failure of a foreign constructor is the reason to report
         raise _error(model_type, f"{config_cls.__name__} does not build from its own defaults", cause=exc) from None
-    return _with_placeholders(_shrunk(model_type, default, _token_map(default), base={}))
+    return _with_vocabulary_map(_with_placeholders(_shrunk(model_type, default, _token_map(default), base={})))
 
 
 def shrunk_config(config: PretrainedConfig) -> PretrainedConfig:
     """A copy of ``config`` with its sizes shrunk as `tiny_config` shrinks a class's defaults and every other field
     kept (see the module docstring); ``config`` itself is left as it is."""
     try:
-        return _with_placeholders(_shrunk(config.model_type, config, _token_map(config), base=config.to_diff_dict(),
-                                          own=True))
+        tiny = _shrunk(config.model_type, config, _token_map(config), base=config.to_diff_dict(), own=True)
+        return _with_vocabulary_map(_with_placeholders(tiny))
     except TinyModelError:
         raise
     except Exception as exc:  # noqa: BLE001 -- any failure of a foreign config class is the reason to report
@@ -342,7 +359,7 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
 
     config: Any = model.config
     token_id = _image_token_id(config)
-    vision = getattr(config, "vision_config", None)
+    vision = _image_tower_config(config)
     if token_id is None or vision is None:
         raise _error(config.model_type, "the config names no image token id or no vision config")
     features = getattr(model, "get_image_features", None) or getattr(getattr(model, "model", None),
@@ -430,6 +447,13 @@ def _required_from_config(fn: Any, config: Any, given: dict[str, Any]) -> dict[s
             if any(hasattr(h, n) for h in holders)}
 
 
+def _image_tower_config(config: Any) -> Any:
+    """The config that says which images the model takes: its vision tower's, its VQ image tokenizer's (Chameleon,
+    Emu3), or the config itself where it names a patch size (Fuyu: patches projected linearly, no tower); or None."""
+    tower = getattr(config, "vision_config", None) or getattr(config, "vq_config", None)
+    return tower if tower is not None else config if isinstance(getattr(config, "patch_size", None), int) else None
+
+
 def _image_token_id(config: Any) -> int | None:
     for key in ("image_token_id", "image_token_index", "image_token"):
         value = getattr(config, key, None)
@@ -481,6 +505,8 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
                         "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16).bool()})
     image = torch.randn(1, channels, size, size, generator=g)
     layouts += [{"pixel_values": image}, {"pixel_values": image[:, None]}]
+    # (B, N, C*p*p) patches of the image (Fuyu: projected linearly)
+    layouts.append({"pixel_values": torch.randn(1, (size // patch) ** 2, channels * patch * patch, generator=g)})
     if "image_sizes" in params:  # any-resolution (LLaVA-NeXT): the base image and one tile of the 32 x 32 grid
         sizes = torch.tensor([[size, size]])
         layouts += [{"pixel_values": image, "image_sizes": sizes},
@@ -510,6 +536,8 @@ def _tensors(out: Any) -> list[Any]:
     for key in ("pooler_output", "last_hidden_state"):  # 5.x returns a model output; llama4 projects later
         if getattr(out, key, None) is not None:
             return _tensors(getattr(out, key))
+    if getattr(out, "deepstack_features", None):  # only features injected at text layers (Granite 4 Vision): each
+        return _tensors(out.deepstack_features[0][1])  # (layer, features per image) pair fills the placeholders
     return []
 
 
@@ -594,6 +622,22 @@ def _with_placeholders(config: PretrainedConfig) -> PretrainedConfig:
     return config
 
 
+def _with_vocabulary_map(config: PretrainedConfig) -> PretrainedConfig:
+    """``config`` with the tokenizer's vocabulary map where a VQ image tokenizer's model reads one and the config
+    leaves it None (`_CODE_NAMES`): ``"<image>"`` at the config's image token id, the other special names and one
+    name per code of the tiny codebook at free ids of the tiny vocab (the codes' embeddings are the image features)."""
+    names = _CODE_NAMES.get(type(config).__name__)
+    if names is None or getattr(config, "vocabulary_map", 0) is not None:
+        return config
+    field, code_name, specials = names
+    codes = getattr(config.vq_config, field)
+    used = special_token_ids(config)
+    free = (i for i in range(VOCAB - 1, -1, -1) if i not in used)
+    vocabulary = {"<image>": config.image_token_id, **{name: next(free) for name in specials}}
+    config.vocabulary_map = {**vocabulary, **{code_name(code): next(free) for code in range(codes)}}
+    return config
+
+
 def _is_token_key(key: str, attribute_map: dict[str, str]) -> bool:
     """Whether a config key holds token ids: by its name, or as the stored name of one (Molmo2's `image_patch_id`
     behind `image_token_id`)."""
@@ -602,7 +646,7 @@ def _is_token_key(key: str, attribute_map: dict[str, str]) -> bool:
 
 
 def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], base: dict[str, Any],
-            own: bool = False) -> PretrainedConfig:
+            own: bool = False, tied: frozenset[int] = frozenset()) -> PretrainedConfig:
     """Build the tiny config of the class of `default`, sub-configs first; the fewest layers that hold every kind.
 
     `base` holds the values to start from: none for the top config (its class defaults), the full-size values
@@ -610,14 +654,23 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
     own: `default` is a given config (`shrunk_config`), not a class's defaults: its per-layer patterns win over the
     class's rule and over `_OVERRIDES` (cut to the layers that hold each kind, or the override's more), its windows
     and routing are capped.
+    tied: full-size hidden sizes of the config tree; a width the shrink leaves as it is (`_WIDTH_SUFFIXES`) equal to one
+    of them follows to the tiny hidden size. A class that checks a width against a hidden size (no projection between
+    them: WavTokenizer's ``codebook_dim``, dots3's adapters) rejects the shrink without it; the tree is shrunk again so
+    only where a class of it rejects the shrink, so that a width equal to a hidden size by chance stays where nothing
+    checks it.
     """
     patterns = _per_layer_patterns(default)
     subs = _sub_configs(default)
     dropped = _META | (_NOT_SEMANTIC if own else set())
     kwargs = {k: v for k, v in base.items() if k not in patterns and k not in subs and k not in dropped}
     kwargs.update(_generic_kwargs(default, ids, own))
+    values = default.to_dict()
+    kwargs.update({k: _SIZES["hidden_size"] for k, v in values.items() if isinstance(v, int) and v in tied
+                   and kwargs.get(k, v) == v and not isinstance(v, bool) and k.endswith(_WIDTH_SUFFIXES)
+                   and "position" not in k})
     for name, sub in subs.items():
-        kwargs[name] = _shrunk(model_type, sub, ids, base=sub.to_diff_dict(), own=own)
+        kwargs[name] = _shrunk(model_type, sub, ids, base=sub.to_diff_dict(), own=own, tied=tied)
     layers = _layers_needed(default, patterns)
     overrides = {k: v for k, v in _OVERRIDES.get(type(default).__name__, {}).items() if not own or k not in patterns}
     if own:  # a layer count the class needs (Zamba's two hybrid layers), but never fewer than the pattern's kinds
@@ -628,7 +681,6 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
         if real in default.to_dict():
             kwargs[real] = layers
     kwargs.update(overrides)
-    values = default.to_dict()
     kwargs.update({k: v for k, v in _FILL_NONE.get(type(default).__name__, {}).items() if values.get(k, None) is None})
     kwargs.update({k: v for k, v in _FLAGS.items() if k in values})
     layers = kwargs.get("num_hidden_layers", layers)
@@ -655,7 +707,20 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
     try:
         return cls(**kwargs)
     except Exception as exc:  # noqa: BLE001
-        raise _error(model_type, f"{cls.__name__} rejects the shrunk sizes", cause=exc) from None
+        hiddens = _hidden_sizes(default)
+        if tied or not hiddens:
+            raise _error(model_type, f"{cls.__name__} rejects the shrunk sizes", cause=exc) from None
+    return _shrunk(model_type, default, ids, base, own, tied=hiddens)
+
+
+def _hidden_sizes(config: PretrainedConfig) -> frozenset[int]:
+    """The full-size hidden sizes of ``config`` and of every sub-config in its tree."""
+    own = getattr(config, "hidden_size", None)
+    subs = (_hidden_sizes(sub) for sub in _sub_configs(config).values())
+    return frozenset({own} if isinstance(own, int) and not isinstance(own, bool) else ()).union(*subs)
+
+
+_WIDTH_SUFFIXES = ("_dim", "_channels", "_width", "hidden_size", "input_size", "output_size")
 
 
 def _holds(pattern: Any, default: list[Any], layers: int) -> bool:
