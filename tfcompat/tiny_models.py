@@ -487,9 +487,12 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
         grid = torch.tensor([[1, h, w]])
         # the merge of each image where the forward takes it per image (VideoLLaMA3's `image_merge_sizes`)
         merges = {"image_merge_sizes": torch.tensor([merge])} if "image_merge_sizes" in params else {}
+        blocks = torch.randn(h * w // merge**2, merge * patch, merge * patch, channels, generator=g)
         layouts += [{"pixel_values": flat, "image_grid_thw": grid, **merges},
                     {"pixel_values": flat.view(h * w, channels * temporal, patch, patch), "image_grid_thw": grid,
-                     **merges}]
+                     **merges},
+                    # one merged block of patches per text token, channels last, the grid counted in tokens (Inkling 2)
+                    {"pixel_values": blocks, "image_grid_thw": grid // torch.tensor([[1, merge, merge]]), **merges}]
     if "image_grid_hw" in params:  # flattened 2-D patches and their (h, w) grid (Nemotron-H Omni)
         flat = torch.randn(16, channels * patch * patch, generator=g)
         layouts.append({"pixel_values": flat, "image_grid_hw": torch.tensor([[4, 4]])})
@@ -505,8 +508,11 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
                         "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16).bool()})
     image = torch.randn(1, channels, size, size, generator=g)
     layouts += [{"pixel_values": image}, {"pixel_values": image[:, None]}]
-    # (B, N, C*p*p) patches of the image (Fuyu: projected linearly)
-    layouts.append({"pixel_values": torch.randn(1, (size // patch) ** 2, channels * patch * patch, generator=g)})
+    # (B, N, C*p*p) patches of the image (Fuyu: projected linearly); (N, t, p, p, C) patches of t frames, channels
+    # last, one text token each (Inkling: folded space-to-depth)
+    frames = _first_attr(vision, ("temporal_patch_size",), 1) or 1
+    layouts += [{"pixel_values": torch.randn(1, (size // patch) ** 2, channels * patch * patch, generator=g)},
+                {"pixel_values": torch.randn(4, frames, patch, patch, channels, generator=g)}]
     if "image_sizes" in params:  # any-resolution (LLaVA-NeXT): the base image and one tile of the 32 x 32 grid
         sizes = torch.tensor([[size, size]])
         layouts += [{"pixel_values": image, "image_sizes": sizes},
