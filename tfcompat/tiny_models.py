@@ -180,6 +180,7 @@ _FILL_NONE: dict[str, dict[str, Any]] = {
     "MllamaTextConfig": {"rope_scaling": {"rope_type": "default"}},  # read by the rotary embedding (4.x)
     "DeepseekOcr2TextConfig": {"mlp_layer_types": ["dense", "sparse"]},  # indexed per layer
     "Step3p7TextConfig": {"sliding_window": 8},  # its sliding mask is built whatever the layer types
+    "DiffusionGemmaTextConfig": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},  # every layer MoE
 }
 # M-RoPE sections the modeling code assumes where the config has none, and the 4.x rope type, by text config class:
 # scaled to the tiny head like a config's own.
