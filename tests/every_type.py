@@ -261,7 +261,7 @@ def _vision_row(model: torch.nn.Module, kind: str, item: Any, before: torch.Tens
                                        else model.config.image_token_id)
         placeholders = torch.cat([torch.zeros(len(before), dtype=torch.bool), marked,
                                   torch.zeros(len(after), dtype=torch.bool)])[None]
-    ids = torch.cat([before, torch.tensor(run), after])[None]
+    ids = torch.cat([before, torch.tensor(run, dtype=torch.long), after])[None]  # run: empty for a prepended image
     inputs = {"input_ids": ids, **item.inputs}
     for name in ("mm_token_type_ids", "moe_mm_token_type_ids"):  # ERNIE-4.5-VL routes its MoE by the latter
         if name in inspect.signature(model.forward).parameters:

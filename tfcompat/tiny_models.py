@@ -78,7 +78,12 @@ _SIZES: dict[str, int] = {
     "mm_tokens_per_image": 4, "vision_hidden_size": 64, "text_hidden_size": 64, "vision_output_dim": 64,
     "projector_input_dim": 64, "projector_output_dim": 64, "projection_hidden_size": 64,
     "mm_embed_dim": 64, "output_proj_dims": 64, "mm_posemb_size": 16,  # Gemma 4 unified's tower and its positions
+    # VQ image tokenizers and audio codecs: 32 codes; the narrowest convolution width GroupNorm's 32 groups take
+    "codebook_size": 32, "base_channels": 32,
 }
+# Token ids from here on hold the ranges of codebook codes a config lays into its vocabulary at `*_token_offset`s (as
+# many ids as codes, `codebook_size`): end to end, in their full-size order (Apertus 1.5: the image's, the audio's)
+_CODE_IDS = 64
 # Capped, not set: a model may have none of these, and keeping one is enough to have that kind of layer or expert.
 _AT_MOST: dict[str, int] = {
     "n_shared_experts": 1, "num_shared_experts": 1, "moe_num_shared_experts": 1,
@@ -153,10 +158,9 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "LlavaNextConfig": {"image_grid_pinpoints": [[32, 32]]},
     "LlavaNextVideoConfig": {"image_grid_pinpoints": [[32, 32]]},
     "LlavaOnevisionConfig": {"image_grid_pinpoints": [[32, 32]]},
-    # the codebook's codes are token ids of the tiny vocab (`_CODE_NAMES`); GroupNorm's 32 groups of the smallest width
-    "ChameleonVQVAEConfig": {"num_embeddings": 32, "base_channels": 32},
-    "Emu3VQVAEConfig": {"codebook_size": 32, "base_channels": 32,
-                        "hidden_size": 128},  # its attention blocks' width: the last stage's, base_channels * 4
+    # the codebook's codes are token ids of the tiny vocab (`_CODE_NAMES`): as many as `codebook_size` says
+    "ChameleonVQVAEConfig": {"num_embeddings": 32},
+    "Emu3VQVAEConfig": {"hidden_size": 128},  # its attention blocks' width: the last stage's, base_channels * 4
     # image features are injected at text layers (one per projector: a deepstack layer of the vision tower, 4 spatial
     # offset groups): 5 text layers, one each; the projector's Q-Former pools 2 x 2 windows of the 4 x 4 patches
     "Granite4VisionConfig": {"deepstack_layer_map": [[1, 0]], "spatial_target_layers": [1, 2, 3, 4],
@@ -326,7 +330,7 @@ def sample_examples(model: torch.nn.Module, lengths: tuple[int, ...], images: bo
     for i in sorted({0, len(lengths) - 1}) if images else ():
         image = tiny_image(model, seed=i)
         ids = examples[i]["input_ids"]  # (1, L): text, the image's placeholders, text
-        run = torch.full((1, image.tokens), image.token_id)
+        run = torch.tensor([[image.token_id] * image.tokens], dtype=torch.long)  # (1, 0) for a prepended image
         examples[i] = {"input_ids": torch.cat([ids[:, :3], run, ids[:, 3:]], 1), **image.inputs}
         if "mm_token_type_ids" in inspect.signature(model.forward).parameters:  # 1 at an image's tokens, as its
             # processor returns them (5.x M-RoPE forwards number images only with them)
@@ -339,10 +343,11 @@ class TinyImage(NamedTuple):
 
     inputs: `pixel_values` (and `image_grid_thw` / `image_sizes` where the model takes them), batch of one image.
     token_id: the placeholder token id; tokens: how many placeholders the image fills in `input_ids`.
+    token_id None (and no tokens): the model places the image itself, at no placeholder (GIT prepends it to the row).
     """
 
     inputs: dict[str, torch.Tensor]
-    token_id: int
+    token_id: int | None
     tokens: int
 
 
@@ -361,10 +366,13 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
     config: Any = model.config
     token_id = _image_token_id(config)
     vision = _image_tower_config(config)
-    if token_id is None or vision is None:
-        raise _error(config.model_type, "the config names no image token id or no vision config")
     features = getattr(model, "get_image_features", None) or getattr(getattr(model, "model", None),
                                                                     "get_image_features", None)
+    if token_id is None and vision is not None and features is None and "pixel_values" in inspect.signature(
+            model.forward).parameters:
+        return _prepended(model, _layouts(vision, {}, torch.Generator().manual_seed(seed)))
+    if token_id is None or vision is None:
+        raise _error(config.model_type, "the config names no image token id or no vision config")
     if features is None:
         raise _error(config.model_type, "the model has no get_image_features")
     hidden = config.get_text_config().hidden_size
@@ -413,6 +421,28 @@ def tiny_video(model: torch.nn.Module, seed: int = 0) -> TinyImage:
                             **({"video_merge_sizes": layout["image_merge_sizes"]} if merges else {})})
     return _first_fit(config.model_type, "video", features, layouts, config.get_text_config().hidden_size, token_id,
                       lambda layout: {})
+
+
+def _prepended(model: torch.nn.Module, layouts: list[dict[str, Any]]) -> TinyImage:
+    """The first of ``layouts`` that a model with no placeholders (GIT: the image's tokens before the text) runs on,
+    as a `TinyImage` of no placeholders; the logits' extra length is the image's tokens. Raises `TinyModelError`."""
+    import torch
+
+    config: Any = model.config
+    reasons = []
+    ids = torch.zeros(1, 3, dtype=torch.long)  # (1, 3): any text
+    for layout in layouts:
+        try:
+            with torch.no_grad():
+                extra = model(input_ids=ids, **layout, use_cache=False).logits.shape[1] - ids.shape[1]
+        except Exception as exc:  # noqa: BLE001 -- the next layout may fit
+            reasons.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:120])
+            continue
+        if extra > 0:
+            return TinyImage(layout, None, 0)
+        reasons.append("the image adds no tokens to the logits")
+    raise _error(config.model_type, "no image layout fits its forward (an image before the text, no placeholder)",
+                 supported="; ".join(reasons))
 
 
 def _first_fit(model_type: str, kind: str, features: Callable[..., Any], layouts: list[dict[str, Any]], hidden: int,
@@ -766,6 +796,8 @@ def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int], own: bool = F
             kwargs[key] = {**rope, "mrope_section": _mrope_sections(sections, {**values, **rope})}
         elif isinstance(rope, dict) and _rope_factors(rope, values) != rope:
             kwargs[key] = _rope_factors(rope, values)
+    offsets = sorted((v, k) for k, v in values.items() if k.endswith("_token_offset") and isinstance(v, int))
+    kwargs.update({k: _CODE_IDS + i * _SIZES["codebook_size"] for i, (_, k) in enumerate(offsets)})
     for key, value in values.items():
         if key == "per_layer_config" and isinstance(value, dict):
             # per-layer overrides keyed by layer index: the same sizes (the index is cut to the tiny layers later)
