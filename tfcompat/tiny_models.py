@@ -303,7 +303,14 @@ def _built(model_type: str, cls: Any, config: PretrainedConfig, attn_implementat
     try:
         model = cls._from_config(config, attn_implementation=attn_implementation)
     except Exception as exc:  # noqa: BLE001
-        raise _error(model_type, f"{cls.__name__} does not build from the tiny config", cause=exc) from None
+        towers = _eager_towers(config, attn_implementation)
+        if towers is None:
+            raise _error(model_type, f"{cls.__name__} does not build from the tiny config", cause=exc) from None
+        try:
+            torch.manual_seed(seed)
+            model = cls._from_config(config, attn_implementation=towers)
+        except Exception:  # noqa: BLE001 -- the first failure says why
+            raise _error(model_type, f"{cls.__name__} does not build from the tiny config", cause=exc) from None
     with torch.no_grad():  # zero-initialized weights (gemma3's projector, gpt-oss' sinks) would make a path vacuous
         for p in model.parameters():
             if p.is_floating_point() and not p.any():
@@ -311,6 +318,19 @@ def _built(model_type: str, cls: Any, config: PretrainedConfig, attn_implementat
     model = model.float().eval()
     _AFTER_BUILD.get(model_type, lambda m: None)(model)
     return model
+
+
+def _eager_towers(config: PretrainedConfig, attn_implementation: str) -> dict[str, str] | None:
+    """``attn_implementation`` for the model and its text config, eager for its other sub-configs (Apertus 1.5's
+    tokenizers offer no sdpa though the composite class does): the implementation the reference is about reaches the
+    language model. None where that changes nothing (eager, or no sub-config besides the text config)."""
+    subs = _sub_configs(config)
+    text = config.get_text_config()
+    towers = {name: "eager" for name, sub in subs.items() if sub is not text}
+    if attn_implementation == "eager" or not towers:
+        return None
+    return {"": attn_implementation, **{name: attn_implementation for name, sub in subs.items() if sub is text},
+            **towers}
 
 
 def sample_examples(model: torch.nn.Module, lengths: tuple[int, ...], images: bool = False, seed: int = 0
