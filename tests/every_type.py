@@ -95,11 +95,13 @@ def packed_inputs(seqs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def compare(packed: torch.Tensor, per_sequence: list[torch.Tensor]) -> float:
     """Max over tokens of `max |packed - stock| / max |stock|` for that token;
-    `packed (T, V)`, `per_sequence (L_i, V)`."""
+    `packed (T, V)`, `per_sequence (L_i, V)`. Logits the model bans (the dtype's minimum: Chameleon's image codes) are
+    no scale: against theirs (3.4e38) any difference would vanish."""
     expected = torch.cat(per_sequence)
     if packed.shape != expected.shape:
         raise ValueError(f"packed logits {tuple(packed.shape)} vs per-sequence {tuple(expected.shape)}")
-    scale = expected.abs().amax(-1).clamp_min(1e-6)  # (T,)
+    banned = expected <= torch.finfo(expected.dtype).min / 2
+    scale = expected.masked_fill(banned, 0.0).abs().amax(-1).clamp_min(1e-6)  # (T,)
     return float(((packed - expected).abs().amax(-1) / scale).max())
 
 
