@@ -461,8 +461,8 @@ def _prepended(model: torch.nn.Module, layouts: list[dict[str, Any]]) -> TinyIma
         if extra > 0:
             return TinyImage(layout, None, 0)
         reasons.append("the image adds no tokens to the logits")
-    raise _error(config.model_type, "no image layout fits its forward (an image before the text, no placeholder)",
-                 supported="; ".join(reasons))
+    raise _error(config.model_type, "the config names no image token id, and no image layout adds tokens before the "
+                 "text (as GIT's prepended image does)", supported="; ".join(reasons))
 
 
 def _first_fit(model_type: str, kind: str, features: Callable[..., Any], layouts: list[dict[str, Any]], hidden: int,
