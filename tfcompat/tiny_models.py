@@ -4,8 +4,10 @@
 names (through its `attribute_map`, and in every sub-config) is set from one table, every dropout to 0, special
 token ids are moved inside the small vocabulary, and the number of layers is the smallest that still holds one
 layer of each kind the full-size default has (its `layer_types` and other per-layer patterns, first dense layers
-of an MoE). A few types need more than the generic shrink: `_OVERRIDES` says which and why. A type that cannot be
-made tiny raises `TinyModelError` naming why.
+of an MoE). Where a class rejects that shrink, the widths equal to a hidden size of the config tree follow it (a
+validator's "codebook_dim must equal hidden_size"). Codebooks get 32 codes; the token ranges a config lays them at
+(`*_token_offset`) lie end to end inside the tiny vocabulary. A few types need more than the generic shrink:
+`_OVERRIDES` says which and why. A type that cannot be made tiny raises `TinyModelError` naming why.
 
 `shrunk_config(config)` shrinks a given config the same way and keeps every other field (`tiny_copy` builds a
 model of it): the user's layer pattern (cut to the first layers that hold each of its kinds), rope scaling and its
@@ -501,8 +503,10 @@ def _required_from_config(fn: Any, config: Any, given: dict[str, Any]) -> dict[s
 def _image_tower_config(config: Any) -> Any:
     """The config that says which images the model takes: its vision tower's, its VQ image tokenizer's (Chameleon,
     Emu3), or the config itself where it names a patch size (Fuyu: patches projected linearly, no tower); or None."""
-    tower = getattr(config, "vision_config", None) or getattr(config, "vq_config", None)
-    return tower if tower is not None else config if isinstance(getattr(config, "patch_size", None), int) else None
+    for name in ("vision_config", "vq_config"):
+        if getattr(config, name, None) is not None:
+            return getattr(config, name)
+    return config if isinstance(getattr(config, "patch_size", None), int) else None
 
 
 def _image_token_id(config: Any) -> int | None:
