@@ -95,11 +95,13 @@ def packed_inputs(seqs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def compare(packed: torch.Tensor, per_sequence: list[torch.Tensor]) -> float:
     """Max over tokens of `max |packed - stock| / max |stock|` for that token;
-    `packed (T, V)`, `per_sequence (L_i, V)`."""
+    `packed (T, V)`, `per_sequence (L_i, V)`. Logits the model bans (the dtype's minimum: Chameleon's image codes) are
+    no scale: against theirs (3.4e38) any difference would vanish."""
     expected = torch.cat(per_sequence)
     if packed.shape != expected.shape:
         raise ValueError(f"packed logits {tuple(packed.shape)} vs per-sequence {tuple(expected.shape)}")
-    scale = expected.abs().amax(-1).clamp_min(1e-6)  # (T,)
+    banned = expected <= torch.finfo(expected.dtype).min / 2
+    scale = expected.masked_fill(banned, 0.0).abs().amax(-1).clamp_min(1e-6)  # (T,)
     return float(((packed - expected).abs().amax(-1) / scale).max())
 
 
@@ -261,7 +263,7 @@ def _vision_row(model: torch.nn.Module, kind: str, item: Any, before: torch.Tens
                                        else model.config.image_token_id)
         placeholders = torch.cat([torch.zeros(len(before), dtype=torch.bool), marked,
                                   torch.zeros(len(after), dtype=torch.bool)])[None]
-    ids = torch.cat([before, torch.tensor(run), after])[None]
+    ids = torch.cat([before, torch.tensor(run, dtype=torch.long), after])[None]  # run: empty for a prepended image
     inputs = {"input_ids": ids, **item.inputs}
     for name in ("mm_token_type_ids", "moe_mm_token_type_ids"):  # ERNIE-4.5-VL routes its MoE by the latter
         if name in inspect.signature(model.forward).parameters:

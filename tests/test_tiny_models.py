@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.every_type import image_check
-from tfcompat.tiny_models import TinyModelError, model_types, tiny_config, tiny_model
+from tfcompat.tiny_models import TinyModelError, model_types, special_token_ids, tiny_config, tiny_model
 
 CAUSAL = set(model_types("causal_lm"))
 
@@ -112,3 +112,88 @@ def test_shrunk_config_keeps_the_semantics_of_a_given_config():
     assert gemma.final_logit_softcapping == 7.0 and gemma.sliding_window == 8
     mixtral = shrunk_config(MixtralConfig(num_experts_per_tok=1, num_key_value_heads=32))
     assert (mixtral.num_experts_per_tok, mixtral.num_local_experts, mixtral.num_key_value_heads) == (1, 4, 4)
+
+
+IMAGE = set(model_types("image_text_to_text"))
+# image-text-to-text types the zoo builds since issue 27 (the rule each needed): widths checked against a hidden size
+# (apertus1p5, dots3_note), VQ tokenizers' codebooks and vocabulary maps (apertus1p5, chameleon, emu3), Fuyu's linear
+# patches, GIT's prepended image, Granite 4 Vision's projector layers, Inkling 2's merged blocks, Inkling's frames
+NEWLY_BUILT = ["apertus1p5", "chameleon", "dots3_note", "emu3", "fuyu", "git", "granite4_vision", "inkling2",
+               "inkling2_loop", "inkling_mm_model"]
+# stock forwards (4.x) that take no image the zoo lays out: the zoo builds them, the image check cannot pass
+_IMAGE_NOT_TAKEN = {
+    "emu3": "4.x Emu3ForConditionalGeneration.forward does not pass pixel_values to its model",
+    "fuyu": "4.x Fuyu's forward takes image_patches at image_patches_indices, not pixel_values at placeholders",
+}
+
+
+def _image_config(model_type: str):
+    if model_type not in IMAGE:
+        pytest.skip(f"the installed transformers has no image-text-to-text {model_type!r}")
+    return tiny_config(model_type, "image_text_to_text")
+
+
+@pytest.mark.parametrize("model_type", NEWLY_BUILT)
+def test_newly_built_image_types(model_type):
+    """Rule: each of these builds, runs forward and backward around one fake image of its layout, and the image
+    reaches the logits (as `test_image_zoo`, which xfails an unbuildable type; here that is a failure)."""
+    _image_config(model_type)
+    if model_type == "inkling_mm_model":  # its vision tower plans its scales with scipy's linear_sum_assignment
+        pytest.importorskip("scipy", reason="Inkling's vision tower needs scipy (a test dependency: noxfile.py)")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls; see tests/test_every_causal_lm.py
+    try:
+        outcome = image_check(model_type)
+    finally:
+        torch.set_num_threads(threads)
+    if outcome.reason.startswith("the image does not reach the logits") and model_type in _IMAGE_NOT_TAKEN:
+        pytest.xfail(_IMAGE_NOT_TAKEN[model_type])
+    assert outcome.status == "pass", outcome.reason
+
+
+def test_widths_checked_against_a_hidden_size_follow_it():
+    """Rule: a width the class checks against a hidden size (no projection between them) stays equal to it, at the
+    tiny size: WavTokenizer's codebook_dim, dots3's audio and vision adapters (their input, and their output that is
+    the text hidden size)."""
+    apertus = _image_config("apertus1p5")
+    assert apertus.audio_config.codebook_dim == apertus.audio_config.hidden_size == 64
+    dots = _image_config("dots3_note")
+    assert dots.audio_config.adapter_input_size == dots.audio_config.hidden_size == 64
+    assert dots.vision_config.adapter_in_dim == dots.vision_config.hidden_size == 64
+    assert dots.vision_config.adapter_out_dim == dots.audio_config.adapter_out_dim == dots.text_config.hidden_size
+
+
+def test_codebook_ranges_lie_in_the_tiny_vocab():
+    """Rule: codebooks shrink to 32 codes; the ranges a config lays into its vocabulary at `*_token_offset` lie end to
+    end inside the tiny vocab, in their full-size order, below the special ids (Apertus 1.5: image codes, audio codes).
+    """
+    c = _image_config("apertus1p5")
+    assert c.vision_config.codebook_size == c.audio_config.codebook_size == 32
+    assert c.image_token_offset + c.vision_config.codebook_size == c.audio_token_offset
+    codes = set(range(c.image_token_offset, c.audio_token_offset + c.audio_config.codebook_size))
+    assert max(codes) < c.text_config.vocab_size and not codes & special_token_ids(c)
+
+
+@pytest.mark.parametrize(("model_type", "field"), [("chameleon", "num_embeddings"), ("emu3", "codebook_size")])
+def test_vq_tokenizer_vocabulary_map(model_type, field):
+    """Rule: a VQ image tokenizer's vocabulary map names the image placeholder at the config's image token id and
+    one token of the tiny vocab per code of its codebook, none of them a special id."""
+    c = _image_config(model_type)
+    vocabulary = c.vocabulary_map
+    assert vocabulary["<image>"] == c.image_token_id
+    codes = [i for name, i in vocabulary.items() if name.startswith(("IMGIMG", "<|visual token"))]
+    assert len(set(codes)) == getattr(c.vq_config, field) == 32
+    assert all(0 <= i < c.get_text_config().vocab_size for i in vocabulary.values())
+    assert not set(codes) & special_token_ids(c)
+
+
+def test_block_diffusion_builds_and_is_refused():
+    """DiffusionGemma (block diffusion: an encoder over the prompt, a decoder attending bidirectionally over the canvas)
+    builds (its text config's experts set: every layer is MoE), and `tfcompat.patch` refuses it with a reason."""
+    import tfcompat
+    from tfcompat.errors import PatchError
+
+    _image_config("diffusion_gemma")
+    model = tiny_model("diffusion_gemma", "image_text_to_text", attn_implementation="eager")
+    with pytest.raises(PatchError, match="encoder-decoder"):
+        tfcompat.patch(model)

@@ -4,8 +4,10 @@
 names (through its `attribute_map`, and in every sub-config) is set from one table, every dropout to 0, special
 token ids are moved inside the small vocabulary, and the number of layers is the smallest that still holds one
 layer of each kind the full-size default has (its `layer_types` and other per-layer patterns, first dense layers
-of an MoE). A few types need more than the generic shrink: `_OVERRIDES` says which and why. A type that cannot be
-made tiny raises `TinyModelError` naming why.
+of an MoE). Where a class rejects that shrink, the widths equal to a hidden size of the config tree follow it (a
+validator's "codebook_dim must equal hidden_size"). Codebooks get 32 codes; the token ranges a config lays them at
+(`*_token_offset`) lie end to end inside the tiny vocabulary. A few types need more than the generic shrink:
+`_OVERRIDES` says which and why. A type that cannot be made tiny raises `TinyModelError` naming why.
 
 `shrunk_config(config)` shrinks a given config the same way and keeps every other field (`tiny_copy` builds a
 model of it): the user's layer pattern (cut to the first layers that hold each of its kinds), rope scaling and its
@@ -80,7 +82,12 @@ _SIZES: dict[str, int] = {
     "mm_tokens_per_image": 4, "vision_hidden_size": 64, "text_hidden_size": 64, "vision_output_dim": 64,
     "projector_input_dim": 64, "projector_output_dim": 64, "projection_hidden_size": 64,
     "mm_embed_dim": 64, "output_proj_dims": 64, "mm_posemb_size": 16,  # Gemma 4 unified's tower and its positions
+    # VQ image tokenizers and audio codecs: 32 codes; the narrowest convolution width GroupNorm's 32 groups take
+    "codebook_size": 32, "base_channels": 32,
 }
+# Token ids from here on hold the ranges of codebook codes a config lays into its vocabulary at `*_token_offset`s (as
+# many ids as codes, `codebook_size`): end to end, in their full-size order (Apertus 1.5: the image's, the audio's)
+_CODE_IDS = 64
 # Capped, not set: a model may have none of these, and keeping one is enough to have that kind of layer or expert.
 _AT_MOST: dict[str, int] = {
     "n_shared_experts": 1, "num_shared_experts": 1, "moe_num_shared_experts": 1,
@@ -161,6 +168,14 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "LlavaNextConfig": {"image_grid_pinpoints": [[32, 32]]},
     "LlavaNextVideoConfig": {"image_grid_pinpoints": [[32, 32]]},
     "LlavaOnevisionConfig": {"image_grid_pinpoints": [[32, 32]]},
+    # the codebook's codes are token ids of the tiny vocab (`_CODE_NAMES`): as many as `codebook_size` says
+    "ChameleonVQVAEConfig": {"num_embeddings": 32},
+    "Emu3VQVAEConfig": {"hidden_size": 128},  # its attention blocks' width: the last stage's, base_channels * 4
+    # image features are injected at text layers (one per projector: a deepstack layer of the vision tower, 4 spatial
+    # offset groups): 5 text layers, one each; the projector's Q-Former pools 2 x 2 windows of the 4 x 4 patches
+    "Granite4VisionConfig": {"deepstack_layer_map": [[1, 0]], "spatial_target_layers": [1, 2, 3, 4],
+                             "downsample_rate": "1/2", "image_grid_pinpoints": [[32, 32]]},
+    "Granite4VisionTextConfig": {"num_hidden_layers": 5},
     # rotary parameters are keyed by layer type, and the defaults give none
     "CohereCompassTextConfig": {"rope_parameters": {
         "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
@@ -179,6 +194,7 @@ _FILL_NONE: dict[str, dict[str, Any]] = {
     "MllamaTextConfig": {"rope_scaling": {"rope_type": "default"}},  # read by the rotary embedding (4.x)
     "DeepseekOcr2TextConfig": {"mlp_layer_types": ["dense", "sparse"]},  # indexed per layer
     "Step3p7TextConfig": {"sliding_window": 8},  # its sliding mask is built whatever the layer types
+    "DiffusionGemmaTextConfig": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},  # every layer MoE
 }
 # M-RoPE sections the modeling code assumes where the config has none, and the 4.x rope type, by text config class:
 # scaled to the tiny head like a config's own.
@@ -190,6 +206,14 @@ _MROPE: dict[str, tuple[list[int], str]] = {
     "GlmOcrTextConfig": ([8, 12, 12], "default"), "PaddleOCRTextConfig": ([16, 24, 24], "default"),
     # ERNIE-4.5-VL's sections are [h, w, t] (h and w interleaved: equal)
     "Ernie4_5_VLMoeTextConfig": ([22, 22, 20], "default"), "Ernie4_5_VL_MoeTextConfig": ([22, 22, 20], "default"),
+}
+# VQ image tokenizers' vocabulary maps (the tokenizer's names of the codes, which the model parses), by config class:
+# the vq config's codebook-size field, the name of code i, the special names the model reads besides "<image>"
+_CODE_NAMES: dict[str, tuple[str, Callable[[int], str], tuple[str, ...]]] = {
+    # code 12 is "IMGIMGBCZ": its digits as the letters A-J
+    "ChameleonConfig": ("num_embeddings", lambda i: "IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(i)) + "Z",
+                        ()),
+    "Emu3Config": ("codebook_size", lambda i: f"<|visual token {i:06d}|>", ("<|extra_200|>",)),  # the row end
 }
 # Switches to the stock code path that runs on CPU, wherever a config has them.
 _FLAGS: dict[str, Any] = {"use_mamba_kernels": False}
@@ -243,15 +267,15 @@ def tiny_config(model_type: str, kind: Kind = "causal_lm") -> PretrainedConfig:
             default = config_cls(**{"vision_config": vision_cls()})  # an optional tower (Gemma 4): an image needs one
     except Exception as exc:  # noqa: BLE001 -- any failure of a foreign constructor is the reason to report
         raise _error(model_type, f"{config_cls.__name__} does not build from its own defaults", cause=exc) from None
-    return _with_placeholders(_shrunk(model_type, default, _token_map(default), base={}))
+    return _with_vocabulary_map(_with_placeholders(_shrunk(model_type, default, _token_map(default), base={})))
 
 
 def shrunk_config(config: PretrainedConfig) -> PretrainedConfig:
     """A copy of ``config`` with its sizes shrunk as `tiny_config` shrinks a class's defaults and every other field
     kept (see the module docstring); ``config`` itself is left as it is."""
     try:
-        return _with_placeholders(_shrunk(config.model_type, config, _token_map(config), base=config.to_diff_dict(),
-                                          own=True))
+        tiny = _shrunk(config.model_type, config, _token_map(config), base=config.to_diff_dict(), own=True)
+        return _with_vocabulary_map(_with_placeholders(tiny))
     except TinyModelError:
         raise
     except Exception as exc:  # noqa: BLE001 -- any failure of a foreign config class is the reason to report
@@ -289,7 +313,14 @@ def _built(model_type: str, cls: Any, config: PretrainedConfig, attn_implementat
     try:
         model = cls._from_config(config, attn_implementation=attn_implementation)
     except Exception as exc:  # noqa: BLE001
-        raise _error(model_type, f"{cls.__name__} does not build from the tiny config", cause=exc) from None
+        towers = _eager_towers(config, attn_implementation)
+        if towers is None:
+            raise _error(model_type, f"{cls.__name__} does not build from the tiny config", cause=exc) from None
+        try:
+            torch.manual_seed(seed)
+            model = cls._from_config(config, attn_implementation=towers)
+        except Exception:  # noqa: BLE001 -- the first failure says why
+            raise _error(model_type, f"{cls.__name__} does not build from the tiny config", cause=exc) from None
     with torch.no_grad():  # zero-initialized weights (gemma3's projector, gpt-oss' sinks) would make a path vacuous
         for p in model.parameters():
             if p.is_floating_point() and not p.any():
@@ -297,6 +328,19 @@ def _built(model_type: str, cls: Any, config: PretrainedConfig, attn_implementat
     model = model.float().eval()
     _AFTER_BUILD.get(model_type, lambda m: None)(model)
     return model
+
+
+def _eager_towers(config: PretrainedConfig, attn_implementation: str) -> dict[str, str] | None:
+    """``attn_implementation`` for the model and its text config, eager for its other sub-configs (Apertus 1.5's
+    tokenizers offer no sdpa though the composite class does): the implementation the reference is about reaches the
+    language model. None where that changes nothing (eager, or no sub-config besides the text config)."""
+    subs = _sub_configs(config)
+    text = config.get_text_config()
+    towers = {name: "eager" for name, sub in subs.items() if sub is not text}
+    if attn_implementation == "eager" or not towers:
+        return None
+    return {"": attn_implementation, **{name: attn_implementation for name, sub in subs.items() if sub is text},
+            **towers}
 
 
 def sample_examples(model: torch.nn.Module, lengths: tuple[int, ...], images: bool = False, seed: int = 0
@@ -321,7 +365,7 @@ def sample_examples(model: torch.nn.Module, lengths: tuple[int, ...], images: bo
     for i in (range(len(lengths)) if required else sorted({0, len(lengths) - 1})) if images else ():
         image = tiny_image(model, seed=i)
         ids = examples[i]["input_ids"]  # (1, L): text, the image's placeholders, text
-        run = torch.full((1, image.tokens), image.token_id)
+        run = torch.tensor([[image.token_id] * image.tokens], dtype=torch.long)  # (1, 0) for a prepended image
         examples[i] = {"input_ids": torch.cat([ids[:, :3], run, ids[:, 3:]], 1), **image.inputs}
         if "mm_token_type_ids" in inspect.signature(model.forward).parameters:  # 1 at an image's tokens, as its
             # processor returns them (5.x M-RoPE forwards number images only with them)
@@ -334,10 +378,11 @@ class TinyImage(NamedTuple):
 
     inputs: `pixel_values` (and `image_grid_thw` / `image_sizes` where the model takes them), batch of one image.
     token_id: the placeholder token id; tokens: how many placeholders the image fills in `input_ids`.
+    token_id None (and no tokens): the model places the image itself, at no placeholder (GIT prepends it to the row).
     """
 
     inputs: dict[str, torch.Tensor]
-    token_id: int
+    token_id: int | None
     tokens: int
 
 
@@ -358,11 +403,14 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
     kind = "image"
     if token_id is None and _video_token_id(config) is not None:  # a video model whose pixel values are frames
         token_id, kind = _video_token_id(config), "video"  # (InstructBLIP-Video): a one-frame video is the image
-    vision = getattr(config, "vision_config", None)
-    if token_id is None or vision is None:
-        raise _error(config.model_type, "the config names no image token id or no vision config")
+    vision = _image_tower_config(config)
     features = getattr(model, f"get_{kind}_features", None) or getattr(getattr(model, "model", None),
                                                                       f"get_{kind}_features", None)
+    if token_id is None and vision is not None and features is None and "pixel_values" in inspect.signature(
+            model.forward).parameters:
+        return _prepended(model, _layouts(vision, {}, torch.Generator().manual_seed(seed)))
+    if token_id is None or vision is None:
+        raise _error(config.model_type, "the config names no image token id or no vision config")
     if features is None:
         raise _error(config.model_type, "the model has no get_image_features")
     hidden = config.get_text_config().hidden_size
@@ -418,6 +466,28 @@ def tiny_video(model: torch.nn.Module, seed: int = 0) -> TinyImage:
                       lambda layout: {})
 
 
+def _prepended(model: torch.nn.Module, layouts: list[dict[str, Any]]) -> TinyImage:
+    """The first of ``layouts`` that a model with no placeholders (GIT: the image's tokens before the text) runs on,
+    as a `TinyImage` of no placeholders; the logits' extra length is the image's tokens. Raises `TinyModelError`."""
+    import torch
+
+    config: Any = model.config
+    reasons = []
+    ids = torch.zeros(1, 3, dtype=torch.long)  # (1, 3): any text
+    for layout in layouts:
+        try:
+            with torch.no_grad():
+                extra = model(input_ids=ids, **layout, use_cache=False).logits.shape[1] - ids.shape[1]
+        except Exception as exc:  # noqa: BLE001 -- the next layout may fit
+            reasons.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:120])
+            continue
+        if extra > 0:
+            return TinyImage(layout, None, 0)
+        reasons.append("the image adds no tokens to the logits")
+    raise _error(config.model_type, "the config names no image token id, and no image layout adds tokens before the "
+                 "text (as GIT's prepended image does)", supported="; ".join(reasons))
+
+
 def _first_fit(model_type: str, kind: str, features: Callable[..., Any], layouts: list[dict[str, Any]], hidden: int,
                token_id: int, extra: Callable[[dict[str, Any]], dict[str, Any]]) -> TinyImage:
     """The first of ``layouts`` whose ``get_{kind}_features`` output is whole rows of the text hidden size; the
@@ -456,6 +526,15 @@ def _video_token_id(config: Any) -> int | None:
                 None)
 
 
+def _image_tower_config(config: Any) -> Any:
+    """The config that says which images the model takes: its vision tower's, its VQ image tokenizer's (Chameleon,
+    Emu3), or the config itself where it names a patch size (Fuyu: patches projected linearly, no tower); or None."""
+    for name in ("vision_config", "vq_config"):
+        if getattr(config, name, None) is not None:
+            return getattr(config, name)
+    return config if isinstance(getattr(config, "patch_size", None), int) else None
+
+
 def _image_token_id(config: Any) -> int | None:
     for key in ("image_token_id", "image_token_index", "image_token"):
         value = getattr(config, key, None)
@@ -490,9 +569,12 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
         grid = torch.tensor([[1, h, w]])
         # the merge of each image where the forward takes it per image (VideoLLaMA3's `image_merge_sizes`)
         merges = {"image_merge_sizes": torch.tensor([merge])} if "image_merge_sizes" in params else {}
+        blocks = torch.randn(h * w // merge**2, merge * patch, merge * patch, channels, generator=g)
         layouts += [{"pixel_values": flat, "image_grid_thw": grid, **merges},
                     {"pixel_values": flat.view(h * w, channels * temporal, patch, patch), "image_grid_thw": grid,
-                     **merges}]
+                     **merges},
+                    # one merged block of patches per text token, channels last, the grid counted in tokens (Inkling 2)
+                    {"pixel_values": blocks, "image_grid_thw": grid // torch.tensor([[1, merge, merge]]), **merges}]
     if "image_grid_hw" in params:  # flattened 2-D patches and their (h, w) grid (Nemotron-H Omni)
         flat = torch.randn(16, channels * patch * patch, generator=g)
         layouts.append({"pixel_values": flat, "image_grid_hw": torch.tensor([[4, 4]])})
@@ -514,6 +596,11 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
     layouts += [{"pixel_values": image}, {"pixel_values": image[:, None]}]
     if "pixel_attention_mask" in params:  # tiles of an image and which are real (Granite-Docling: (B, tiles))
         layouts.append({"pixel_values": image[:, None], "pixel_attention_mask": torch.ones(1, 1, dtype=torch.bool)})
+    # (B, N, C*p*p) patches of the image (Fuyu: projected linearly); (N, t, p, p, C) patches of t frames, channels
+    # last, one text token each (Inkling: folded space-to-depth)
+    frames = _first_attr(vision, ("temporal_patch_size",), 1) or 1
+    layouts += [{"pixel_values": torch.randn(1, (size // patch) ** 2, channels * patch * patch, generator=g)},
+                {"pixel_values": torch.randn(4, frames, patch, patch, channels, generator=g)}]
     if "image_sizes" in params:  # any-resolution (LLaVA-NeXT): the base image and one tile of the 32 x 32 grid
         sizes = torch.tensor([[size, size]])
         layouts += [{"pixel_values": image, "image_sizes": sizes},
@@ -543,6 +630,8 @@ def _tensors(out: Any) -> list[Any]:
     for key in ("pooler_output", "last_hidden_state"):  # 5.x returns a model output; llama4 projects later
         if getattr(out, key, None) is not None:
             return _tensors(getattr(out, key))
+    if getattr(out, "deepstack_features", None):  # only features injected at text layers (Granite 4 Vision): each
+        return _tensors(out.deepstack_features[0][1])  # (layer, features per image) pair fills the placeholders
     return []
 
 
@@ -627,6 +716,22 @@ def _with_placeholders(config: PretrainedConfig) -> PretrainedConfig:
     return config
 
 
+def _with_vocabulary_map(config: PretrainedConfig) -> PretrainedConfig:
+    """``config`` with the tokenizer's vocabulary map where a VQ image tokenizer's model reads one and the config
+    leaves it None (`_CODE_NAMES`): ``"<image>"`` at the config's image token id, the other special names and one
+    name per code of the tiny codebook at free ids of the tiny vocab (the codes' embeddings are the image features)."""
+    names = _CODE_NAMES.get(type(config).__name__)
+    if names is None or getattr(config, "vocabulary_map", 0) is not None:
+        return config
+    field, code_name, specials = names
+    codes = getattr(config.vq_config, field)
+    used = special_token_ids(config)
+    free = (i for i in range(VOCAB - 1, -1, -1) if i not in used)
+    vocabulary = {"<image>": config.image_token_id, **{name: next(free) for name in specials}}
+    config.vocabulary_map = {**vocabulary, **{code_name(code): next(free) for code in range(codes)}}
+    return config
+
+
 def _is_token_key(key: str, attribute_map: dict[str, str]) -> bool:
     """Whether a config key holds token ids: by its name, or as the stored name of one (Molmo2's `image_patch_id`
     behind `image_token_id`)."""
@@ -635,7 +740,7 @@ def _is_token_key(key: str, attribute_map: dict[str, str]) -> bool:
 
 
 def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], base: dict[str, Any],
-            own: bool = False) -> PretrainedConfig:
+            own: bool = False, tied: frozenset[int] = frozenset()) -> PretrainedConfig:
     """Build the tiny config of the class of `default`, sub-configs first; the fewest layers that hold every kind.
 
     `base` holds the values to start from: none for the top config (its class defaults), the full-size values
@@ -643,14 +748,23 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
     own: `default` is a given config (`shrunk_config`), not a class's defaults: its per-layer patterns win over the
     class's rule and over `_OVERRIDES` (cut to the layers that hold each kind, or the override's more), its windows
     and routing are capped.
+    tied: full-size hidden sizes of the config tree; a width the shrink leaves as it is (`_WIDTH_SUFFIXES`) equal to one
+    of them follows to the tiny hidden size. A class that checks a width against a hidden size (no projection between
+    them: WavTokenizer's ``codebook_dim``, dots3's adapters) rejects the shrink without it; the tree is shrunk again so
+    only where a class of it rejects the shrink, so that a width equal to a hidden size by chance stays where nothing
+    checks it.
     """
     patterns = _per_layer_patterns(default)
     subs = _sub_configs(default)
     dropped = _META | (_NOT_SEMANTIC if own else set())
     kwargs = {k: v for k, v in base.items() if k not in patterns and k not in subs and k not in dropped}
     kwargs.update(_generic_kwargs(default, ids, own))
+    values = default.to_dict()
+    kwargs.update({k: _SIZES["hidden_size"] for k, v in values.items() if isinstance(v, int) and v in tied
+                   and kwargs.get(k, v) == v and not isinstance(v, bool) and k.endswith(_WIDTH_SUFFIXES)
+                   and "position" not in k})
     for name, sub in subs.items():
-        kwargs[name] = _shrunk(model_type, sub, ids, base=sub.to_diff_dict(), own=own)
+        kwargs[name] = _shrunk(model_type, sub, ids, base=sub.to_diff_dict(), own=own, tied=tied)
     layers = _layers_needed(default, patterns)
     overrides = {k: v for k, v in _OVERRIDES.get(type(default).__name__, {}).items() if not own or k not in patterns}
     if own:  # a layer count the class needs (Zamba's two hybrid layers), but never fewer than the pattern's kinds
@@ -661,7 +775,6 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
         if real in default.to_dict():
             kwargs[real] = layers
     kwargs.update(overrides)
-    values = default.to_dict()
     kwargs.update({k: v for k, v in _FILL_NONE.get(type(default).__name__, {}).items() if values.get(k, None) is None})
     kwargs.update({k: v for k, v in _FLAGS.items() if k in values})
     layers = kwargs.get("num_hidden_layers", layers)
@@ -697,7 +810,20 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
     try:
         return cls(**kwargs)
     except Exception as exc:  # noqa: BLE001
-        raise _error(model_type, f"{cls.__name__} rejects the shrunk sizes", cause=exc) from None
+        hiddens = _hidden_sizes(default)
+        if tied or not hiddens:
+            raise _error(model_type, f"{cls.__name__} rejects the shrunk sizes", cause=exc) from None
+    return _shrunk(model_type, default, ids, base, own, tied=hiddens)
+
+
+def _hidden_sizes(config: PretrainedConfig) -> frozenset[int]:
+    """The full-size hidden sizes of ``config`` and of every sub-config in its tree."""
+    own = getattr(config, "hidden_size", None)
+    subs = (_hidden_sizes(sub) for sub in _sub_configs(config).values())
+    return frozenset({own} if isinstance(own, int) and not isinstance(own, bool) else ()).union(*subs)
+
+
+_WIDTH_SUFFIXES = ("_dim", "_channels", "_width", "hidden_size", "input_size", "output_size")
 
 
 def _holds(pattern: Any, default: list[Any], layers: int) -> bool:
@@ -736,6 +862,8 @@ def _generic_kwargs(config: PretrainedConfig, ids: dict[int, int], own: bool = F
             kwargs[key] = {**rope, "mrope_section": _mrope_sections(sections, {**values, **rope})}
         elif isinstance(rope, dict) and _rope_factors(rope, values) != rope:
             kwargs[key] = _rope_factors(rope, values)
+    offsets = sorted((v, k) for k, v in values.items() if k.endswith("_token_offset") and isinstance(v, int))
+    kwargs.update({k: _CODE_IDS + i * _SIZES["codebook_size"] for i, (_, k) in enumerate(offsets)})
     for key, value in values.items():
         if key == "per_layer_config" and isinstance(value, dict):
             # per-layer overrides keyed by layer index: the same sizes (the index is cut to the tiny layers later)
