@@ -437,6 +437,9 @@ def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0)
     with handle:
         try:
             inputs = tfcompat.pack(model, examples).model_inputs
+        except InvalidInputError as exc:  # typed before any forward: a text family packs no images (GIT's, set in
+            return Outcome(model_type, "refused", _reason(exc))  # front of its row), said
+        try:
             with torch.no_grad():
                 diff = compare(logits_of(model, **inputs), expected)
                 rest = {k: v for k, v in inputs.items() if k not in ("input_ids", "position_ids")}

@@ -141,8 +141,10 @@ def _example(r: Resolved, model: torch.nn.Module, i: int, ex: Mapping[str, Any],
     if r.entry.vision is None:
         if vision:
             raise r.error(InvalidInputError, f"{what} has vision inputs {sorted(vision)}, and {r.family} is text only",
-                          why="a text-only family has no vision tower",
-                          fix="drop the pixel values, or use a vision-language model")
+                          why="tfcompat patches it as a text family: no vision-language owner whose images fill "
+                          "placeholder tokens was derived for it (GIT sets each image in front of its row, attended "
+                          "both ways), so a packed row carries no vision inputs",
+                          fix="drop the pixel values (text rows pack), or run image rows unpatched")
         return ids[0], torch.arange(ids.shape[1], device=ids.device)[None]
     vision_call(r, model, ids, vision, what=what, purpose="tfcompat.pack")
     positions = rope_index(model, ids, image_grid_thw=ex.get("image_grid_thw"), video_grid_thw=ex.get("video_grid_thw"),
