@@ -186,7 +186,10 @@ def derive(model_type: str, version: str, text_type: str | None,
     owner_mask = _passed(owner, lm_attr, "attention_mask")
     forward = _method(owner, "forward")
     params = [a.arg for a in forward.args.args + forward.args.kwonlyargs] if forward is not None else []
-    mask_inputs = tuple(p for p in params if p.endswith("token_type_ids")) if owner_mask != "attention_mask" else ()
+    read = {n.id for b in (forward.body if forward is not None else []) for n in ast.walk(b) if isinstance(n, ast.Name)}
+    # token types the forward reads (Inkling's signature takes token_type_ids and its masks never read them)
+    mask_inputs = tuple(p for p in params if p.endswith("token_type_ids") and p in read) if (
+        owner_mask != "attention_mask") else ()
     # Molmo2's: each image token pools patches by their index in the whole batch's patches (`pack` shifts them)
     indices = batching.batch_indices(owner, [p for p in params if p.endswith("_token_pooling")])
     unread = [i for i, pixels in indices if not pixels]
