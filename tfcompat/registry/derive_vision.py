@@ -162,8 +162,9 @@ def derive(model_type: str, version: str, text_type: str | None,
         if gap:
             raise refuse(gap, "without position_ids it numbers a sequence otherwise than 0, 1, ... (an offset), so the "
                          "per-sequence positions of a packed row would differ from the stock model's"
-                         if "own position_ids" in gap else "a packed row's position ids and forward context must "
-                         "reach the text model unchanged")
+                         if "own position_ids" in gap else "the stock model drops the images it is given, and "
+                         "embeddings computed with them (tfcompat.embed_inputs) would differ" if "pixel_values" in gap
+                         else "a packed row's position ids and forward context must reach the text model unchanged")
     positions_call = _positions_call(owner)
     layout = text.text_model_positions
     # M-RoPE numbered by the owner's own method, per sequence (`inputs.derived_vision`)
@@ -319,6 +320,9 @@ def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
                     and ast.unparse(n.func).startswith("self.") and ast.unparse(n.func) not in (
                         f"self.{attr}", "self.loss_function")
                     and any(k.arg is None and ast.unparse(k.value) == var_kw for k in n.keywords)})
+    if text_model is None and "pixel_values" in {a.arg for a in fn.args.args + fn.args.kwonlyargs} and not any(
+            k.arg == "pixel_values" for c in calls for k in c.keywords):  # 4.x-5.15 Emu3: the images never arrive
+        return f"{cls.__name__}.forward takes pixel_values and does not hand them to self.{attr}"
     if text_model is not None:  # the call for a decoder-only language model only (BLIP-2's other builds a seq2seq one)
         calls = [c for c in calls if "decoder_input_ids" not in {k.arg for k in c.keywords}] or calls
     for call in calls:
