@@ -243,10 +243,11 @@ def test_refusals_name_what_is_missing(model_type, reason):
 
 
 @pytest.mark.parametrize("model_type", [
-    "cohere_compass", "granite_docling", "qwen3_omni_moe_thinker", "qwen2_5_omni_thinker", "blip-2", "instructblip",
-    "qwen4_exp"])
+    "cohere_compass", "granite_docling", "granite4_vision", "qwen3_omni_moe_thinker", "qwen2_5_omni_thinker", "blip-2",
+    "instructblip", "qwen4_exp"])
 def test_packs_what_the_owner_hands_its_language_model(model_type):
-    """DeepStack features added at the visual tokens (read from the text model), M-RoPE numbered from locals of the
+    """DeepStack features added at the visual tokens (read from the text model: by a method, or inline in its loop as
+    Granite 4 Vision's per-layer dict, which `embed_inputs` refuses), M-RoPE numbered from locals of the
     owner's forward (Qwen-Omni's audio lengths), the decoder-only call of an owner that can build either kind of
     language model (BLIP-2), per-token lookups the text model would make itself (Qwen4-Exp's ``ple_input_ids``):
     packed equals stock per sequence, forward and backward, and the control differs (`vlm_check`)."""

@@ -150,6 +150,12 @@ def embed_derived(r: Resolved, model: torch.nn.Module, input_ids: Any, vision: d
                       "without pixel values)",
                       fix="pass input_ids and the vision inputs to the model (the tower runs inside its forward); "
                       "Ulysses with images needs a release whose forward takes inputs_embeds")
+    if v is not None and v.inline_extras:
+        raise r.error(InvalidInputError, f"{r.family} cannot take embeddings computed outside its forward",
+                      why=f"{v.owner} also hands its language model {', '.join(v.inline_extras)}, features its text "
+                      "model adds at the image tokens in its own loop, which embeddings alone do not carry",
+                      fix="pass input_ids and the vision inputs to the model (the tower runs inside its forward); "
+                      "packed rows with images work so, Ulysses rows with images do not")
     if v is not None and v.token_inputs:
         raise r.error(InvalidInputError, f"{r.family} cannot take embeddings computed outside its forward",
                       why=f"{v.owner} also hands its language model {', '.join(v.token_inputs)}, computed from the "

@@ -203,6 +203,7 @@ def derive(model_type: str, version: str, text_type: str | None,
     config = _default_config(key)
     placeholder = next((a for a in PLACEHOLDER_ATTRS if isinstance(getattr(config, a, None), int)), "")
     extras = _added_at_mask(text_cls)  # the owner hands them over (DeepStack), or the text model never adds them
+    inline = _added_inline(text_cls) if set(_added_inline(text_cls)) <= _keywords(owner, lm_attr) else ()
     derivation = VisionDerivation(
         model=top.__name__, hops=tuple((c.__name__, a) for c, a in hops), owner=owner.__name__,
         language_model_attr=lm_attr, tower_attrs=towers, projector_attrs=projectors, text_family=text_type,
@@ -210,8 +211,8 @@ def derive(model_type: str, version: str, text_type: str | None,
         embeds_need_ids=any(_refuses_embeds_alone(c) or _requires_pixels(c) for c, _ in hops),
         token_inputs=_token_inputs(owner, lm_attr, text_cls), positions_call=positions_call,
         visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else (), position_offset=offset,
-        positions_locals=_positions_locals(owner, positions_call), item_axes=batching.item_axes(key),
-        batch_indices=indices)
+        positions_locals=_positions_locals(owner, positions_call), inline_extras=inline,
+        item_axes=batching.item_axes(key), batch_indices=indices)
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
@@ -331,7 +332,7 @@ def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
             return f"{cls.__name__}.forward passes position_ids={keywords.get('position_ids')} to self.{attr}"
         if var_kw is None or not any(k.arg is None and ast.unparse(k.value) == var_kw for k in call.keywords):
             return f"{cls.__name__}.forward calls self.{attr} without its **kwargs"
-        added = _added_at_mask(text_model) if text_model is not None else ()
+        added = (*_added_at_mask(text_model), *_added_inline(text_model)) if text_model is not None else ()
         extra = sorted(k for k, v in keywords.items() if k not in LANGUAGE_MODEL_KEYWORDS and v != "None"
                        and k not in added
                        and not (text_model is not None and _text_model_computes(fn, attr, k, v, text_model)))
@@ -505,6 +506,35 @@ def _added_at_mask(text_model: type) -> tuple[str, str] | tuple[()]:
             ast.unparse(n.left), ast.unparse(n.right)) for n in ast.walk(method))
         if indexed and added:
             return call.args[1].id, call.args[2].value.id
+    return ()
+
+
+def _added_inline(text_model: type) -> tuple[str, str] | tuple[()]:
+    """``(mask, features)``: the parameters of ``text_model.forward`` whose tensors its own loop adds to the hidden
+    states at the masked tokens, inline (Granite 4 Vision's ``hidden_states[mask.squeeze(-1)] + features``, ``mask``
+    and ``features`` read from ``vision_mask`` and ``deepstack_features[layer_idx]``); () where there are none."""
+    fn = _method(text_model, "forward")
+    if fn is None:
+        return ()
+    params = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+    sources: dict[str, set[str]] = {}  # a local -> the parameters its assignments read
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            sources.setdefault(n.targets[0].id, set()).update(
+                x.id for x in ast.walk(n.value) if isinstance(x, ast.Name) and x.id in params)
+
+    def origin(e: ast.expr) -> set[str]:
+        names = {x.id for x in ast.walk(e) if isinstance(x, ast.Name)}
+        return {p for x in names for p in ({x} if x in params else sources.get(x, set()))} - {"hidden_states"}
+
+    for n in ast.walk(fn):
+        if not (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add)):
+            continue
+        for indexed, other in ((n.left, n.right), (n.right, n.left)):
+            if isinstance(indexed, ast.Subscript) and ast.unparse(indexed.value) == "hidden_states":
+                masks, features = origin(indexed.slice), origin(other)
+                if len(masks) == 1 and len(features) == 1 and masks != features:
+                    return next(iter(masks)), next(iter(features))
     return ()
 
 

@@ -207,6 +207,8 @@ class VisionDerivation:
     sequence's text row (PaliGemma's 1); a packed row's text model gets the contract's row plus it; positions_locals:
     ``(name, statement)`` for each local of the owner's forward that its numbering reads, computed from the forward's
     parameters alone (Qwen-Omni's ``audio_feature_lengths``), run on a sequence's inputs before the numbering;
+    inline_extras: ``(mask, features)`` the text model's own loop adds at the masked tokens in a form `VisualExtras`
+    does not carry (Granite 4 Vision's per-layer dict): packed rows take them from the owner, `embed_inputs` refuses;
     item_axes: ``(input, axis)`` of each vision input its processors
     return as one batch entry holding every item along ``axis`` (MiniCPM-V's ``pixel_values`` ``(1, C, p, N * p)``:
     -1), which a packed row concatenates there (`tfcompat.registry.batching`); the other inputs hold their items on
@@ -232,6 +234,7 @@ class VisionDerivation:
     visual_extras: tuple[str, str] | tuple[()] = ()
     position_offset: int = 0
     positions_locals: tuple[tuple[str, str], ...] = ()
+    inline_extras: tuple[str, str] | tuple[()] = ()
     item_axes: tuple[tuple[str, int], ...] = ()
     batch_indices: tuple[tuple[str, str], ...] = ()
 
