@@ -747,3 +747,32 @@ def test_owner_hands_the_ids_the_text_model_would_look_up():
             assert compare(model(**inputs).logits[0], expected) <= 1e-5
             with pytest.raises(tfcompat.InvalidInputError, match="also hands its language model ple_input_ids"):
                 tfcompat.embed_inputs(model, inputs["input_ids"])
+
+
+@pytest.mark.skipif("paligemma" not in derive_vision.vision_types(), reason="transformers has no paligemma here")
+def test_a_derived_owner_built_on_another_text_config_derives_from_it():
+    """A vision-language model whose default language model is a derived text type (PaliGemma's gemma), built with
+    another (PaliGemma 2's gemma2, sliding layers): its entry is derived from the text config it was built with, and
+    it packs exactly (eager: see the offset test for sdpa). Before, the default text family was planned and the patch
+    found none of its classes."""
+    from tests.every_type import compare, vlm_examples
+    from tfcompat.registry.lookup import resolve_model
+    from tfcompat.tiny_models import shrunk_config, tiny_config
+
+    config_cls = type(tiny_config("paligemma", "image_text_to_text"))
+    config = shrunk_config(config_cls(text_config={"model_type": "gemma2", "sliding_window": 4,
+                                                   "num_hidden_layers": 4}))
+    model_cls = getattr(importlib.import_module("transformers"), derive_vision.vision_types()["paligemma"])
+    torch.manual_seed(0)
+    model = model_cls._from_config(config, attn_implementation="eager").eval()
+    if resolve_model(model).entry.derived_vision is None:
+        pytest.skip(f"paligemma is not derived on {INSTALLED_VERSION}")
+    assert resolve_model(model).entry.derived_vision.text_family == "gemma2"
+    examples = vlm_examples(model)
+    with torch.no_grad():
+        expected = [model(**ex).logits[0] for ex in examples]
+        if not _causal_without_token_types(model, examples[0]):
+            pytest.skip("the stock model attends both ways without token types here (4.x); patch() refuses")
+        with tfcompat.patch(model):
+            got = model(**tfcompat.pack(model, examples).model_inputs).logits[0]
+    assert compare(got, expected) <= 1e-5
