@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import tfcompat
-from tests.every_type import build, image_sequence, vlm_check
+from tests.every_type import build, compare, image_sequence, vlm_check, vlm_examples
 from tfcompat.errors import InvalidInputError, PatchError
 from tfcompat.registry.derive import module_name
 from tfcompat.registry.upstream import bug_in
@@ -350,3 +350,52 @@ def test_video_rows_carry_the_processors_token_types():
         typed = logits_of(model, **row)
         untyped = logits_of(model, **{k: v for k, v in row.items() if k != "mm_token_type_ids"})
     assert float((typed - untyped).abs().max()) > 1e-4
+
+
+def _on_other_text(model_type: str) -> torch.nn.Module:
+    """The type's tiny model built on another text family (qwen2; llama for a qwen2 one), or an xfail naming why."""
+    import transformers
+
+    from tfcompat.tiny_models import model_class_name, shrunk_config, tiny_config
+
+    try:
+        base = tiny_config(model_type, "image_text_to_text")
+        own = getattr(getattr(base, "text_config", None), "model_type", None)
+        if own is None:
+            pytest.skip(f"{model_type} has no text config")
+        values = {k: v for k, v in base.to_dict().items() if k not in ("model_type", "transformers_version")}
+        values["text_config"] = {"model_type": "llama" if own == "qwen2" else "qwen2"}
+        config = shrunk_config(type(base)(**values))
+        torch.manual_seed(0)
+        cls = getattr(transformers, model_class_name(model_type, "image_text_to_text"))
+        return cls._from_config(config, attn_implementation="sdpa").eval()
+    except Exception as exc:  # noqa: BLE001 -- the config class takes no other text family: named
+        pytest.xfail(f"{model_type} does not build on another text family: {type(exc).__name__}: {exc}"[:300])
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("model_type", TYPES)
+def test_packed_with_images_on_another_text_family(model_type):
+    """Rule: a vision-language type built on another text family than its default (the language model its config
+    names is the one derived) packs with images exactly or is refused, typed; never patched and wrong."""
+    model = _on_other_text(model_type)
+    try:
+        examples = vlm_examples(model)[:3]
+        with torch.no_grad():
+            expected = [model(**ex).logits[0] for ex in examples]
+    except Exception as exc:  # noqa: BLE001 -- the zoo's limit, named
+        pytest.xfail(f"{model_type}: no image sequence runs stock on the other text family: {exc}"[:300])
+    try:
+        with torch.no_grad(), tfcompat.patch(model):
+            got = model(**tfcompat.pack(model, examples).model_inputs).logits[0]
+    except tfcompat.TfcompatError:
+        return  # refused, typed
+    assert compare(got, expected) <= 1e-5
+
+
+@pytest.mark.parametrize("model_type", ["llava", "internvl", "mistral3"])
+def test_packs_on_another_text_family(model_type):
+    """The same rule, in every run, for three of the commonest types."""
+    if model_type not in TYPES:
+        pytest.skip(f"transformers ships no {model_type}")
+    test_packed_with_images_on_another_text_family(model_type)
