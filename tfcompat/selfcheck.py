@@ -221,7 +221,11 @@ def check_type(model_type: str, kind: Kind = "causal_lm", tolerance: float = 1e-
         "proven on the default config" if handle.proof.status == "proven" else f"unproven: {handle.proof.reason}"
     with handle:
         try:
-            got = model(**pack(model, examples).model_inputs, use_cache=False).logits[0]
+            inputs = pack(model, examples).model_inputs
+        except TfcompatError as exc:  # typed before any forward: a text family packs no images (GIT's), said
+            return TypeCheck(model_type, "refused", _first_line(exc), proof=proof)
+        try:
+            got = model(**inputs, use_cache=False).logits[0]
         except Exception as exc:  # noqa: BLE001 -- a patched forward that raises is a failure to report
             return TypeCheck(model_type, "fail", f"the patched forward raised {_first_line(exc)}", proof=proof)
     want = torch.cat(expected)  # (T, V)
