@@ -47,7 +47,8 @@ def test_item_axes_of_real_processors():
     if "minicpmv4_6" not in TYPES:
         pytest.skip("transformers ships no MiniCPM-V 4.6")
     assert batching.item_axes("minicpmv4_6") == (("pixel_values", -1),)
-    assert batching.item_axes("minicpmv4_7") == (("pixel_values", -1),)  # 4.6's image processor
+    if "minicpmv4_7" in TYPES:  # 5.24+
+        assert batching.item_axes("minicpmv4_7") == (("pixel_values", -1),)  # 4.6's image processor
     assert batching.item_axes("llava") == ()
     resolved = tfcompat.resolve("minicpmv4_6")
     assert resolved.entry.derived_vision.item_axes == (("pixel_values", -1),)

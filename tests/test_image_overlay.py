@@ -3,9 +3,10 @@ bidirectional within themselves).
 
 From 5.23 transformers remaps a packed row's mask functions to per-sequence positions, and Gemma 3 / 4 hand their
 image overlay to the sliding-window mask as such a function: the stock packed row then reads each later sequence's
-tokens at the first sequence's image positions (`tfcompat.hf.vision.overlay_remapped`). There the patch lays the
-owner's own mask of each sequence alone on the row's diagonal. Rule: patched packed == stock per sequence, forward
-and backward, on every release; where the remap is, the stock packed row differs (the bug is real).
+tokens at the first sequence's image positions (`tfcompat.hf.vision.overlay_remapped`), and PaliGemma's prefix
+blocks span a row's sequences on older releases. The patch lays the owner's own mask of each sequence alone on the
+row's diagonal. Rule: patched packed == stock per sequence, forward and backward, on every release; where the remap
+is, the stock packed row differs (the bug is real).
 """
 
 from __future__ import annotations

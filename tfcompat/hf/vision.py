@@ -10,13 +10,13 @@ Where the owner builds the language model's mask itself (Gemma 3, from ``token_t
 - a packed row without image token types takes its boundaries from the forward context; the owner's mask (over the
   whole row) is dropped at the text model;
 - a packed row whose token types mark images (bidirectional attention within each image) runs the stock attention
-  of the pre-patch implementation for that forward, with the mask transformers builds from the packed position ids
-  (sequences apart, images bidirectional: exact, as stock per sequence). Only ``eager`` and ``sdpa`` build that
-  mask, and it needs one process: other implementations, Ulysses and padded rows raise `InvalidInputError`. Where
-  transformers remaps a packed row's mask functions to per-sequence positions (5.23+) and the owner hands its image
-  overlay to a mask as such a function (Gemma 3's and Gemma 4's sliding-window masks), that mask would read each
-  later sequence's tokens at the first sequence's positions (`overlay_remapped`); there the owner's own mask of each
-  sequence alone is laid on the row's diagonal instead (`_masks_per_sequence`).
+  of the pre-patch implementation for that forward, with the owner's own mask of each sequence alone laid on the
+  row's diagonal (`_masks_per_sequence`: exact, as stock per sequence). Only ``eager`` and ``sdpa`` take such a
+  mask, and it needs one process: other implementations, Ulysses and padded rows raise `InvalidInputError`.
+  transformers' own mask of the whole row is not used: where it remaps a packed row's mask functions to
+  per-sequence positions (5.23+) and the owner hands its image overlay to a mask as such a function (Gemma 3's and
+  Gemma 4's sliding-window masks), it reads each later sequence's tokens at the first sequence's positions
+  (`overlay_remapped`), and PaliGemma's prefix blocks (5.18 and before) span the sequences of a row.
 """
 
 from __future__ import annotations
@@ -157,10 +157,11 @@ class _ImageBlocks:
             kwargs["use_cache"] = False
         for config, impl in self.router.stock:
             config._attn_implementation = impl
-        if overlay_remapped(self.r.entry.module):  # transformers' mask of the row would be wrong: the owner's own
-            # mask of each sequence alone, block-diagonal (built for the stock implementation just set; before the
-            # count below, so that `exit` after each of those owner calls leaves the implementations as they are)
-            kwargs["attention_mask"] = _masks_per_sequence(module, self.r, ctx, kwargs)
+        # the owner's own mask of each sequence alone, block-diagonal: transformers' mask of the whole row can read
+        # one sequence's token types against another's (5.23+ remaps its overlay, `overlay_remapped`; PaliGemma's
+        # prefix blocks on older releases span sequences). Built for the stock implementation just set, before the
+        # count below, so that `exit` after each of those owner calls leaves the implementations as they are
+        kwargs["attention_mask"] = _masks_per_sequence(module, self.r, ctx, kwargs)
         self.active += 1
         return args, kwargs
 
