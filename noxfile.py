@@ -44,7 +44,7 @@ TORCH_VERSION = "2.13.0+cpu"  # == 2.13.0, and only the CPU build
 TORCH = f"torch=={TORCH_VERSION}"
 FIND_LINKS = os.environ.get("PIP_FIND_LINKS") or "/opt/wheels"
 TORCH_INDEX = os.environ.get("TFCOMPAT_TORCH_INDEX") or "https://download.pytorch.org/whl/cpu"
-# scipy: Inkling's vision tower (5.24+) plans its scales with scipy's linear_sum_assignment (the tiny-model zoo builds it)
+# scipy: Inkling's vision tower (5.24+) plans its scales with scipy's linear_sum_assignment (the zoo builds it)
 TEST_DEPS = ["pytest", "pytest-xdist", "hypothesis", "pyyaml", "packaging", "pillow", "num2words", "scipy"]
 # the dist tests of the CI subset: sp 2, one family of each kind, two derived types (sinks and windows; MLA head dims),
 # one derived VLM and the image-block refusal, one fused-exchange dtype, two feature mixes;
