@@ -654,14 +654,17 @@ def test_cross_attention_layers_skipped_without_states_are_left_stock():
 
 
 @pytest.mark.skipif("paligemma" not in derive_vision.vision_types(), reason="transformers has no paligemma here")
-@pytest.mark.parametrize("token_types", [False, True])
-def test_owner_numbering_from_an_offset_is_kept_per_sequence(token_types):
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("token_types", ["none", "zeros", "suffix", "mixed"])
+def test_owner_numbering_from_an_offset_is_kept_per_sequence(token_types, impl):
     """PaliGemma's owner numbers a sequence from 1 when given no positions (``position_ids.unsqueeze(0) + 1``): the
     derivation reads the offset (`_counts_the_row`) and the packed text model gets the contract's row plus it; packed
-    with images equals stock per sequence, with token types (a bidirectional prefix) too. Eager: without token types
-    stock sdpa attends both ways over the whole sequence (PaliGemma's attention is not causal and the mask it builds
-    is dropped for sdpa), which packing does not copy; the proof, on the model's own attention, refuses there, and
-    where stock eager attends both ways without token types too (4.x: over its whole prompt)."""
+    with images equals stock per sequence, with the processor's token types too: all zeros (no suffix: the whole
+    sequence is a bidirectional prefix, not text), a suffix of ones, or some examples without them ("mixed": packed
+    as masked without them). Under sdpa without token types stock attends both ways over a sequence alone (its
+    attention is not causal and the mask it builds is dropped for sdpa) and causally in a padded batch: packed rows
+    without them are refused, typed. Where stock eager attends both ways without token types too (4.x: over its
+    whole prompt), the proof refuses."""
     import ast
 
     from tests.every_type import build, vlm_examples
@@ -673,28 +676,71 @@ def test_owner_numbering_from_an_offset_is_kept_per_sequence(token_types):
     entry = tfcompat.resolve("paligemma").entry
     if entry.derived_vision is None or entry.derived_vision.position_offset != 1:
         pytest.skip(f"paligemma's owner numbers no offset row on {INSTALLED_VERSION}")
-    model = build("paligemma", "eager", kind="image_text_to_text")
-    examples = vlm_examples(model)
-    for ex in examples if token_types else []:  # the processor's: 0 over the image and prompt, 1 over the suffix
-        ex["token_type_ids"] = (torch.arange(ex["input_ids"].shape[1]) >= ex["input_ids"].shape[1] // 2).long()[None]
+    model = build("paligemma", impl, kind="image_text_to_text")
+    examples = [{k: v for k, v in ex.items() if k != "token_type_ids"} for ex in vlm_examples(model)]
+    for i, ex in enumerate(examples if token_types != "none" else []):
+        n = ex["input_ids"].shape[1]
+        if token_types == "zeros":
+            ex["token_type_ids"] = torch.zeros(1, n, dtype=torch.long)
+        elif token_types == "suffix" or i != 1:  # mixed: the second example has none
+            ex["token_type_ids"] = (torch.arange(n) >= n // 2).long()[None]
     with torch.no_grad():
         expected = [model(**ex).logits[0] for ex in examples]
-        packed = tfcompat.pack(model, examples)
-        if not _causal_without_token_types(model, examples[0]):  # the proof runs no token types
-            with pytest.raises(PatchError, match="proof"):
-                tfcompat.patch(model)
+        if token_types == "mixed" and not _causal_without_token_types(model, examples[1]):
+            with pytest.raises(tfcompat.InvalidInputError, match="some examples have token_type_ids"):
+                tfcompat.pack(model, examples)
             return
-        with tfcompat.patch(model):  # proved on a copy running the model's own attention
+        packed = tfcompat.pack(model, examples)
+        with tfcompat.patch(model):  # proved on a copy running the model's own attention, with token types
+            if token_types == "none" and not _causal_without_token_types(model, examples[0]):
+                with pytest.raises(tfcompat.InvalidInputError, match="a packed row without token_type_ids"):
+                    model(**packed.model_inputs)
+                return
             got = model(**packed.model_inputs).logits[0]
     assert rel_diff(got, expected) < 1e-5
 
 
-def _causal_without_token_types(model: torch.nn.Module, example: dict[str, torch.Tensor]) -> bool:
-    """Whether the stock model's logits of a prefix are those of the whole sequence's first tokens (causal)."""
+def test_token_type_values_are_read_from_the_owner_mask():
+    """Rule: what a token type means is asked of the owner's own mask (`tfcompat.inputs.token_types`), not assumed
+    (Gemma 3's 0 is text and its 1 an image; PaliGemma's 0 is the bidirectional prefix and its 1 the causal suffix):
+    the values it finds causal are those whose rows the stock model runs causally (a prefix's logits are the whole
+    row's first), and without token types likewise (PaliGemma's sdpa attends both ways: no mask over attention that
+    is not causal)."""
+    from tests.every_type import build, vlm_examples
+    from tfcompat.inputs.derived_vision import owner_of
+    from tfcompat.inputs.token_types import PROBED, token_type_rule
+
+    checked = 0
+    for model_type in ("gemma3", "paligemma"):
+        if model_type not in derive_vision.vision_types():
+            continue
+        r = tfcompat.resolve(model_type)
+        if r.entry.derived_vision is None or "token_type_ids" not in r.entry.derived_vision.mask_inputs:
+            continue
+        for impl in ("eager", "sdpa"):
+            model = build(model_type, impl, kind="image_text_to_text")
+            rule = token_type_rule(r, *owner_of(r, model), ("token_type_ids",))
+            text = vlm_examples(model)[1]  # text alone
+            text = {"input_ids": text["input_ids"]}
+            causal = tuple(v for v in PROBED if _causal_without_token_types(
+                model, {**text, "token_type_ids": torch.full_like(text["input_ids"], v)}, keep_types=True))
+            assert rule.causal == causal, (model_type, impl)
+            assert rule.untyped_causal == _causal_without_token_types(model, text), (model_type, impl)
+            checked += 1
+    if not checked:
+        pytest.skip(f"no owner builds its mask from token_type_ids on {INSTALLED_VERSION}")
+
+
+def _causal_without_token_types(model: torch.nn.Module, example: dict[str, torch.Tensor], keep_types: bool = False
+                                ) -> bool:
+    """Whether the stock model's logits of a prefix are those of the whole sequence's first tokens (causal), for
+    ``example`` without its token types (keep_types: with them, cut alike)."""
+    example = {k: v for k, v in example.items() if keep_types or k != "token_type_ids"}
     with torch.no_grad():
         whole = model(**example).logits[0]
         ids = example["input_ids"]
-        prefix = model(**{**example, "input_ids": ids[:, : ids.shape[1] - 2]}).logits[0]
+        prefix = model(**{k: v[:, : ids.shape[1] - 2] if k in ("input_ids", "token_type_ids") else v
+                          for k, v in example.items()}).logits[0]
     return bool(torch.allclose(whole[: prefix.shape[0]], prefix, atol=1e-5))
 
 

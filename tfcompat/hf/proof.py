@@ -33,7 +33,9 @@ from typing import Any, Literal, NamedTuple
 import torch
 
 from ..errors import PatchedModelError, PatchError, TfcompatError
+from ..inputs.derived_vision import owner_of
 from ..inputs.pack import pack
+from ..inputs.token_types import token_type_rule
 from ..registry import Resolved
 from ..tiny_models import TinyModelError, sample_examples, shrunk_config, tiny_config, tiny_copy
 
@@ -128,7 +130,7 @@ def _outcome(model: torch.nn.Module, resolved: Resolved, apply: Apply, own: Any,
                 if tiny_cfg is None:
                     continue
                 tiny = tiny_copy(model, tiny_cfg, attn_implementation=impl)
-                examples, expected = _stock(tiny, images)
+                runs = [_stock(tiny, examples) for examples in _variants(tiny, resolved, images)]
             except (TinyModelError, _Unbuildable) as exc:
                 why = str(exc) if isinstance(exc, _Unbuildable) else _first_line(exc)
                 reasons.append(f"the copy of its {'own' if name == 'own' else 'default'} config does not run stock "
@@ -138,19 +140,21 @@ def _outcome(model: torch.nn.Module, resolved: Resolved, apply: Apply, own: Any,
                 handle = apply(tiny)
             except PatchError as exc:
                 return _wrong(resolved, name, f"the patch of the tiny copy is refused: {_first_line(exc)}")
+            diff = 0.0
             with handle:
-                try:
-                    got = _values(tiny(**_packed(tiny, examples), use_cache=False))
-                except Exception as exc:  # noqa: BLE001 -- the packed path failing on the copy is the finding
-                    return _wrong(resolved, name, f"the patched forward raised {_first_line(exc)}")
-            if got.shape != expected.shape:
-                return _wrong(resolved, name, f"packed output {tuple(got.shape)} vs stock per sequence "
-                              f"{tuple(expected.shape)}")
-            scale = expected.abs().amax(-1).clamp_min(1e-6)  # (T,) or (N,)
-            diff = float(((got - expected).abs().amax(-1) / scale).max())
-            if not diff <= TOLERANCE:  # NaN too
-                return _wrong(resolved, name, f"packed differs from stock per sequence by {diff:.1e} (relative, per "
-                              f"token; tolerance {TOLERANCE:.0e})")
+                for examples, expected in runs:
+                    try:
+                        got = _values(tiny(**_packed(tiny, examples), use_cache=False))
+                    except Exception as exc:  # noqa: BLE001 -- the packed path failing on the copy is the finding
+                        return _wrong(resolved, name, f"the patched forward raised {_first_line(exc)}")
+                    if got.shape != expected.shape:
+                        return _wrong(resolved, name, f"packed output {tuple(got.shape)} vs stock per sequence "
+                                      f"{tuple(expected.shape)}")
+                    scale = expected.abs().amax(-1).clamp_min(1e-6)  # (T,) or (N,)
+                    diff = max(diff, float(((got - expected).abs().amax(-1) / scale).max()))
+                    if not diff <= TOLERANCE:  # NaN too
+                        return _wrong(resolved, name, f"packed differs from stock per sequence by {diff:.1e} "
+                                      f"(relative, per token; tolerance {TOLERANCE:.0e})")
             return Proof("proven", name, diff, time.perf_counter() - start, "; ".join(reasons))
     return Proof("unproven", "", None, time.perf_counter() - start, "; ".join(reasons))
 
@@ -168,10 +172,25 @@ def _isolated() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def _stock(tiny: torch.nn.Module, images: bool) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
+def _variants(tiny: torch.nn.Module, resolved: Resolved, images: bool) -> list[list[dict[str, torch.Tensor]]]:
+    """The sequences a proof packs (`sample_examples` of `LENGTHS`): as they are, and where the owner builds its mask
+    from token types, with token types as a prefix-suffix processor returns them (0 over the first half, 1 over the
+    rest; for any owner a layout to mask as stock does) in every example; the first only where the owner masks a row
+    without token types causally (`tfcompat.inputs.token_types`: else packed rows without them are refused)."""
+    examples = sample_examples(tiny, LENGTHS, images=images)
+    v = resolved.entry.derived_vision
+    if v is None or not v.mask_inputs:
+        return [examples]
+    typed = [{**ex, **{n: (torch.arange(ex["input_ids"].shape[1]) >= ex["input_ids"].shape[1] // 2).long()[None]
+                       for n in v.mask_inputs}} for ex in examples]
+    rule = token_type_rule(resolved, *owner_of(resolved, tiny), v.mask_inputs)
+    return [examples, typed] if rule.untyped_causal else [typed]
+
+
+def _stock(tiny: torch.nn.Module, examples: list[dict[str, torch.Tensor]]
+           ) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
     """The sequences' inputs and their stock outputs ``(T, V)`` (a sequence classifier's ``(N, C)``), each alone at
     the positions the model gives it by default (what the packed row's restarting position ids must give)."""
-    examples = sample_examples(tiny, LENGTHS, images=images)
     try:
         return examples, torch.cat([_values(tiny(**ex, use_cache=False)) for ex in examples])
     except Exception as exc:  # noqa: BLE001 -- any reason a foreign tiny model does not run stock

@@ -7,9 +7,11 @@ language model (a vision tower built from the same classes would otherwise run p
 
 Where the owner builds the language model's mask itself (Gemma 3, from ``token_type_ids``), `vision_hooks` adds:
 
-- a packed row without image token types takes its boundaries from the forward context; the owner's mask (over the
-  whole row) is dropped at the text model;
-- a packed row whose token types mark images (bidirectional attention within each image) runs the stock attention
+- a packed row whose token types hold only values the owner masks causally (asked of its forward at ``patch()``:
+  `tfcompat.inputs.token_types`; Gemma 3's 0, PaliGemma's 1), or that has none, takes its boundaries from the
+  forward context; the owner's mask (over the whole row) is dropped at the text model. Where the owner's attention
+  is not causal and it hands no mask without token types (PaliGemma under sdpa), a row without them is refused;
+- a packed row whose token types mark anything else (images, PaliGemma's bidirectional prefix) runs the stock attention
   of the pre-patch implementation for that forward, with the owner's own mask of each sequence alone laid on the
   row's diagonal (`_masks_per_sequence`: exact, as stock per sequence). Only ``eager`` and ``sdpa`` take such a
   mask, and it needs one process: other implementations, Ulysses and padded rows raise `InvalidInputError`.
@@ -22,7 +24,6 @@ Where the owner builds the language model's mask itself (Gemma 3, from ``token_t
 from __future__ import annotations
 
 import ast
-import contextlib
 import functools
 import importlib
 import inspect
@@ -34,6 +35,7 @@ import torch
 from ..core.context import CONTEXT_KWARG, ForwardContext
 from ..errors import InvalidInputError, PatchError
 from ..inputs.derived_vision import owner_of
+from ..inputs.token_types import TokenTypeRule, owner_mask, remember, token_type_rule
 from ..registry import Resolved
 from .forward import Router
 
@@ -97,10 +99,13 @@ def vision_hooks(plan: VisionPlan | None, r: Resolved, router: Router) -> list[V
         return []
     hooks = [VisionHook(tm, "pre", _drop_owner_mask, f"packed rows: the boundaries replace {v.owner}'s own mask "
                         f"({v.owner_mask})") for tm in plan.text_models]
-    if v.mask_inputs:
-        switch = _ImageBlocks(r, router, v.mask_inputs)
+    if v.mask_inputs:  # asked before the patch names its own implementation, under which masks are not stock
+        rule = remember(plan.owner, router.key, token_type_rule(r, *owner_of(r, plan.owner), v.mask_inputs))
+        switch = _ImageBlocks(r, router, v.mask_inputs, rule)
         hooks += [VisionHook(plan.owner, "pre", switch.enter, f"packed rows with {', '.join(v.mask_inputs)} marking "
                              "images: stock attention, transformers' mask of the packed row (bidirectional images)"),
+                  VisionHook(owner_of(r, plan.owner)[1], "pre", switch.substitute, "such rows: the owner's mask of "
+                             "each sequence alone, block-diagonal"),
                   VisionHook(plan.owner, "post", switch.exit, "restores the patched attention after such a forward")]
     return hooks
 
@@ -117,17 +122,29 @@ def _drop_owner_mask(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any
 class _ImageBlocks:
     """The switch of a packed forward whose token types mark images to the stock attention (module docstring)."""
 
-    def __init__(self, r: Resolved, router: Router, names: tuple[str, ...]) -> None:
-        self.r, self.router, self.names = r, router, names
+    def __init__(self, r: Resolved, router: Router, names: tuple[str, ...], rule: TokenTypeRule) -> None:
+        self.r, self.router, self.names, self.rule = r, router, names, rule
         self.active = 0
+        self.masks: list[Any] = []  # per active forward: the mask its language model gets
 
     def enter(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         ctx = kwargs.get(CONTEXT_KWARG)
         if not isinstance(ctx, ForwardContext):
             return args, kwargs
         given = [n for n in self.names if isinstance(kwargs.get(n), torch.Tensor)]
+        if not given and not self.rule.untyped_causal:
+            raise self.r.error(
+                InvalidInputError, f"a packed row without {self.names[0]}",
+                why=f"{self.r.family}'s attention is not causal and, without {self.names[0]}, its owner hands it no "
+                "mask under this attention implementation: stock attends both ways over a sequence alone and "
+                "causally in a padded batch, so no packed row can equal it",
+                supported=f"packed rows with {self.names[0]} (what the processor returns)",
+                fix=f"pass the processor's {self.names[0]} in every example, or build the model with "
+                "attn_implementation='eager'")
+        causal = torch.tensor(self.rule.causal, dtype=torch.long)
         # under Ulysses a rank's slice may hold no image: refuse on the presence of token types, the same on every rank
-        marked = given if ctx.group is not None else [n for n in given if bool(kwargs[n].any())]
+        marked = given if ctx.group is not None else [
+            n for n in given if bool((~torch.isin(kwargs[n], causal.to(kwargs[n].device))).any())]
         if not marked:
             return args, kwargs
         impls = sorted({impl for _, impl in self.router.stock})
@@ -160,20 +177,26 @@ class _ImageBlocks:
         # the owner's own mask of each sequence alone, block-diagonal: transformers' mask of the whole row can read
         # one sequence's token types against another's (5.23+ remaps its overlay, `overlay_remapped`; PaliGemma's
         # prefix blocks on older releases span sequences). Built for the stock implementation just set, before the
-        # count below, so that `exit` after each of those owner calls leaves the implementations as they are
-        kwargs["attention_mask"] = _masks_per_sequence(module, self.r, ctx, kwargs)
+        # count below, so that `exit` after each of those owner calls leaves the implementations as they are. It is
+        # handed to the language model (`substitute`): an owner may build its mask anew from any mask it is given
+        self.masks.append(_masks_per_sequence(module, self.r, ctx, kwargs))
         self.active += 1
+        return args, kwargs
+
+    def substitute(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]
+                   ) -> tuple[tuple, dict[str, Any]]:
+        """The language model's pre-hook: in such a forward, the owner's mask of each sequence alone replaces the
+        one it built over the whole row."""
+        if self.masks and kwargs.get(CONTEXT_KWARG) is self.router.context:
+            kwargs["attention_mask"] = self.masks[-1]
         return args, kwargs
 
     def exit(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
         if self.active:
             self.active -= 1
+            self.masks.pop()
             for config, _ in self.router.stock:
                 config._attn_implementation = self.router.key
-
-
-class _Captured(Exception):
-    """Stops an owner's forward at its language model once the mask it hands it is recorded."""
 
 
 @torch.no_grad()
@@ -188,21 +211,9 @@ def _masks_per_sequence(owner: torch.nn.Module, r: Resolved, ctx: ForwardContext
     per_token = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and (k == tokens or k.endswith(
         "token_type_ids"))]
     bounds = ctx.seqs.cu_seqlens.tolist()  # host copy: this path runs the stock attention anyway
-    seen: list[Any] = []
-
-    def record(module: torch.nn.Module, args: tuple, kw: dict[str, Any]) -> None:
-        seen.append(kw.get("attention_mask"))
-        raise _Captured
-
-    hook = language_model.register_forward_pre_hook(record, with_kwargs=True)
-    try:
-        for start, end in zip(bounds[:-1], bounds[1:]):
-            one = {k: kwargs[k][:, start:end] for k in per_token}  # (1, T, ...) -> (1, L_i, ...)
-            one["position_ids"] = kwargs["position_ids"][..., start:end]
-            with contextlib.suppress(_Captured):
-                owner(**one)
-    finally:
-        hook.remove()
+    seen = [owner_mask(owner, language_model, {**{k: kwargs[k][:, start:end] for k in per_token},  # (1, L_i, ...)
+                                               "position_ids": kwargs["position_ids"][..., start:end]})
+            for start, end in zip(bounds[:-1], bounds[1:])]
     total = bounds[-1]
     if isinstance(seen[0], dict):
         return {key: _block_diagonal([m[key] for m in seen], bounds, total) for key in seen[0]}
@@ -222,7 +233,7 @@ def _block_diagonal(parts: list[torch.Tensor | None], bounds: list[int], total: 
             causal = torch.ones(end - start, end - start, dtype=torch.bool, device=device).tril()
             part = causal if dtype == torch.bool else torch.zeros_like(causal, dtype=dtype).masked_fill(
                 ~causal, torch.finfo(dtype).min)
-        out[..., start:end, start:end] = part
+        out[..., start:end, start:end] = part[..., : end - start]  # 4.x pads a sequence's keys beyond it: masked
     return out
 
 

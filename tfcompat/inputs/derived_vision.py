@@ -27,6 +27,7 @@ from ..core.packing import PackedSeqs, from_lengths
 from ..core.position_ids import text_row_from_mask
 from ..errors import InvalidInputError, PatchError
 from ..registry import Resolved
+from .token_types import token_type_rule
 from .vision_inputs import check_token_ids
 
 __all__ = ["dummy_features", "embed_derived", "is_derived_vision", "mrope_positions", "owner_of", "pack_derived",
@@ -340,8 +341,10 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
                           fix="pass the processor's outputs with return_tensors='pt'") from None
         if not parts:
             continue
-        if name.endswith("token_type_ids"):  # per token: (1, L) or (L,); an example without them is text (0)
-            types = [torch.as_tensor(ex[name]).reshape(-1) if ex.get(name) is not None else x.new_zeros(len(x))
+        if name.endswith("token_type_ids"):  # per token: (1, L) or (L,); an example without them is text (0), or
+            # for the owner's mask as a row without them (`token_types`: PaliGemma's 1, its 0 a bidirectional prefix)
+            fill = _untyped_fill(r, owner, name) if len(parts) < len(examples) else 0
+            types = [torch.as_tensor(ex[name]).reshape(-1) if ex.get(name) is not None else x.new_full((len(x),), fill)
                      for ex, x in zip(examples, ids_list)]
             if any(len(t) != len(x) for t, x in zip(types, ids_list)):
                 raise r.error(InvalidInputError, f"tfcompat.pack: {name} and input_ids differ in length",
@@ -368,6 +371,22 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
         inputs["labels"] = mask_starts(labels, seqs, ignore_index)
         shifted = shift_labels(labels, seqs, ignore_index)
     return inputs, shifted, seqs
+
+
+def _untyped_fill(r: Resolved, owner: torch.nn.Module, name: str) -> int:
+    """The value of ``name`` that masks a token as an example without token types is masked: 0 (text) where the
+    owner's mask does not read ``name``; `InvalidInputError` where no value does (module `token_types`)."""
+    v = r.entry.derived_vision
+    if v is None or name not in v.mask_inputs:
+        return 0
+    rule = token_type_rule(r, owner, getattr(owner, v.language_model_attr), v.mask_inputs)
+    if not rule.untyped_causal or not rule.causal:
+        raise r.error(InvalidInputError, f"tfcompat.pack: some examples have {name} and some have none",
+                      why=f"{type(owner).__name__} masks a sequence without {name} as no value of it does" + (
+                          "" if rule.untyped_causal else " (stock attends both ways over such a sequence alone, "
+                          "causally in a padded batch)"), fix=f"pass {name} in every example (the processor returns "
+                      "it)")
+    return rule.causal[0]
 
 
 def _shifted_indices(r: Resolved, examples: Sequence[Mapping[str, Any]], name: str, pixels: str) -> torch.Tensor:
