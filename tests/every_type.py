@@ -387,13 +387,13 @@ def vlm_examples(model: torch.nn.Module, seed: int = 0) -> list[dict[str, torch.
     if _written_family(model) is not None:  # as selfcheck.stock_inputs: 4.x mask builders crash on 3-row ids without
         for ex in examples:
             ex["attention_mask"] = torch.ones_like(ex["input_ids"])
-    for name in _token_types_needed(model):  # the processor's prefix (0) and suffix (1), as PaliGemma's returns them
+    for name in token_types_needed(model):  # the processor's prefix (0) and suffix (1), as PaliGemma's returns them
         for ex in examples:
             ex[name] = (torch.arange(ex["input_ids"].shape[1]) >= ex["input_ids"].shape[1] // 2).long()[None]
     return examples
 
 
-def _token_types_needed(model: torch.nn.Module) -> tuple[str, ...]:
+def token_types_needed(model: torch.nn.Module) -> tuple[str, ...]:
     """The token types without which the owner's stock mask is not causal (PaliGemma's under sdpa), so that packed
     rows without them are refused (`tfcompat.inputs.token_types`): its processor always returns them."""
     try:

@@ -138,7 +138,8 @@ def test_images_attend_within_themselves_on_packed_rows(model_type):
     except Exception as exc:  # noqa: BLE001 -- the zoo's limit, named
         pytest.xfail(f"{model_type}: tiny model cannot be built or run with an image: {exc}")
     if not causal_without_types(model, examples[1]):
-        pytest.skip(f"{model_type}: the stock model attends both ways without token types; patch() refuses")
+        pytest.skip(f"{model_type}: the stock model attends both ways without token types; packed rows without them "
+                    "are refused (tests/test_derived.py)")
     image_id = getattr(model.config, tfcompat.resolve(model_type).entry.derived_vision.placeholder)
     name = tfcompat.resolve(model_type).entry.derived_vision.mask_inputs[0]
     for ex in examples:
@@ -233,7 +234,6 @@ def test_pack_places_images_as_the_owner_reads_them():
 
 
 @pytest.mark.parametrize("model_type,reason", [
-    ("hunyuan_vl", "takes no text row in front of three M-RoPE rows"),
     ("instructblipvideo", "hands its \\*\\*kwargs, which carry the position ids, to self.get_video_features"),
 ])
 def test_refusals_name_what_is_missing(model_type, reason):
@@ -245,13 +245,14 @@ def test_refusals_name_what_is_missing(model_type, reason):
 
 @pytest.mark.parametrize("model_type", [
     "cohere_compass", "granite_docling", "granite4_vision", "qwen3_omni_moe_thinker", "qwen2_5_omni_thinker", "blip-2",
-    "instructblip", "qwen4_exp"])
+    "instructblip", "qwen4_exp", "hunyuan_vl"])
 def test_packs_what_the_owner_hands_its_language_model(model_type):
     """DeepStack features added at the visual tokens (read from the text model: by a method, or inline in its loop as
     Granite 4 Vision's per-layer dict, which `embed_inputs` refuses), M-RoPE numbered from locals of the
     owner's forward (Qwen-Omni's audio lengths), the decoder-only call of an owner that can build either kind of
-    language model (BLIP-2), per-token lookups the text model would make itself (Qwen4-Exp's ``ple_input_ids``):
-    packed equals stock per sequence, forward and backward, and the control differs (`vlm_check`)."""
+    language model (BLIP-2), per-token lookups the text model would make itself (Qwen4-Exp's ``ple_input_ids``),
+    M-RoPE of another number of axes (HunYuan-VL's XD-RoPE, four: ``(5, B, L)`` position ids): packed equals stock
+    per sequence, forward and backward, and the control differs (`vlm_check`)."""
     _skip_unless_patched(model_type)
     outcome = vlm_check(model_type, "sdpa")
     if outcome.status == "unbuildable":  # the zoo's limit on this release (4.57's BLIP-2 Q-Former: no sdpa), named
@@ -400,3 +401,32 @@ def test_packs_on_another_text_family(model_type):
     if model_type not in TYPES:
         pytest.skip(f"transformers ships no {model_type}")
     test_packed_with_images_on_another_text_family(model_type)
+
+
+@pytest.mark.parametrize("sections", [[16, 16, 16, 16], [24, 20, 20]])
+def test_xd_rope_takes_the_number_of_axes_of_its_config(sections):
+    """HunYuan-VL's text model takes exactly as many M-RoPE rows as its config's ``mrope_section`` has axes (its
+    forward raises for any other number, also for a text row in front): the derivation reads that expression
+    (`VisionDerivation.mrope_axes`), and the contract's ids are ``(1 + A, B, L)``: packed equals stock per sequence,
+    on 4 axes and on 3; ``(A, B, L)`` without the text row is refused, typed."""
+    if "hunyuan_vl" not in TYPES:
+        pytest.skip("transformers ships no hunyuan_vl")
+    from tfcompat.tiny_models import shrunk_config, tiny_config
+
+    config = tiny_config("hunyuan_vl", "image_text_to_text")
+    rope = {**config.text_config.rope_parameters, "mrope_section": [s * 8 // sum(sections) for s in sections]}
+    rope["mrope_section"][-1] += 8 - sum(rope["mrope_section"])  # the tiny head's 8 rotary frequencies
+    config.text_config.rope_parameters = rope
+    model_cls = getattr(__import__("transformers"), type(build("hunyuan_vl", "sdpa", kind="image_text_to_text"))
+                        .__name__)
+    torch.manual_seed(0)
+    model = model_cls._from_config(shrunk_config(config), attn_implementation="sdpa").eval()
+    examples = vlm_examples(model)
+    with torch.no_grad():
+        expected = [model(**ex).logits[0] for ex in examples]
+        with tfcompat.patch(model):
+            inputs = tfcompat.pack(model, examples).model_inputs
+            assert inputs["position_ids"].shape[0] == 1 + len(sections)
+            assert compare(model(**inputs).logits[0], expected) <= 1e-5
+            with pytest.raises(InvalidInputError, match=f"{len(sections)}-row position ids have no text row"):
+                model(**{**inputs, "position_ids": inputs["position_ids"][1:]})

@@ -206,6 +206,8 @@ _MROPE: dict[str, tuple[list[int], str]] = {
     "GlmOcrTextConfig": ([8, 12, 12], "default"), "PaddleOCRTextConfig": ([16, 24, 24], "default"),
     # ERNIE-4.5-VL's sections are [h, w, t] (h and w interleaved: equal)
     "Ernie4_5_VLMoeTextConfig": ([22, 22, 20], "default"), "Ernie4_5_VL_MoeTextConfig": ([22, 22, 20], "default"),
+    # HunYuan-VL's XD-RoPE: four axes (its checkpoints' xdrope_section; the default config names none)
+    "HunYuanVLTextConfig": ([16, 16, 16, 16], "default"),
 }
 # VQ image tokenizers' vocabulary maps (the tokenizer's names of the codes, which the model parses), by config class:
 # the vq config's codebook-size field, the name of code i, the special names the model reads besides "<image>"

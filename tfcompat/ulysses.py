@@ -148,7 +148,7 @@ def shard_inputs(
     group = group if group is not None else cast(dist.ProcessGroup, dist.group.WORLD)  # initialized: not None
     sp, rank = dist.get_world_size(group), dist.get_rank(group)
     total = tokens.shape[1]
-    positions = split_positions(position_ids, seq_len=total, family=None)
+    positions = split_positions(position_ids, seq_len=total, family=None, axes=None)
     if labels is not None and tuple(labels.shape) != (1, total):
         raise InvalidInputError("labels and the packed row differ in shape",
                                 why=f"labels {tuple(labels.shape)}, row (1, {total})",

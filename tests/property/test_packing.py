@@ -265,6 +265,22 @@ class TestSplitPositions:
         with pytest.raises(tfcompat.InvalidInputError, match=r"(?s)text row.*family: glm4v"):
             split_positions(torch.zeros(3, 1, 5, dtype=torch.long), seq_len=5, family="glm4v")
 
+    @settings(max_examples=20, deadline=None)
+    @given(st.integers(1, 6), st.integers(1, 3), st.integers(1, 12), st.integers(0, 2**31 - 1))
+    def test_a_text_row_in_front_of_every_number_of_axes(self, axes: int, batch: int, length: int, seed: int
+                                                         ) -> None:
+        """(1 + A, B, L) is [text; A rows] for a text model of A M-RoPE axes (HunYuan-VL's XD-RoPE: 4); (A, B, L) has
+        no text row; (B, L) is the row of every axis; with axes unknown (None), R >= 4 rows are [text; R - 1]."""
+        ids = torch.randint(0, 100, (axes + 1, batch, length), generator=torch.Generator().manual_seed(seed))
+        pos = split_positions(ids, seq_len=length, axes=axes)
+        assert torch.equal(pos.text, ids[0]) and torch.equal(pos.mrope, ids[1:])
+        assert torch.equal(to_text_model_layout(pos, "text+mrope"), ids)
+        assert split_positions(ids[0], seq_len=length, axes=axes).mrope.shape == (axes, batch, length)
+        with pytest.raises(tfcompat.InvalidInputError, match=f"{axes}-row position ids have no text row"):
+            split_positions(ids[1:], seq_len=length, axes=axes)
+        if axes >= 3:
+            assert torch.equal(split_positions(ids, seq_len=length, axes=None).mrope, ids[1:])
+
 
 class TestLabelsPerSequence:
     """The labels rule (`tfcompat.core.labels`): no target crosses a sequence boundary."""

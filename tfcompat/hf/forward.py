@@ -30,7 +30,7 @@ import torch
 from ..core.context import ForwardContext, StockContext
 from ..core.custom_mask import HIDDEN_AT_MOST, disagreement, is_comparable
 from ..core.packing import PackedSeqs, from_host_positions, has_packed_rows
-from ..core.position_ids import Positions, split_positions
+from ..core.position_ids import Positions, contract_shape, split_positions
 from ..errors import InvalidInputError, PatchedModelError
 from ..inputs.vision_inputs import check_vision_inputs
 from ..registry import Resolved
@@ -46,8 +46,8 @@ PER_SEQUENCE_FIX = ("pack the sequences with tfcompat.pack(model, examples), or 
 
 
 def to_text_model_layout(positions: Positions, layout: TextModelLayout) -> torch.Tensor:
-    """What the installed text model takes (`tfcompat.registry.records.Entry.text_model_positions`): ``(3, B, L)``
-    "mrope", ``(4, B, L)`` "text+mrope", ``(B, L)`` "text"."""
+    """What the installed text model takes (`tfcompat.registry.records.Entry.text_model_positions`): ``(A, B, L)``
+    "mrope", ``(1 + A, B, L)`` "text+mrope", ``(B, L)`` "text" (A M-RoPE axes: 3, HunYuan-VL's 4)."""
     if layout == "text":
         return positions.text
     if layout == "mrope":
@@ -59,7 +59,7 @@ def _pad_tails_as_sequences(text: torch.Tensor, mrope: torch.Tensor, attended: t
                                                                                                      torch.Tensor]:
     """Position rows for the boundaries only: each row's right padding renumbered 0, 1, ... as a sequence of its
     own, whatever positions the caller gave it. Causal attention and the linear-attention recurrences never read
-    forward, so the padding changes no real token. text: ``(B, L)``, mrope: ``(3, B, L)``, attended: ``(B, L)``."""
+    forward, so the padding changes no real token. text: ``(B, L)``, mrope: ``(A, B, L)``, attended: ``(B, L)``."""
     pad = ~attended
     tail = pad.long().cumsum(-1) - 1  # (B, L): 0, 1, ... over each row's padding
     return torch.where(pad, tail, text), torch.where(pad, tail, mrope)
@@ -85,12 +85,14 @@ class Router:
     stock: ``(config, implementation before the patch)`` for every config the patch set to ``key``.
     eager: the family module's ``eager_attention_forward`` (the stock function of ``"eager"``).
     vision_config: the config holding the vision placeholder token ids (the top model's), or None.
+    axes: the text model's number of M-RoPE axes (3; HunYuan-VL's XD-RoPE: its config's), the contract's rows
+    after the text row.
     """
 
     def __init__(self, r: Resolved, key: str, stock: list[tuple[Any, str]], eager: Callable[..., Any] | None,
-                 group: Any, vision_config: Any = None) -> None:
+                 group: Any, vision_config: Any = None, axes: int = 3) -> None:
         self.r, self.key, self.stock, self.eager, self.group = r, key, stock, eager, group
-        self.vision_config = vision_config
+        self.vision_config, self.axes = vision_config, axes
         self.context = StockContext(stock[0][1] if stock else "eager", eager)
         # ropes whose frequencies follow the call's longest position (`tfcompat.hf.rope_lengths`)
         self.rope_rules: set[LengthRule] = set()
@@ -114,7 +116,7 @@ class Router:
         kept, self._split = self._split, None
         if kept is not None and kept[0] is position_ids and kept[1] == tuple(tokens.shape[:2]):
             return kept[2]
-        positions = split_positions(position_ids, seq_len=tokens.shape[1], family=self.r.family)
+        positions = split_positions(position_ids, seq_len=tokens.shape[1], family=self.r.family, axes=self.axes)
         if positions.text.shape[0] != tokens.shape[0]:
             raise self.r.error(InvalidInputError, "position_ids and the input tokens differ in batch size",
                                why=f"{positions.text.shape[0]} position rows for {tokens.shape[0]} token rows",
@@ -167,15 +169,15 @@ class Router:
         cached = any(a.get(name) is not None for name in CACHE_ARGS) or a.get("cache_position") is not None
         if tokens is None or position_ids is None or cached or not isinstance(position_ids, torch.Tensor):
             return self.context
-        if position_ids.ndim == 3 and position_ids.shape[0] == 3:
+        if position_ids.ndim == 3 and position_ids.shape[0] == self.axes:
             if user_call:
                 raise self.r.error(
-                    InvalidInputError, "3-row position ids have no text row",
-                    why="(3, B, L) ids are [t; h; w] only; a patched model cannot tell a packed row of them from one "
-                    "sequence, nor find the sequence boundaries",
-                    fix="pass tfcompat.rope_index(model, ids, ...) (4 rows) per sequence, concatenated (or "
-                    "tfcompat.pack); for an ordinary call pass no position_ids",
-                    supported="(4, B, L) [text; t; h; w] or (B, L)")
+                    InvalidInputError, f"{self.axes}-row position ids have no text row",
+                    why=f"({self.axes}, B, L) ids are the M-RoPE rows only; a patched model cannot tell a packed row "
+                    "of them from one sequence, nor find the sequence boundaries",
+                    fix=f"pass tfcompat.rope_index(model, ids, ...) ({self.axes + 1} rows) per sequence, concatenated "
+                    "(or tfcompat.pack); for an ordinary call pass no position_ids",
+                    supported=contract_shape(self.axes))
             return self.context
         if tokens.device.type == "meta":
             raise self.r.error(InvalidInputError, "a patched forward got meta tensors",
@@ -201,16 +203,17 @@ class Router:
         if vision:  # vision placeholders with text-only ids: M-RoPE positions would be lost
             rows.append(self.r.spec.mm_token_types(self.vision_config, ids)[None].to(  # type: ignore[misc, arg-type]
                 rows[0].device, torch.long))  # `vision` checked both for None
-        host = _to_host(rows)  # (4 [+ 1] [+ 1], B, L): the forward's one host sync
-        text, mrope = host[0], host[1:4]
+        host = _to_host(rows)  # (1 + A [+ 1] [+ 1], B, L): the forward's one host sync
+        extra = 1 + self.axes  # the row after the positions
+        text, mrope = host[0], host[1:extra]
         if custom:
             if not has_packed_rows(text):  # one sequence per row (or no packed ids): the caller's masking, stock
                 return self.context
-            self._check_custom_mask(mask4d, host[4] if comparable else None, text)
-        elif mask is not None and not bool(host[4].all()):
-            if not self._packed_with_padding(text, host[4]):
+            self._check_custom_mask(mask4d, host[extra] if comparable else None, text)
+        elif mask is not None and not bool(host[extra].all()):
+            if not self._packed_with_padding(text, host[extra]):
                 return self.context
-            text, mrope = _pad_tails_as_sequences(text, mrope, host[4].bool())
+            text, mrope = _pad_tails_as_sequences(text, mrope, host[extra].bool())
         if vision and bool(host[-1].any()):
             raise self.r.error(
                 InvalidInputError, "vision placeholders with text-only (B, L) position ids",

@@ -38,6 +38,7 @@ from ..core.labels import mask_ends, mask_starts
 from ..core.packing import PackedSeqs
 from ..core.position_ids import split_positions
 from ..errors import InvalidInputError, PatchedModelError, PatchError
+from ..inputs.derived_vision import mrope_axes
 from ..registry import Resolved, resolve_model
 from ..registry.derive import (
     OwnPositions,
@@ -219,7 +220,8 @@ def patch(
     )
     router = Router(resolved, hf_attention.ATTENTION_KEY, [(c, c._attn_implementation) for c in plan.configs],
                     getattr(resolved.module, "eager_attention_forward", None), ulysses_group,
-                    vision_config=model.config if resolved.spec.is_vision else None)
+                    vision_config=model.config if resolved.spec.is_vision else None,
+                    axes=mrope_axes(resolved, model))
     hooks = vision_hooks(vision, resolved, router)
     for config in plan.configs:
         handle._set("config", config, "_attn_implementation", hf_attention.ATTENTION_KEY,
@@ -730,8 +732,10 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         """An ordinary call: the stock forward, masks and attention of the pre-patch implementation."""
         extra[CONTEXT_KWARG] = ctx
         position_ids = a.get("position_ids")
-        if isinstance(position_ids, torch.Tensor) and position_ids.ndim == 3 and position_ids.shape[0] == 4:
-            positions = split_positions(position_ids, seq_len=position_ids.shape[-1], family=r.family)
+        if isinstance(position_ids, torch.Tensor) and position_ids.ndim == 3 and position_ids.shape[0] == \
+                router.axes + 1:
+            positions = split_positions(position_ids, seq_len=position_ids.shape[-1], family=r.family,
+                                        axes=router.axes)
             a["position_ids"] = to_text_model_layout(positions, r.entry.text_model_positions)
         visual = extra.pop(VISUAL_KWARG, None)
         if visual is not None:

@@ -68,6 +68,25 @@ def owner_of(r: Resolved, model: torch.nn.Module) -> tuple[torch.nn.Module, torc
     return owner, language_model
 
 
+def mrope_axes(r: Resolved, model: torch.nn.Module) -> int:
+    """The number of M-RoPE rows ``model``'s text model takes after the contract's text row: 3, or the value on the
+    instance of the expression its forward checks them against (`VisionDerivation.mrope_axes`: HunYuan-VL's
+    ``len(self.rotary_emb.mrope_section or [])``); `PatchError` where it is not a positive int."""
+    v = r.entry.derived_vision
+    if v is None or not v.mrope_axes:
+        return 3
+    cls = r.classes["text_model"]
+    text_model = next((m for m in model.modules() if isinstance(m, cls)), None)
+    try:  # the text model's own expression of itself (read from its forward: names `self` and `len` only)
+        axes = eval(v.mrope_axes, {"__builtins__": {}, "len": len}, {"self": text_model})  # noqa: S307
+    except Exception as exc:  # noqa: BLE001 -- a text model without the attributes its forward reads
+        axes = f"{type(exc).__name__}: {exc}"
+    if not isinstance(axes, int) or isinstance(axes, bool) or axes < 1:
+        raise r.error(PatchError, f"{type(model).__name__}'s text model takes no number of M-RoPE rows tfcompat can "
+                      "read", why=f"{v.mrope_axes} gave {axes!r} on {cls.__name__}", fix="run the model unpatched")
+    return axes
+
+
 def text_positions(r: Resolved, input_ids: Any, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """``(B, L)`` text positions: ``0 .. L-1`` per row over attended tokens (padding 1), the contract's text row."""
     check_token_ids(r, input_ids, "rope_index")
@@ -82,7 +101,8 @@ def text_positions(r: Resolved, input_ids: Any, attention_mask: torch.Tensor | N
 def mrope_positions(r: Resolved, owner: torch.nn.Module, call: tuple[str, tuple[tuple[str, str], ...]],
                     input_ids: torch.Tensor, inputs: Mapping[str, Any],
                     attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """``(4, B, L)`` = ``[text; t; h; w]`` for ``input_ids (B, L)`` of a derived M-RoPE family: the M-RoPE rows from
+    """``(1 + A, B, L)`` = ``[text; t; h; w]`` (A = `mrope_axes`: 3, HunYuan-VL's 4) for ``input_ids (B, L)`` of a
+    derived M-RoPE family: the M-RoPE rows from
     the owner's own numbering ``call`` (`tfcompat.registry.records.VisionDerivation.positions_call`: what its
     forward computes when given no positions), called with ``inputs`` (its forward's vision inputs by name) and no
     cache, after the forward's own statements computing the locals it reads from those inputs
@@ -115,14 +135,16 @@ def mrope_positions(r: Resolved, owner: torch.nn.Module, call: tuple[str, tuple[
                 setattr(owner, key, state[key])
             else:
                 delattr(owner, key)
+    axes = mrope_axes(r, owner)
     if mrope is None:  # no vision input: the text model numbers the row itself, every row alike
-        mrope = text[None].expand(3, -1, -1)
-    if not isinstance(mrope, torch.Tensor) or tuple(mrope.shape) != (3, *input_ids.shape):
-        raise r.error(InvalidInputError, f"{type(owner).__name__}.{method} numbered no (3, B, L) M-RoPE positions",
+        mrope = text[None].expand(axes, -1, -1)
+    if not isinstance(mrope, torch.Tensor) or tuple(mrope.shape) != (axes, *input_ids.shape):
+        raise r.error(InvalidInputError, f"{type(owner).__name__}.{method} numbered no ({axes}, B, L) M-RoPE "
+                      "positions",
                       why=f"got {tuple(mrope.shape) if isinstance(mrope, torch.Tensor) else type(mrope).__name__} "
                       f"for input_ids {tuple(input_ids.shape)}",
                       fix="report it: this release changed the owner's numbering")
-    return torch.cat([text[None].to(mrope.device, mrope.dtype), mrope], dim=0)  # (1, B, L) + (3, B, L)
+    return torch.cat([text[None].to(mrope.device, mrope.dtype), mrope], dim=0)  # (1, B, L) + (A, B, L)
 
 
 def _token_types(config: Any, input_ids: torch.Tensor) -> torch.Tensor:

@@ -167,8 +167,11 @@ def derive(model_type: str, version: str, text_type: str | None,
                          else "a packed row's position ids and forward context must reach the text model unchanged")
     positions_call = _positions_call(owner)
     layout = text.text_model_positions
+    axes = _rows_required(text_cls) if positions_call and layout != "text" else ""
+    if axes:  # exactly that many M-RoPE rows, no text row (HunYuan-VL: its forward raises for any other number)
+        layout = "mrope"
     # M-RoPE numbered by the owner's own method, per sequence (`inputs.derived_vision`)
-    if positions_call and (layout != "text+mrope" or not _four_rows(text_cls)):
+    if positions_call and not axes and (layout != "text+mrope" or not _four_rows(text_cls)):
         raise refuse(f"{text_cls.__name__}.forward takes no text row in front of three M-RoPE rows",
                      "a packed row's M-RoPE position ids go to the text model as (4, B, L) = [text; t; h; w]; "
                      f"this text model takes {'(B, L)' if layout == 'text' else '(3, B, L)'} or another number "
@@ -212,7 +215,7 @@ def derive(model_type: str, version: str, text_type: str | None,
         token_inputs=_token_inputs(owner, lm_attr, text_cls), positions_call=positions_call,
         visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else (), position_offset=offset,
         positions_locals=_positions_locals(owner, positions_call), inline_extras=inline,
-        item_axes=batching.item_axes(key), batch_indices=indices)
+        item_axes=batching.item_axes(key), batch_indices=indices, mrope_axes=axes)
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
@@ -423,6 +426,29 @@ def _four_rows(text_model: type) -> bool:
     fn = _method(text_model, "forward")
     return fn is not None and any(isinstance(n, ast.Compare) and ast.unparse(n) == "position_ids.shape[0] == 4"
                                   for n in ast.walk(fn))
+
+
+def _rows_required(text_model: type) -> str:
+    """The expression of ``text_model`` (``self``) whose value is the only number of M-RoPE rows its forward takes
+    (``if position_ids.shape[0] != n: raise ...``, with ``n`` a local assigned from ``self``), "" where it takes
+    another layout. HunYuan-VL's: ``len(self.rotary_emb.mrope_section or [])`` (its text row check, ``n + 1``, is
+    followed by that raise: a text row in front is never taken)."""
+    fn = _method(text_model, "forward")
+    if fn is None:
+        return ""
+    assigned = {t.id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets
+                if isinstance(t, ast.Name)}
+    for node in ast.walk(fn):
+        test = node.test if isinstance(node, ast.If) else None
+        if (isinstance(test, ast.Compare) and ast.unparse(test.left) == "position_ids.shape[0]"
+                and len(test.ops) == 1 and isinstance(test.ops[0], ast.NotEq)
+                and any(isinstance(b, ast.Raise) for b in node.body)):
+            n = test.comparators[0]
+            value = assigned.get(n.id) if isinstance(n, ast.Name) else None
+            source = ast.unparse(value) if value is not None else ""
+            if source and {x.id for x in ast.walk(ast.parse(source)) if isinstance(x, ast.Name)} <= {"self", "len"}:
+                return source
+    return ""
 
 
 def _row_in_every_axis(text_model: type) -> bool:

@@ -214,7 +214,10 @@ class VisionDerivation:
     -1), which a packed row concatenates there (`tfcompat.registry.batching`); the other inputs hold their items on
     dim 0 (or 1: ``batched_images``); batch_indices: ``(index input, pixel input)`` of each input holding indices into
     the rows of the whole batch's flattened patches of the pixel input (Molmo2's ``image_token_pooling``; -1 a padding
-    slot), which a packed row shifts by the rows of every earlier sequence (`tfcompat.registry.batching`).
+    slot), which a packed row shifts by the rows of every earlier sequence (`tfcompat.registry.batching`);
+    mrope_axes: where the text model takes exactly as many M-RoPE rows as an expression of itself says (HunYuan-VL's
+    ``len(self.rotary_emb.mrope_section or [])``: XD-RoPE's four axes), that expression, read from its forward and
+    evaluated on the instance (`tfcompat.inputs.derived_vision.mrope_axes`); "" for three.
     """
 
     model: str
@@ -237,6 +240,7 @@ class VisionDerivation:
     inline_extras: tuple[str, str] | tuple[()] = ()
     item_axes: tuple[tuple[str, int], ...] = ()
     batch_indices: tuple[tuple[str, str], ...] = ()
+    mrope_axes: str = ""
 
 
 @dataclass(frozen=True)
