@@ -439,7 +439,9 @@ def _rows_required(text_model: type) -> str:
     assigned = {t.id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets
                 if isinstance(t, ast.Name)}
     for node in ast.walk(fn):
-        test = node.test if isinstance(node, ast.If) else None
+        if not isinstance(node, ast.If):
+            continue
+        test = node.test
         if (isinstance(test, ast.Compare) and ast.unparse(test.left) == "position_ids.shape[0]"
                 and len(test.ops) == 1 and isinstance(test.ops[0], ast.NotEq)
                 and any(isinstance(b, ast.Raise) for b in node.body)):
