@@ -26,7 +26,8 @@ import torch
 import tfcompat
 from tfcompat.errors import InvalidInputError, PatchError, UnknownFamilyError, UnsupportedVersionError
 from tfcompat.inputs.derived_vision import owner_of
-from tfcompat.inputs.token_types import token_type_rule
+from tfcompat.inputs.token_types import required, with_prefix_suffix
+from tfcompat.registry.lookup import resolve_model
 from tfcompat.registry.upstream import UPSTREAM_BUGS
 from tfcompat.selfcheck import vision_placeholder
 from tfcompat.tiny_models import (
@@ -387,23 +388,18 @@ def vlm_examples(model: torch.nn.Module, seed: int = 0) -> list[dict[str, torch.
     if _written_family(model) is not None:  # as selfcheck.stock_inputs: 4.x mask builders crash on 3-row ids without
         for ex in examples:
             ex["attention_mask"] = torch.ones_like(ex["input_ids"])
-    for name in token_types_needed(model):  # the processor's prefix (0) and suffix (1), as PaliGemma's returns them
-        for ex in examples:
-            ex[name] = (torch.arange(ex["input_ids"].shape[1]) >= ex["input_ids"].shape[1] // 2).long()[None]
-    return examples
+    # the processor's prefix (0) and suffix (1) where stock needs them (PaliGemma's sdpa: its processor returns them)
+    return with_prefix_suffix(examples, token_types_needed(model))
 
 
 def token_types_needed(model: torch.nn.Module) -> tuple[str, ...]:
     """The token types without which the owner's stock mask is not causal (PaliGemma's under sdpa), so that packed
-    rows without them are refused (`tfcompat.inputs.token_types`): its processor always returns them."""
+    rows without them are refused (`tfcompat.inputs.token_types.required`)."""
     try:
-        r = tfcompat.resolve(model.config.model_type)
+        r = resolve_model(model)
     except REFUSALS:
         return ()
-    v = r.entry.derived_vision
-    if v is None or not v.mask_inputs:
-        return ()
-    return () if token_type_rule(r, *owner_of(r, model), v.mask_inputs).untyped_causal else v.mask_inputs
+    return required(r, *owner_of(r, model)) if r.entry.derived_vision is not None else ()
 
 
 def _requires_images(model: torch.nn.Module) -> bool:

@@ -17,8 +17,10 @@ import torch
 from .errors import TfcompatError
 from .hf.patching import patch
 from .hf.proof import REFUSAL as PROOF_REFUSAL
+from .inputs.derived_vision import owner_of
 from .inputs.pack import pack
-from .registry import Resolved, family, resolve
+from .inputs.token_types import required, with_prefix_suffix
+from .registry import Resolved, family, resolve, resolve_model
 from .registry.records import VisionItem
 from .tiny_models import Kind
 
@@ -206,6 +208,10 @@ def check_type(model_type: str, kind: Kind = "causal_lm", tolerance: float = 1e-
     try:
         model = tiny_of_type(model_type, kind, attn_implementation=attention_implementations(model_type, kind)[-1])
         examples = sample_examples(model, _LENGTHS[:3], images=kind == "image_text_to_text")
+        r = resolve_model(model)
+        if r.entry.derived_vision is not None:  # token types where stock needs them (PaliGemma's sdpa), as its
+            # processor returns them
+            examples = with_prefix_suffix(examples, required(r, *owner_of(r, model)))
         # each sequence at the positions the model gives it by default (0, 1, ... for most; RoBERTa's count from its
         # padding index): what the packed row's restarting position ids must give
         expected = [model(**ex, use_cache=False).logits[0] for ex in examples]

@@ -35,7 +35,7 @@ import torch
 from ..errors import PatchedModelError, PatchError, TfcompatError
 from ..inputs.derived_vision import owner_of
 from ..inputs.pack import pack
-from ..inputs.token_types import token_type_rule
+from ..inputs.token_types import required, with_prefix_suffix
 from ..registry import Resolved
 from ..tiny_models import TinyModelError, sample_examples, shrunk_config, tiny_config, tiny_copy
 
@@ -181,10 +181,8 @@ def _variants(tiny: torch.nn.Module, resolved: Resolved, images: bool) -> list[l
     v = resolved.entry.derived_vision
     if v is None or not v.mask_inputs:
         return [examples]
-    typed = [{**ex, **{n: (torch.arange(ex["input_ids"].shape[1]) >= ex["input_ids"].shape[1] // 2).long()[None]
-                       for n in v.mask_inputs}} for ex in examples]
-    rule = token_type_rule(resolved, *owner_of(resolved, tiny), v.mask_inputs)
-    return [examples, typed] if rule.untyped_causal else [typed]
+    typed = with_prefix_suffix(examples, v.mask_inputs)
+    return [typed] if required(resolved, *owner_of(resolved, tiny)) else [examples, typed]
 
 
 def _stock(tiny: torch.nn.Module, examples: list[dict[str, torch.Tensor]]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -25,7 +25,7 @@ import torch
 from ..errors import PatchError
 from ..registry import Resolved
 
-__all__ = ["PROBED", "TokenTypeRule", "owner_mask", "remember", "token_type_rule"]
+__all__ = ["PROBED", "TokenTypeRule", "owner_mask", "remember", "required", "token_type_rule", "with_prefix_suffix"]
 
 PROBED = (0, 1, 2)  # the values processors give (text / image / video, prefix / suffix); others count as marking
 _LENGTH = 4  # the probe row: short, inside every window
@@ -110,3 +110,20 @@ def remember(owner: torch.nn.Module, impl: str, rule: TokenTypeRule) -> TokenTyp
     """Record ``rule`` as ``owner``'s under implementation ``impl`` (a patch's own, whose masks are not stock)."""
     _RULES.setdefault(owner, {})[impl] = rule
     return rule
+
+
+def required(r: Resolved, owner: torch.nn.Module, language_model: torch.nn.Module) -> tuple[str, ...]:
+    """The token-type inputs without which ``owner`` masks a row otherwise than causally (PaliGemma's under sdpa),
+    so that packed rows need them (its processor returns them); () for any other owner."""
+    v = r.entry.derived_vision
+    if v is None or not v.mask_inputs:
+        return ()
+    return () if token_type_rule(r, owner, language_model, v.mask_inputs).untyped_causal else v.mask_inputs
+
+
+def with_prefix_suffix(examples: Sequence[Mapping[str, Any]], names: Sequence[str]) -> list[dict[str, Any]]:
+    """``examples`` each with ``names`` ``(1, L)`` as a prefix-suffix processor returns them: 0 over the first half
+    of ``input_ids (1, L)``, 1 over the rest (PaliGemma's prompt and suffix; for any owner a layout to mask as stock
+    does)."""
+    return [{**ex, **{n: (torch.arange(ex["input_ids"].shape[-1], device=ex["input_ids"].device)
+                          >= ex["input_ids"].shape[-1] // 2).long()[None] for n in names}} for ex in examples]
