@@ -245,14 +245,15 @@ def test_refusals_name_what_is_missing(model_type, reason):
 
 @pytest.mark.parametrize("model_type", [
     "cohere_compass", "granite_docling", "granite4_vision", "qwen3_omni_moe_thinker", "qwen2_5_omni_thinker", "blip-2",
-    "instructblip", "qwen4_exp", "hunyuan_vl"])
+    "instructblip", "qwen4_exp", "hunyuan_vl", "chameleon"])
 def test_packs_what_the_owner_hands_its_language_model(model_type):
     """DeepStack features added at the visual tokens (read from the text model: by a method, or inline in its loop as
     Granite 4 Vision's per-layer dict, which `embed_inputs` refuses), M-RoPE numbered from locals of the
     owner's forward (Qwen-Omni's audio lengths), the decoder-only call of an owner that can build either kind of
     language model (BLIP-2), per-token lookups the text model would make itself (Qwen4-Exp's ``ple_input_ids``),
-    M-RoPE of another number of axes (HunYuan-VL's XD-RoPE, four: ``(5, B, L)`` position ids): packed equals stock
-    per sequence, forward and backward, and the control differs (`vlm_check`)."""
+    M-RoPE of another number of axes (HunYuan-VL's XD-RoPE, four: ``(5, B, L)`` position ids), a text model that
+    embeds its images itself (Chameleon's VQ codes): packed equals stock per sequence, forward and backward, and the
+    control differs (`vlm_check`)."""
     _skip_unless_patched(model_type)
     outcome = vlm_check(model_type, "sdpa")
     if outcome.status == "unbuildable":  # the zoo's limit on this release (4.57's BLIP-2 Q-Former: no sdpa), named
@@ -430,3 +431,32 @@ def test_xd_rope_takes_the_number_of_axes_of_its_config(sections):
             assert compare(model(**inputs).logits[0], expected) <= 1e-5
             with pytest.raises(InvalidInputError, match=f"{len(sections)}-row position ids have no text row"):
                 model(**{**inputs, "position_ids": inputs["position_ids"][1:]})
+
+
+@pytest.mark.parametrize("swin_norm", [False, True])
+def test_a_text_model_that_embeds_its_images_itself(swin_norm):
+    """Chameleon's config names no text model: its ``ChameleonModel`` is the text model and scatters its images'
+    VQ-code embeddings at the placeholders itself (read: ``inputs_embeds.masked_scatter``, 4.x: into ``input_ids``).
+    It derives from that class (both layer classes its ``__init__`` may build: ``swin_norm``), packs with images equal
+    to stock per sequence, and refuses embeddings computed outside its forward."""
+    if "chameleon" not in TYPES:
+        pytest.skip("transformers ships no chameleon")
+    from tfcompat.tiny_models import shrunk_config, tiny_config
+
+    entry = tfcompat.resolve("chameleon").entry
+    if entry.derived_vision is None:
+        pytest.skip("chameleon is not derived here")
+    assert entry.derived_vision.language_model_attr == "model" and entry.derived_vision.embeds_need_ids
+    config = tiny_config("chameleon", "image_text_to_text")
+    config.swin_norm = swin_norm
+    model_cls = type(build("chameleon", "eager", kind="image_text_to_text"))
+    torch.manual_seed(0)
+    model = model_cls._from_config(shrunk_config(config), attn_implementation="eager").eval()
+    examples = vlm_examples(model)
+    with torch.no_grad():
+        expected = [model(**ex).logits[0] for ex in examples]
+        with tfcompat.patch(model):
+            inputs = tfcompat.pack(model, examples).model_inputs
+            assert compare(model(**inputs).logits[0], expected) <= 1e-5
+            with pytest.raises(InvalidInputError, match="cannot take embeddings computed outside"):
+                tfcompat.embed_inputs(model, inputs["input_ids"], pixel_values=inputs["pixel_values"])

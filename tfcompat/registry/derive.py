@@ -685,7 +685,7 @@ def _assigned_classes(module: Any, cls: type, method: str, *, lists_only: bool =
                 names.append(sub.func.value.id)
             elif isinstance(sub.func, ast.Name):
                 names.append(sub.func.id)
-                if sub.func.id in local and not lists_only:  # a local naming the class: cls = A if cross else B
+                if sub.func.id in local:  # a local naming the class: cls = A if cross else B (Chameleon's layers)
                     names += [n.id for n in ast.walk(local[sub.func.id]) if isinstance(n, ast.Name)]
             elif isinstance(sub.func, ast.Subscript) and isinstance(sub.func.value, ast.Name):  # TYPES[kind](config)
                 table = getattr(module, sub.func.value.id, None)

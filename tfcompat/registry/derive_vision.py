@@ -33,7 +33,7 @@ import torch
 
 from ..errors import PatchError, TfcompatError, UnknownFamilyError
 from . import batching, versions
-from .derive import _built_classes, _method, causal_lm_types
+from .derive import _built_classes, _method, causal_lm_types, derive_text_model
 from .records import TEXT_MODULE_ROLES, Entry, Family, VisionDerivation
 
 __all__ = ["LANGUAGE_MODEL_KEYWORDS", "default_text_type", "derive", "vision_key", "vision_types"]
@@ -113,15 +113,17 @@ def derive(model_type: str, version: str, text_type: str | None,
     if not isinstance(top, type):
         raise refuse(f"transformers has no class {names[key]}", "the auto mapping names a missing class")
     module = importlib.import_module(top.__module__)
-    if text_type is None:
+    own = _own_text_model(module, top) if text_type in (None, model_type, key) else None
+    if text_type is None and own is None:
         raise refuse("its config names no text model", "the default config has no text_config.model_type",
                      fix="patch a model built from a config with a text_config")
-    if text_type in (model_type, key) or text_type in vision_types():
+    if own is None and (text_type in (model_type, key) or text_type in vision_types()):
         raise refuse(f"its language model is {text_type}, a vision-language type itself",
-                     "the text model is not built from a separate text family's config")
+                     "the text model is not built from a separate text family's config, nor embeds the images "
+                     "itself (pixel_values into its own tokens)")
     hops: list[tuple[type, str]] = []
     owner = top
-    if _text_config_attr(top) is None:  # the language model sits one level down: at base_model_prefix (5.x), or
+    if own is None and _text_config_attr(top) is None:  # the language model sits one level down: at base_model_prefix (5.x), or
         # at whichever attribute builds a class of the module that builds it (4.x: an empty prefix)
         prefix = getattr(top, "base_model_prefix", "")
         attrs = [prefix, *(a for a, _ in _self_assignments(top) if a != prefix)] if prefix else [
@@ -132,11 +134,12 @@ def derive(model_type: str, version: str, text_type: str | None,
                 hops.append((top, attr))
                 owner = inner[0]
                 break
-    lm_attr = _text_config_attr(owner)
+    lm_attr = own[0] if own is not None else _text_config_attr(owner)
     # [] for AutoModel.from_config: the text model is the text type's own
     built = _built_classes(module, owner, "__init__", attr=lm_attr) if lm_attr is not None else []
-    try:
-        text = text_entry(text_type, _language_model_class(module, owner, lm_attr))
+    try:  # a text model that embeds the images itself is derived from its own class (its type is the VLM's)
+        text = derive_text_model(model_type, version, own[1]).entries[0] if own is not None else text_entry(
+            text_type, _language_model_class(module, owner, lm_attr))
     except TfcompatError as exc:
         if lm_attr is None and isinstance(exc, UnknownFamilyError):  # no family, and no class found to derive one
             raise _no_language_model(refuse, top, owner, module) from None
@@ -211,7 +214,7 @@ def derive(model_type: str, version: str, text_type: str | None,
         model=top.__name__, hops=tuple((c.__name__, a) for c, a in hops), owner=owner.__name__,
         language_model_attr=lm_attr, tower_attrs=towers, projector_attrs=projectors, text_family=text_type,
         placeholder=placeholder, owner_mask=owner_mask, mask_inputs=mask_inputs, batched_images=_batched(owner),
-        embeds_need_ids=any(_refuses_embeds_alone(c) or _requires_pixels(c) for c, _ in hops),
+        embeds_need_ids=own is not None or any(_refuses_embeds_alone(c) or _requires_pixels(c) for c, _ in hops),
         token_inputs=_token_inputs(owner, lm_attr, text_cls), positions_call=positions_call,
         visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else (), position_offset=offset,
         positions_locals=_positions_locals(owner, positions_call), inline_extras=inline,
@@ -236,6 +239,27 @@ def _default_config(model_type: str) -> Any:
         return names[model_type]()
     except Exception:  # noqa: BLE001 -- see default_text_type
         return None
+
+
+def _own_text_model(module: Any, top: type) -> tuple[str, type] | None:
+    """``(attribute, class)`` of the model ``top`` builds at its ``base_model_prefix`` where that model is its text
+    model and embeds the images itself: its forward takes ``pixel_values`` and scatters their features (or tokens)
+    at the placeholders (``inputs_embeds = inputs_embeds.masked_scatter(...)``, Chameleon's VQ codes' embeddings; 4.x
+    scatters the codes into ``input_ids``); None otherwise."""
+    prefix = getattr(top, "base_model_prefix", "")
+    inner = _built_classes(module, top, "__init__", attr=prefix) if prefix else []
+    if len(inner) != 1 or "pixel_values" not in _params(inner[0]):
+        return None
+    fn = _method(inner[0], "forward")
+    merged = fn is not None and any(
+        isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] in (["input_ids"], ["inputs_embeds"])
+        and "masked_scatter" in ast.unparse(n.value) for n in ast.walk(fn))
+    return (prefix, inner[0]) if merged else None
+
+
+def _params(cls: type) -> set[str]:
+    fn = _method(cls, "forward")
+    return {a.arg for a in fn.args.args + fn.args.kwonlyargs} if fn is not None else set()
 
 
 def _language_model_class(module: Any, owner: type, lm_attr: str | None) -> type | None:
@@ -336,8 +360,10 @@ def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
         if var_kw is None or not any(k.arg is None and ast.unparse(k.value) == var_kw for k in call.keywords):
             return f"{cls.__name__}.forward calls self.{attr} without its **kwargs"
         added = (*_added_at_mask(text_model), *_added_inline(text_model)) if text_model is not None else ()
+        # the pixels a text model embeds itself (Chameleon's VQ tokens) are its own inputs
+        own = _params(text_model) if text_model is not None else set()
         extra = sorted(k for k, v in keywords.items() if k not in LANGUAGE_MODEL_KEYWORDS and v != "None"
-                       and k not in added
+                       and k not in added and not (k.startswith("pixel_values") and k in own)
                        and not (text_model is not None and _text_model_computes(fn, attr, k, v, text_model)))
         if text_model is not None and extra:
             return f"{cls.__name__}.forward passes {', '.join(extra)} to its language model"
