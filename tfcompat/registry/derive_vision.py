@@ -117,14 +117,16 @@ def derive(model_type: str, version: str, text_type: str | None,
     if text_type is None and own is None:
         raise refuse("its config names no text model", "the default config has no text_config.model_type",
                      fix="patch a model built from a config with a text_config")
+    text_type = text_type or model_type  # a text model of the type's own (Chameleon's config is its text config)
     if own is None and (text_type in (model_type, key) or text_type in vision_types()):
         raise refuse(f"its language model is {text_type}, a vision-language type itself",
                      "the text model is not built from a separate text family's config, nor embeds the images "
                      "itself (pixel_values into its own tokens)")
     hops: list[tuple[type, str]] = []
     owner = top
-    if own is None and _text_config_attr(top) is None:  # the language model sits one level down: at base_model_prefix (5.x), or
-        # at whichever attribute builds a class of the module that builds it (4.x: an empty prefix)
+    if own is None and _text_config_attr(top) is None:  # the language model sits one level down: at
+        # base_model_prefix (5.x), or at whichever attribute builds a class of the module that builds it (4.x: an
+        # empty prefix)
         prefix = getattr(top, "base_model_prefix", "")
         attrs = [prefix, *(a for a, _ in _self_assignments(top) if a != prefix)] if prefix else [
             a for a, _ in _self_assignments(top)]
