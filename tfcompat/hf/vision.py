@@ -35,6 +35,8 @@ from ..core.context import CONTEXT_KWARG, ForwardContext
 from ..errors import InvalidInputError, PatchError
 from ..inputs.derived_vision import owner_of
 from ..registry import Resolved
+from ..registry.records import CrossStates
+from . import cross_states as hf_cross
 from .forward import Router
 
 __all__ = ["EXACT_BLOCK_IMPLEMENTATIONS", "VisionHook", "VisionPlan", "overlay_remapped", "plan_vision", "vision_hooks"]
@@ -93,15 +95,30 @@ def vision_hooks(plan: VisionPlan | None, r: Resolved, router: Router) -> list[V
     """The hooks a patch registers for ``plan`` (see the module docstring); ``[]`` where the owner hands its language
     model the caller's mask."""
     v = r.entry.derived_vision
-    if plan is None or v is None or v.owner_mask == "attention_mask":
+    if plan is None or v is None:
         return []
-    hooks = [VisionHook(tm, "pre", _drop_owner_mask, f"packed rows: the boundaries replace {v.owner}'s own mask "
-                        f"({v.owner_mask})") for tm in plan.text_models]
+    hooks = _cross_hooks(plan, v.cross_states, router) if v.cross_states is not None else []
+    if v.owner_mask == "attention_mask":
+        return hooks
+    hooks += [VisionHook(tm, "pre", _drop_owner_mask, f"packed rows: the boundaries replace {v.owner}'s own mask "
+                         f"({v.owner_mask})") for tm in plan.text_models]
     if v.mask_inputs:
         switch = _ImageBlocks(r, router, v.mask_inputs)
         hooks += [VisionHook(plan.owner, "pre", switch.enter, f"packed rows with {', '.join(v.mask_inputs)} marking "
                              "images: stock attention, transformers' mask of the packed row (bidirectional images)"),
                   VisionHook(plan.owner, "post", switch.exit, "restores the patched attention after such a forward")]
+    return hooks
+
+
+def _cross_hooks(plan: VisionPlan, cross: CrossStates, router: Router) -> list[VisionHook]:
+    """The hooks on the language model's cross-attention layers and their attention (`tfcompat.hf.cross_states`)."""
+    language_model = [m for tm in plan.text_models for m in tm.modules()]
+    hooks = [VisionHook(m, "pre", hf_cross.stock_attention(router.context), "cross-attention to image states: the "
+                        f"stock attention ({router.context.impl}), with each token's own sequence's keys")
+             for m in language_model if type(m).__name__ in cross.attentions]
+    hooks += [VisionHook(m, "post", hf_cross.keep_skipped(type(m), cross.mask), "packed rows: tokens of a sequence "
+                         "without images keep their hidden states (stock skips the layer)")
+              for m in language_model if type(m).__name__ in cross.layers]
     return hooks
 
 
