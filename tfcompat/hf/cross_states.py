@@ -37,7 +37,8 @@ def per_sequence_mask(r: Resolved, mask: Any, ctx: ForwardContext, name: str) ->
     the shapes disagree. name: the mask's keyword, for the errors."""
     fix = "pack the examples with tfcompat.pack(model, examples) and pass its model_inputs"
     if ctx.cross is None:
-        raise r.error(InvalidInputError, "cross-attention states on a packed row whose images are not known by sequence",
+        raise r.error(InvalidInputError,
+                      "cross-attention states on a packed row whose images are not known by sequence",
                       why="a raw packed call (position ids restarting, no tfcompat context from pack) does not say "
                       "which sequence each image belongs to; each token may attend to its own sequence's only",
                       fix=fix)
@@ -81,7 +82,7 @@ def keep_skipped(layer: type, mask: str) -> Any:
     stock text model skips the layer for a sequence without states. A mask the owner prepares hides no row entirely
     (it sets such rows to 0), so only `per_sequence_mask`'s rows of a sequence without items are kept. A tuple
     output (4.x) keeps its first element so."""
-    signature = inspect.signature(layer.forward)
+    signature = inspect.signature(getattr(layer, "forward"))  # noqa: B009 -- a Module class
 
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> Any:
         if output is None:  # the forward raised

@@ -424,9 +424,9 @@ def _cross_items(r: Resolved, name: str, examples: Sequence[Mapping[str, Any]], 
     out = given[0].new_zeros(1, sum(len(x) for x in ids_list), sum(counts), *tail)  # (1, T, sum M_i, n)
     token, item = 0, 0
     for part, x, n in zip(parts, ids_list, counts):
-        if part is not None:
-            out[(0, slice(token, token + len(x)), slice(item, item + n), *(slice(0, s) for s in part.shape[3:]))] = \
-                part[0]
+        if part is not None:  # (L_i, M_i, n_i, ...) into (T, sum M_i, max n, ...) at its tokens and items
+            where = (slice(token, token + len(x)), slice(item, item + n), *(slice(0, s) for s in part.shape[3:]))
+            out[0][where] = part[0]
         token, item = token + len(x), item + n
     return out, CrossItems(tuple(counts))
 

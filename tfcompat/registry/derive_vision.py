@@ -683,7 +683,8 @@ def _cross_states(owner: type, attr: str | None, text_model: type) -> CrossState
         targets = [ast.unparse(t) for t in node.targets[0].elts]
         # the layers take the mask by the text model's name for it (`tfcompat.hf.cross_states.keep_skipped`)
         if len(targets) == 2 and all(t in passed for t in targets) and all(
-                passed[targets[0]] in inspect.signature(c.forward).parameters for c in holding):
+                passed[targets[0]] in inspect.signature(getattr(c, "forward")).parameters  # noqa: B009 -- a Module
+                for c in holding):
             return CrossStates(
                 states=states[0], mask=passed[targets[0]], row_mask=passed[targets[1]], items=node.value.args[0].id,
                 prepare=node.value.func.id, layers=tuple(c.__name__ for c in holding),
