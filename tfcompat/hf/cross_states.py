@@ -49,7 +49,12 @@ def per_sequence_mask(r: Resolved, mask: Any, ctx: ForwardContext, name: str) ->
                       "ulysses_group), or text rows only under Ulysses")
     counts = ctx.cross.counts
     items = sum(counts)
-    if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or mask.shape[:2] != (1, 1) or items == 0 or (
+    if items == 0:
+        raise r.error(InvalidInputError, "cross-attention states on a packed row whose examples hold no images",
+                      why="tfcompat.pack assigns the images of each example's pixel_values to its sequence; states "
+                      "given as such are assigned to none", fix="pass each example's pixel_values (the model's "
+                      "vision tower computes the states)")
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or mask.shape[:2] != (1, 1) or (
             mask.shape[-1] % items) or mask.shape[2] != ctx.seqs.total:
         got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise r.error(InvalidInputError, f"cross-attention states on a packed row with {name} {got}",
@@ -58,7 +63,7 @@ def per_sequence_mask(r: Resolved, mask: Any, ctx: ForwardContext, name: str) ->
                       f"{items}", fix=fix)
     device = mask.device
     per_item = mask.shape[-1] // items
-    ends = torch.tensor(counts, device=device).cumsum(0) * per_item  # (N,): each sequence's last key + 1
+    ends = torch.tensor(counts).cumsum(0).mul(per_item).to(device, non_blocking=True)  # (N,): each one's keys end
     key_seq = torch.bucketize(torch.arange(mask.shape[-1], device=device), ends, right=True)  # (K,)
     token_seq = torch.bucketize(torch.arange(mask.shape[2], device=device), ctx.seqs.cu_seqlens[1:].to(device),
                                 right=True)  # (T,)

@@ -17,6 +17,10 @@ Where the owner builds the language model's mask itself (Gemma 3, from ``token_t
   per-sequence positions (5.23+) and the owner hands its image overlay to a mask as such a function (Gemma 3's and
   Gemma 4's sliding-window masks), it reads each later sequence's tokens at the first sequence's positions
   (`overlay_remapped`), and PaliGemma's prefix blocks (5.18 and before) span the sequences of a row.
+
+Where the owner hands its text model images as cross-attention states (Mllama: `tfcompat.hf.cross_states`), the
+cross-attention modules run the stock attention, and their decoder layers hand a sequence without images its hidden
+states through.
 """
 
 from __future__ import annotations
@@ -92,8 +96,8 @@ def plan_vision(model: torch.nn.Module, r: Resolved, text_models: list[torch.nn.
 
 
 def vision_hooks(plan: VisionPlan | None, r: Resolved, router: Router) -> list[VisionHook]:
-    """The hooks a patch registers for ``plan`` (see the module docstring); ``[]`` where the owner hands its language
-    model the caller's mask."""
+    """The hooks a patch registers for ``plan`` (see the module docstring): those of cross-attention states where the
+    owner hands any, and none more where it hands its language model the caller's mask."""
     v = r.entry.derived_vision
     if plan is None or v is None:
         return []
