@@ -267,7 +267,7 @@ def _vision_row(model: torch.nn.Module, kind: str, item: Any, before: torch.Tens
         placeholders = torch.cat([torch.zeros(len(before), dtype=torch.bool), marked,
                                   torch.zeros(len(after), dtype=torch.bool)])[None]
     ids = torch.cat([before, torch.tensor(run, dtype=torch.long), after])[None]  # run: empty for a prepended image
-    inputs = {"input_ids": ids, **item.inputs}
+    inputs = {"input_ids": ids, **item.inputs, **(item.per_token(ids) if getattr(item, "per_token", None) else {})}
     for name in ("mm_token_type_ids", "moe_mm_token_type_ids"):  # ERNIE-4.5-VL routes its MoE by the latter
         if name in inspect.signature(model.forward).parameters:
             build_types = None if written is None else (

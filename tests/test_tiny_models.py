@@ -117,9 +117,10 @@ def test_shrunk_config_keeps_the_semantics_of_a_given_config():
 IMAGE = set(model_types("image_text_to_text"))
 # image-text-to-text types the zoo builds since issue 27 (the rule each needed): widths checked against a hidden size
 # (apertus1p5, dots3_note), VQ tokenizers' codebooks and vocabulary maps (apertus1p5, chameleon, emu3), Fuyu's linear
-# patches, GIT's prepended image, Granite 4 Vision's projector layers, Inkling 2's merged blocks, Inkling's frames
+# patches, GIT's prepended image, Granite 4 Vision's projector layers, Inkling 2's merged blocks, Inkling's frames,
+# Mllama's tiles (its tower's tapped layers, and a per-token cross-attention mask instead of placeholders to fill)
 NEWLY_BUILT = ["apertus1p5", "chameleon", "dots3_note", "emu3", "fuyu", "git", "granite4_vision", "inkling2",
-               "inkling2_loop", "inkling_mm_model"]
+               "inkling2_loop", "inkling_mm_model", "mllama"]
 # stock forwards (4.x) that take no image the zoo lays out: the zoo builds them, the image check cannot pass
 _IMAGE_NOT_TAKEN = {
     "emu3": "4.x Emu3ForConditionalGeneration.forward does not pass pixel_values to its model",

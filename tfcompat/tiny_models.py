@@ -139,6 +139,9 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "Gemma4UnifiedTextConfig": {"per_layer_config": {"05": {"head_dim": 32}}},
     # the cross-attention layers (to image states) are indices, not a per-layer pattern: one of the two layers
     "MllamaTextConfig": {"cross_attention_layers": [1]},
+    # the tower concatenates its last state with these layers' (full size 5 of 32): two of the tiny tower's two, so
+    # its output is 3 x its hidden size
+    "MllamaVisionConfig": {"intermediate_layers_indices": [0, 1], "num_global_layers": 1, "vision_output_dim": 192},
     # the shared transformer block is tied across hybrid layers: it needs two of them
     "ZambaConfig": {"attn_layer_period": 2, "attn_layer_offset": 1, "num_hidden_layers": 6},
     # sliding layers' head_dim is their q/k head (per-layer qk_nope_head_dim + qk_rope_head_dim)
@@ -369,6 +372,8 @@ def sample_examples(model: torch.nn.Module, lengths: tuple[int, ...], images: bo
         ids = examples[i]["input_ids"]  # (1, L): text, the image's placeholders, text
         run = torch.tensor([[image.token_id] * image.tokens], dtype=torch.long)  # (1, 0) for a prepended image
         examples[i] = {"input_ids": torch.cat([ids[:, :3], run, ids[:, 3:]], 1), **image.inputs}
+        if image.per_token is not None:  # where in the row the image sits (Mllama's cross-attention mask)
+            examples[i].update(image.per_token(examples[i]["input_ids"]))
         if "mm_token_type_ids" in inspect.signature(model.forward).parameters:  # 1 at an image's tokens, as its
             # processor returns them (5.x M-RoPE forwards number images only with them)
             examples[i]["mm_token_type_ids"] = (examples[i]["input_ids"] == image.token_id).long()
@@ -381,11 +386,15 @@ class TinyImage(NamedTuple):
     inputs: `pixel_values` (and `image_grid_thw` / `image_sizes` where the model takes them), batch of one image.
     token_id: the placeholder token id; tokens: how many placeholders the image fills in `input_ids`.
     token_id None (and no tokens): the model places the image itself, at no placeholder (GIT prepends it to the row).
+    per_token: the inputs that depend on where the image sits in a row, from the row's ``input_ids (1, L)`` (a model
+    whose text model cross-attends to the image: Mllama's ``cross_attention_mask``, which tokens see which tiles);
+    None where there are none.
     """
 
     inputs: dict[str, torch.Tensor]
     token_id: int | None
     tokens: int
+    per_token: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None
 
 
 def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
@@ -413,6 +422,10 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
         return _prepended(model, _layouts(vision, {}, torch.Generator().manual_seed(seed)))
     if token_id is None or vision is None:
         raise _error(config.model_type, "the config names no image token id or no vision config")
+    cross = _cross_states(config)
+    if features is None and cross is not None:
+        return _cross_image(model, cross, token_id, _layouts(vision, inspect.signature(model.forward).parameters,
+                                                              torch.Generator().manual_seed(seed)))
     if features is None:
         raise _error(config.model_type, "the model has no get_image_features")
     hidden = config.get_text_config().hidden_size
@@ -488,6 +501,50 @@ def _prepended(model: torch.nn.Module, layouts: list[dict[str, Any]]) -> TinyIma
         reasons.append("the image adds no tokens to the logits")
     raise _error(config.model_type, "the config names no image token id, and no image layout adds tokens before the "
                  "text (as GIT's prepended image does)", supported="; ".join(reasons))
+
+
+def _cross_states(config: Any) -> Any:
+    """The derived record of the states ``config``'s model cross-attends to (`tfcompat.registry.records.CrossStates`:
+    Mllama's images), None where its type has none or tfcompat does not resolve it."""
+    from .registry import resolve
+
+    try:
+        v = resolve(config.model_type).entry.derived_vision
+    except TfcompatError:
+        return None
+    return v.cross_states if v is not None else None
+
+
+def _cross_image(model: torch.nn.Module, cross: Any, token_id: int, layouts: list[dict[str, Any]]) -> TinyImage:
+    """The first of ``layouts`` that ``model`` runs on around one placeholder token, for a model whose text model
+    cross-attends to the image's states (``cross``: `tfcompat.registry.records.CrossStates`) rather than filling
+    placeholders: one placeholder, and the per-token mask over items (``cross.items``) its processor builds, each
+    token from the placeholder on seeing the image's real tiles (``aspect_ratio_mask``'s, where the layout has one).
+    Raises `TinyModelError`."""
+    import torch
+
+    def per_token(layout: dict[str, Any]) -> Callable[[torch.Tensor], dict[str, torch.Tensor]]:
+        tiles = layout.get("aspect_ratio_mask", torch.ones(1, 1, layout["pixel_values"].shape[2]))[0, 0]  # (n,)
+
+        def mask(ids: torch.Tensor) -> dict[str, torch.Tensor]:  # (1, L) -> (1, L, 1, n)
+            seen = (ids[0] == token_id).long().cumsum(0).clamp(max=1)  # (L,): 0 before the image, 1 from it on
+            return {cross.items: (seen[:, None] * tiles[None].long())[None, :, None]}
+        return mask
+
+    reasons = []
+    ids = torch.tensor([[1, token_id, 2]])  # (1, 3): text, the placeholder, text
+    for layout in layouts:
+        if layout["pixel_values"].ndim < 6:  # (1, images, tiles, C, S, S): a batch entry of tiled images
+            continue
+        try:
+            with torch.no_grad():
+                model(input_ids=ids, **layout, **per_token(layout)(ids), use_cache=False)
+        except Exception as exc:  # noqa: BLE001 -- the next layout may fit
+            reasons.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:120])
+            continue
+        return TinyImage(layout, token_id, 1, per_token(layout))
+    config: Any = model.config
+    raise _error(config.model_type, "no tiled image layout runs", supported="; ".join(reasons))
 
 
 def _first_fit(model_type: str, kind: str, features: Callable[..., Any], layouts: list[dict[str, Any]], hidden: int,
@@ -594,6 +651,15 @@ def _layouts(vision: Any, params: Any, g: Any) -> list[dict[str, Any]]:
         side = size // patch  # last dim, (1, C, p, N * p); the image and one slice, their (h, w) grids of patches
         layouts.append({"pixel_values": torch.randn(1, channels, patch, 2 * side * side * patch, generator=g),
                         "target_sizes": torch.tensor([[side, side]] * 2, dtype=torch.int32)})
+    if "aspect_ratio_ids" in params and "aspect_ratio_mask" in params:  # tiles of each image of a row (Mllama):
+        tiles = getattr(vision, "max_num_tiles", 4)  # (1, 1, tiles, C, S, S), a 1 x n arrangement of n real tiles
+        arrangements = [list(a) for a in getattr(vision, "supported_aspect_ratios", [[1, n] for n in range(1, 5)])]
+        for n in sorted({min(2, tiles), 1}, reverse=True):  # the rest padded with zeros, as the processor pads
+            if [1, n] in arrangements:
+                pixels = torch.zeros(1, 1, tiles, channels, size, size)
+                pixels[:, :, :n] = torch.randn(1, 1, n, channels, size, size, generator=g)
+                layouts.append({"pixel_values": pixels, "aspect_ratio_ids": torch.tensor([[arrangements.index(
+                    [1, n]) + 1]]), "aspect_ratio_mask": (torch.arange(tiles) < n).long()[None, None]})
     image = torch.randn(1, channels, size, size, generator=g)
     layouts += [{"pixel_values": image}, {"pixel_values": image[:, None]}]
     if "pixel_attention_mask" in params:  # tiles of an image and which are real (Granite-Docling: (B, tiles))

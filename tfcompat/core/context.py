@@ -15,10 +15,21 @@ from .a2a import Transport
 from .attention import Backend
 from .packing import PackedSeqs
 
-__all__ = ["CONTEXT_KWARG", "BRIDGE_ATTR", "ForwardContext", "StockContext"]
+__all__ = ["CONTEXT_KWARG", "BRIDGE_ATTR", "CrossItems", "ForwardContext", "StockContext"]
 
 CONTEXT_KWARG = "tfcompat_context"
 BRIDGE_ATTR = "_tfcompat_context"
+
+
+class CrossItems(NamedTuple):
+    """The items a packed row's cross-attention layers attend to (Mllama's images), by sequence.
+
+    counts: each sequence's number of items, in order, on the owner's item axis (0: a sequence without any, whose
+    cross-attention layers the stock text model skips). Set by `tfcompat.pack`; a raw packed call has none, and
+    cannot tell which sequence an image belongs to.
+    """
+
+    counts: tuple[int, ...]
 
 
 class ForwardContext(NamedTuple):
@@ -29,6 +40,7 @@ class ForwardContext(NamedTuple):
     transport: how the Ulysses all-to-alls move data, agreed by every rank in `tfcompat.ulysses.shard_inputs`.
     mask: the caller's 4-D attention mask, found equal to the block-diagonal causal mask of ``seqs``
     (`tfcompat.core.custom_mask`): the text model's packed forward takes it (and drops it); None: none was checked.
+    cross: the row's cross-attention items by sequence (`CrossItems`), None where the row carries none.
     """
 
     seqs: PackedSeqs
@@ -36,6 +48,7 @@ class ForwardContext(NamedTuple):
     group: Any = None
     transport: Transport = "all_to_all"
     mask: torch.Tensor | None = None
+    cross: CrossItems | None = None
 
 
 class StockContext(NamedTuple):

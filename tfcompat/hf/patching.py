@@ -50,6 +50,7 @@ from ..registry.derive import (
 )
 from . import attention as hf_attention
 from . import checkpointing as hf_checkpointing
+from . import cross_states as hf_cross
 from . import fused as hf_fused
 from . import linear_attention as hf_linear_attention
 from . import mixers as hf_mixers
@@ -641,6 +642,7 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
     # reaches those modules from `call` only
     var_kw = next((p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD), None)
     offset = r.entry.derived_vision.position_offset if r.entry.derived_vision is not None else 0
+    cross = r.entry.derived_vision.cross_states if r.entry.derived_vision is not None else None
 
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -703,7 +705,10 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
                           "without the tfcompat context (stock attention honours the mask)")
         crossed = next((n for n in ("encoder_hidden_states", "cross_attention_states")
                         if a.get(n) is not None or extra.get(n) is not None), None)
-        if crossed is not None:  # (Mllama's cross-attention layers are skipped without them)
+        if crossed is not None and cross is not None and crossed == cross.states and crossed in a:
+            # images a derived owner hands its cross-attention layers: each token attends its own sequence's
+            a[cross.mask] = hf_cross.per_sequence_mask(r, a.get(cross.mask), ctx, cross.mask)
+        elif crossed is not None:  # (Mllama's cross-attention layers are skipped without them)
             raise r.error(InvalidInputError, f"{crossed} with packed inputs",
                           why="cross-attention to encoder states runs on padded batches only; the packed forward "
                           "attends within the packed sequences",

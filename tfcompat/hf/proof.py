@@ -119,7 +119,9 @@ def _outcome(model: torch.nn.Module, resolved: Resolved, apply: Apply, own: Any,
     start = time.perf_counter()
     config: Any = model.config
     vision = resolved.spec.is_vision or resolved.entry.derived_vision is not None
-    images = vision and _has_image_features(model)
+    v = resolved.entry.derived_vision
+    # a model cross-attending to its images' states (Mllama) fills no placeholders: the zoo lays its images out too
+    images = vision and (_has_image_features(model) or (v is not None and v.cross_states is not None))
     impl = _implementation(model)
     reasons = [] if own is not None else [f"its own config does not shrink ({why_not})"]
     with _isolated():

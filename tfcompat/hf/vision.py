@@ -19,6 +19,10 @@ Where the owner builds the language model's mask itself (Gemma 3, from ``token_t
   per-sequence positions (5.23+) and the owner hands its image overlay to a mask as such a function (Gemma 3's and
   Gemma 4's sliding-window masks), it reads each later sequence's tokens at the first sequence's positions
   (`overlay_remapped`), and PaliGemma's prefix blocks (5.18 and before) span the sequences of a row.
+
+Where the owner hands its text model images as cross-attention states (Mllama: `tfcompat.hf.cross_states`), the
+cross-attention modules run the stock attention, and their decoder layers hand a sequence without images its hidden
+states through.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from ..errors import InvalidInputError, PatchError
 from ..inputs.derived_vision import owner_of
 from ..inputs.token_types import TokenTypeRule, owner_mask, remember, token_type_rule
 from ..registry import Resolved
+from ..registry.records import CrossStates
+from . import cross_states as hf_cross
 from .forward import Router
 
 __all__ = ["EXACT_BLOCK_IMPLEMENTATIONS", "VisionHook", "VisionPlan", "overlay_remapped", "plan_vision", "vision_hooks"]
@@ -92,13 +98,16 @@ def plan_vision(model: torch.nn.Module, r: Resolved, text_models: list[torch.nn.
 
 
 def vision_hooks(plan: VisionPlan | None, r: Resolved, router: Router) -> list[VisionHook]:
-    """The hooks a patch registers for ``plan`` (see the module docstring); ``[]`` where the owner hands its language
-    model the caller's mask."""
+    """The hooks a patch registers for ``plan`` (see the module docstring): those of cross-attention states where the
+    owner hands any, and none more where it hands its language model the caller's mask."""
     v = r.entry.derived_vision
-    if plan is None or v is None or v.owner_mask == "attention_mask":
+    if plan is None or v is None:
         return []
-    hooks = [VisionHook(tm, "pre", _drop_owner_mask, f"packed rows: the boundaries replace {v.owner}'s own mask "
-                        f"({v.owner_mask})") for tm in plan.text_models]
+    hooks = _cross_hooks(plan, v.cross_states, router) if v.cross_states is not None else []
+    if v.owner_mask == "attention_mask":
+        return hooks
+    hooks += [VisionHook(tm, "pre", _drop_owner_mask, f"packed rows: the boundaries replace {v.owner}'s own mask "
+                         f"({v.owner_mask})") for tm in plan.text_models]
     if v.mask_inputs:  # asked before the patch names its own implementation, under which masks are not stock
         rule = remember(plan.owner, router.key, token_type_rule(r, *owner_of(r, plan.owner), v.mask_inputs))
         switch = _ImageBlocks(r, router, v.mask_inputs, rule)
@@ -107,6 +116,18 @@ def vision_hooks(plan: VisionPlan | None, r: Resolved, router: Router) -> list[V
                   VisionHook(owner_of(r, plan.owner)[1], "pre", switch.substitute, "such rows: the owner's mask of "
                              "each sequence alone, block-diagonal"),
                   VisionHook(plan.owner, "post", switch.exit, "restores the patched attention after such a forward")]
+    return hooks
+
+
+def _cross_hooks(plan: VisionPlan, cross: CrossStates, router: Router) -> list[VisionHook]:
+    """The hooks on the language model's cross-attention layers and their attention (`tfcompat.hf.cross_states`)."""
+    language_model = [m for tm in plan.text_models for m in tm.modules()]
+    hooks = [VisionHook(m, "pre", hf_cross.stock_attention(router.context), "cross-attention to image states: the "
+                        f"stock attention ({router.context.impl}), with each token's own sequence's keys")
+             for m in language_model if type(m).__name__ in cross.attentions]
+    hooks += [VisionHook(m, "post", hf_cross.keep_skipped(type(m), cross.mask), "packed rows: tokens of a sequence "
+                         "without images keep their hidden states (stock skips the layer)")
+              for m in language_model if type(m).__name__ in cross.layers]
     return hooks
 
 

@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import torch
 
+from ..core.context import CrossItems
 from ..core.extras import Embedded, VisualExtras
 from ..core.labels import mask_starts, shift_labels
 from ..core.packing import PackedSeqs, from_lengths
@@ -173,6 +174,12 @@ def embed_derived(r: Resolved, model: torch.nn.Module, input_ids: Any, vision: d
                       "without pixel values)",
                       fix="pass input_ids and the vision inputs to the model (the tower runs inside its forward); "
                       "Ulysses with images needs a release whose forward takes inputs_embeds")
+    if v is not None and v.cross_states is not None:
+        raise r.error(InvalidInputError, f"{r.family} cannot take embeddings computed outside its forward",
+                      why=f"{v.owner} hands its language model the images as {v.cross_states.states}, which its "
+                      "cross-attention layers attend to; the token embeddings carry no image",
+                      fix="pass input_ids and the vision inputs to the model (the tower runs inside its forward); "
+                      "packed rows with images work so (tfcompat.pack), Ulysses rows with images do not")
     if v is not None and v.inline_extras:
         raise r.error(InvalidInputError, f"{r.family} cannot take embeddings computed outside its forward",
                       why=f"{v.owner} also hands its language model {', '.join(v.inline_extras)}, features its text "
@@ -294,13 +301,16 @@ def _tensors(out: Any) -> list[torch.Tensor]:
 
 
 def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping[str, Any]],
-                 ignore_index: int) -> tuple[dict[str, Any], torch.Tensor | None, PackedSeqs]:
-    """`tfcompat.pack` of a derived vision-language family: ``(model_inputs, shift_labels, seqs)``.
+                 ignore_index: int) -> tuple[dict[str, Any], torch.Tensor | None, PackedSeqs, CrossItems | None]:
+    """`tfcompat.pack` of a derived vision-language family: ``(model_inputs, shift_labels, seqs, cross)``.
 
     Each example: ``input_ids`` ``(L,)`` or ``(1, L)``, optional ``labels``, ``attention_mask`` (all ones), and
     the vision inputs its processor returned under the owner forward's names; per-token ``*token_type_ids`` are
     concatenated like the ids (zeros, text, for an example without them); ``token_type_ids`` of one segment (all
-    zeros) where the forward takes none are dropped.
+    zeros) where the forward takes none are dropped. Where the owner hands its text model cross-attention states
+    (`VisionDerivation.cross_states`: Mllama), the per-token mask over items is laid out block by block
+    (`_cross_items`) and ``cross`` says how many items each sequence holds (the forward context carries it); else
+    ``cross`` is None.
     """
     owner, _ = owner_of(r, model)
     # the owner's vision inputs, and those the model above it takes (GLM-5 Next's takes the processor's token types)
@@ -354,8 +364,8 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
     item_axes = dict(v.item_axes) if v is not None else {}
     indexed = dict(v.batch_indices) if v is not None else {}
     for name in sorted(vision_keys):
-        if name in indexed:  # after the patches they index (below)
-            continue
+        if name in indexed or (v is not None and v.cross_states is not None and name == v.cross_states.items):
+            continue  # after the patches they index, or laid out by sequence (below)
         try:  # a processor called without return_tensors gives lists of numbers (LLaVA-OneVision's image counts)
             parts = [torch.as_tensor(ex[name]) for ex in examples if ex.get(name) is not None]
         except (TypeError, ValueError, RuntimeError) as exc:
@@ -387,12 +397,63 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
     for name, pixels in indexed.items():
         if any(ex.get(name) is not None for ex in examples):
             inputs[name] = _shifted_indices(r, examples, name, pixels).to(ids.device)
+    cross = None
+    if v is not None and v.cross_states is not None:
+        inputs.pop(v.cross_states.items, None)
+        cross_mask, cross = _cross_items(r, v.cross_states.items, examples, ids_list)
+        if cross_mask is not None:
+            inputs[v.cross_states.items] = cross_mask.to(ids.device)
     shifted = None
     if all(has_labels):
         labels = torch.cat([ex["labels"].reshape(-1) for ex in examples])[None].to(ids.device)  # (T,) -> (1, T)
         inputs["labels"] = mask_starts(labels, seqs, ignore_index)
         shifted = shift_labels(labels, seqs, ignore_index)
-    return inputs, shifted, seqs
+    return inputs, shifted, seqs, cross
+
+
+def _cross_items(r: Resolved, name: str, examples: Sequence[Mapping[str, Any]], ids_list: list[torch.Tensor]
+                 ) -> tuple[torch.Tensor | None, CrossItems]:
+    """The packed row's per-token mask over its cross-attention items (``name``: Mllama's ``cross_attention_mask``),
+    ``(1, T, sum M_i, max n_i)``: example ``i``'s ``(1, L_i, M_i, n_i)`` at its tokens and its items, zero elsewhere
+    (a token sees only its own sequence's items; 1 attends), its last dim (tiles) zero-padded as the processor pads
+    a batch; and how many items each sequence holds, from its ``pixel_values`` ``(1, M_i, ...)`` (0 without). None
+    for the mask where no example has items. `InvalidInputError` where an example with pixel values has no such mask
+    (the processor returns it), or one whose shape does not match its tokens and images."""
+    counts: list[int] = []
+    parts: list[torch.Tensor | None] = []
+    for i, (ex, x) in enumerate(zip(examples, ids_list)):
+        pixels, mask = ex.get("pixel_values"), ex.get(name)
+        if pixels is None:  # the stock text model skips its cross-attention layers: a mask alone is read by nothing
+            counts.append(0)
+            parts.append(None)
+            continue
+        items = torch.as_tensor(pixels).shape[1] if torch.as_tensor(pixels).ndim > 1 else -1
+        if mask is None:
+            raise r.error(InvalidInputError, f"tfcompat.pack example {i} has pixel_values but no {name}",
+                          why=f"{name} says which tokens attend to which image tiles; the stock forward without it "
+                          "attends otherwise than the processor's (its attention implementation decides)",
+                          fix=f"pass the processor's {name} with each example's images")
+        mask = torch.as_tensor(mask)
+        if mask.ndim < 3 or mask.shape[0] != 1 or mask.shape[1] != len(x) or mask.shape[2] != items:
+            raise r.error(InvalidInputError, f"tfcompat.pack example {i}: {name} does not match its tokens and images",
+                          why=f"{name} {tuple(mask.shape)}, input_ids ({len(x)} tokens), pixel_values "
+                          f"{tuple(torch.as_tensor(pixels).shape)}", supported=f"{name} (1, L, images, tiles) and "
+                          "pixel_values (1, images, tiles, C, H, W), as the processor returns them for one sample",
+                          fix="pass the processor's outputs for this sample")
+        counts.append(items)
+        parts.append(mask)
+    given = [p for p in parts if p is not None]
+    if not given:
+        return None, CrossItems(tuple(counts))
+    tail = [max(p.shape[d] for p in given) for d in range(3, given[0].ndim)]
+    out = given[0].new_zeros(1, sum(len(x) for x in ids_list), sum(counts), *tail)  # (1, T, sum M_i, n)
+    token, item = 0, 0
+    for part, x, n in zip(parts, ids_list, counts):
+        if part is not None:  # (L_i, M_i, n_i, ...) into (T, sum M_i, max n, ...) at its tokens and items
+            where = (slice(token, token + len(x)), slice(item, item + n), *(slice(0, s) for s in part.shape[3:]))
+            out[0][where] = part[0]
+        token, item = token + len(x), item + n
+    return out, CrossItems(tuple(counts))
 
 
 def _untyped_fill(r: Resolved, owner: torch.nn.Module, name: str) -> int:

@@ -72,8 +72,8 @@ def pack(model: torch.nn.Module, examples: Sequence[Mapping[str, Any]], *, ignor
         raise r.error(InvalidInputError, "tfcompat.pack got no examples", why="an empty list packs no row",
                       fix="pass at least one example")
     if is_derived_vision(r):
-        derived, derived_labels, derived_seqs = pack_derived(r, model, examples, ignore_index)
-        derived[CONTEXT_KWARG] = ForwardContext(derived_seqs)
+        derived, derived_labels, derived_seqs, cross = pack_derived(r, model, examples, ignore_index)
+        derived[CONTEXT_KWARG] = ForwardContext(derived_seqs, cross=cross)
         return Packed(derived, derived_labels, derived_seqs)
     rows = [_example(r, model, i, ex, impl) for i, ex in enumerate(examples)]
     has_labels = [ex.get("labels") is not None for ex in examples]

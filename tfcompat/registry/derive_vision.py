@@ -33,8 +33,18 @@ import torch
 
 from ..errors import PatchError, TfcompatError, UnknownFamilyError
 from . import batching, versions
-from .derive import _built_classes, _method, causal_lm_types, derive_text_model
-from .records import TEXT_MODULE_ROLES, Entry, Family, VisionDerivation
+from .derive import (
+    _CROSS_PARAMS,
+    _attention_chains,
+    _built_classes,
+    _is_cross_attention,
+    _layer_classes,
+    _method,
+    _skips_cross_layers,
+    causal_lm_types,
+    derive_text_model,
+)
+from .records import TEXT_MODULE_ROLES, CrossStates, Entry, Family, VisionDerivation
 
 __all__ = ["LANGUAGE_MODEL_KEYWORDS", "default_text_type", "derive", "vision_key", "vision_types"]
 
@@ -162,8 +172,9 @@ def derive(model_type: str, version: str, text_type: str | None,
                          f"{text.classes['text_model']}", f"{text_type}'s text model is not found inside it")
         hops.append((built[0], inner_attr))
     text_cls = getattr(importlib.import_module(text.module_of("text_model")), text.classes["text_model"])
+    cross = _cross_states(owner, lm_attr, text_cls)
     for cls, attr in hops:
-        gap = _forwards_to(cls, attr, text_cls if cls is owner else None)
+        gap = _forwards_to(cls, attr, text_cls if cls is owner else None, cross)
         if gap:
             raise refuse(gap, "without position_ids it numbers a sequence otherwise than 0, 1, ... (an offset), so the "
                          "per-sequence positions of a packed row would differ from the stock model's"
@@ -215,12 +226,15 @@ def derive(model_type: str, version: str, text_type: str | None,
     derivation = VisionDerivation(
         model=top.__name__, hops=tuple((c.__name__, a) for c, a in hops), owner=owner.__name__,
         language_model_attr=lm_attr, tower_attrs=towers, projector_attrs=projectors, text_family=text_type,
-        placeholder=placeholder, owner_mask=owner_mask, mask_inputs=mask_inputs, batched_images=_batched(owner),
+        placeholder=placeholder, owner_mask=owner_mask, mask_inputs=mask_inputs,
+        batched_images=_batched(owner, [c for t in towers for c in _built_classes(module, owner, "__init__", attr=t)]),
         embeds_need_ids=own is not None or any(_refuses_embeds_alone(c) or _requires_pixels(c) for c, _ in hops),
-        token_inputs=_token_inputs(owner, lm_attr, text_cls), positions_call=positions_call,
+        token_inputs=tuple(k for k in _token_inputs(owner, lm_attr, text_cls) if cross is None or k not in (
+            cross.states, cross.mask, cross.row_mask)), positions_call=positions_call,
         visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else (), position_offset=offset,
         positions_locals=_positions_locals(owner, positions_call), inline_extras=inline,
-        item_axes=batching.item_axes(key), batch_indices=indices, mrope_axes=axes)
+        item_axes=batching.item_axes(key), batch_indices=indices, cross_states=cross,
+        mrope_axes=axes)
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
@@ -331,13 +345,14 @@ def _submodules(module: Any, owner: type, lm_attr: str) -> tuple[tuple[str, ...]
     return tuple(dict.fromkeys(towers)), tuple(dict.fromkeys(others))
 
 
-def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
+def _forwards_to(cls: type, attr: str, text_model: type | None, cross: CrossStates | None = None) -> str:
     """Why ``cls.forward`` may not hand a packed row on to ``self.attr`` ("" when it does): every call of it passes
     ``position_ids=position_ids`` (or, where the forward names no such parameter, leaves them in) the forward's
     ``**kwargs`` (of a language model, the calls of a decoder-only one: those passing no ``decoder_input_ids``),
     the forward assigns no ``position_ids``, and to a language model (``text_model`` given: its class) passes
-    nothing but `LANGUAGE_MODEL_KEYWORDS`, what the text model computes itself (`_text_model_computes`) and features
-    it adds at masked tokens (`_added_at_mask`)."""
+    nothing but `LANGUAGE_MODEL_KEYWORDS`, what the text model computes itself (`_text_model_computes`), features
+    it adds at masked tokens (`_added_at_mask`) and the states of its cross-attention layers (``cross``,
+    `_cross_states`)."""
     fn = _method(cls, "forward")
     if fn is None:
         return f"{cls.__name__}.forward cannot be read"
@@ -364,6 +379,7 @@ def _forwards_to(cls: type, attr: str, text_model: type | None) -> str:
         added = (*_added_at_mask(text_model), *_added_inline(text_model)) if text_model is not None else ()
         # the pixels a text model embeds itself (Chameleon's VQ tokens) are its own inputs
         own = _params(text_model) if text_model is not None else set()
+        added += (cross.states, cross.mask, cross.row_mask) if cross is not None and text_model is not None else ()
         extra = sorted(k for k, v in keywords.items() if k not in LANGUAGE_MODEL_KEYWORDS and v != "None"
                        and k not in added and not (k.startswith("pixel_values") and k in own)
                        and not (text_model is not None and _text_model_computes(fn, attr, k, v, text_model)))
@@ -676,15 +692,59 @@ def _requires_pixels(cls: type) -> bool:
     return param is not None and param.default is inspect.Parameter.empty
 
 
-def _batched(owner: type) -> bool:
-    """Whether the owner unpacks its pixel values as ``(batch, images, ...)`` (``batch, num_images, ... =
-    pixel_values.shape``): one entry of the batch per text row, the images of a row on dim 1."""
-    for name in ("get_image_features", "forward"):
-        fn = _method(owner, name)
+def _batched(owner: type, towers: list[type] | None = None) -> bool:
+    """Whether the owner, or its vision tower (one of ``towers``), unpacks its pixel values as ``(batch, images,
+    ...)`` (``batch, num_images, ... = pixel_values.shape``; Mllama's tower: ``num_concurrent_media``): one entry of
+    the batch per text row, the images of a row on dim 1."""
+    methods = [(owner, "get_image_features"), (owner, "forward"), *((t, "forward") for t in towers or ())]
+    for cls, name in methods:
+        fn = _method(cls, name)
         for node in ast.walk(fn) if fn is not None else []:
             if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)
                     and ast.unparse(node.value) == "pixel_values.shape" and len(node.targets[0].elts) >= 5):
                 second = node.targets[0].elts[1]
-                if isinstance(second, ast.Name) and "image" in second.id:
+                if isinstance(second, ast.Name) and ("image" in second.id or "media" in second.id):
                     return True
     return False
+
+
+def _cross_states(owner: type, attr: str | None, text_model: type) -> CrossStates | None:
+    """The states ``owner.forward`` hands its language model ``self.attr`` for cross-attention layers (Mllama's image
+    states), None where it hands none: one keyword of `tfcompat.registry.derive._CROSS_PARAMS` that
+    ``text_model.forward`` takes and skips the layers holding a cross-attention without (`_skips_cross_layers`);
+    two more that are the targets of one statement ``mask, gate = <function of the owner's module>(<parameter>,
+    ...)`` of the forward (``_prepare_cross_attention_mask(cross_attention_mask, ...)``): the additive mask and the
+    per-token gate prepared from the per-token mask over items."""
+    fn = _method(owner, "forward")
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == f"self.{attr}"] if (
+        fn is not None and attr is not None) else []
+    if fn is None or len(calls) != 1:
+        return None
+    passed = {ast.unparse(k.value): k.arg for k in calls[0].keywords if k.arg is not None}
+    states = [k for k in passed.values() if k in _CROSS_PARAMS]
+    text_module = importlib.import_module(text_model.__module__)
+    holding: dict[type, list[type]] = {}
+    for layer in _layer_classes(text_module, text_model):
+        for chain in _attention_chains(text_module, layer):
+            if _is_cross_attention(chain[-1]):
+                holding.setdefault(layer, []).append(chain[-1])
+    if len(states) != 1 or not holding or not _skips_cross_layers(text_model, list(holding)):
+        return None
+    module = importlib.import_module(owner.__module__)
+    params = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+    for node in ast.walk(fn):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple)
+                and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+                and inspect.isfunction(getattr(module, node.value.func.id, None)) and node.value.args
+                and isinstance(node.value.args[0], ast.Name) and node.value.args[0].id in params):
+            continue
+        targets = [ast.unparse(t) for t in node.targets[0].elts]
+        # the layers take the mask by the text model's name for it (`tfcompat.hf.cross_states.keep_skipped`)
+        if len(targets) == 2 and all(t in passed for t in targets) and all(
+                passed[targets[0]] in inspect.signature(getattr(c, "forward")).parameters  # noqa: B009 -- a Module
+                for c in holding):
+            return CrossStates(
+                states=states[0], mask=passed[targets[0]], row_mask=passed[targets[1]], items=node.value.args[0].id,
+                prepare=node.value.func.id, layers=tuple(c.__name__ for c in holding),
+                attentions=tuple(dict.fromkeys(c.__name__ for cs in holding.values() for c in cs)))
+    return None

@@ -192,6 +192,11 @@ def _vision_lines(v: VisionDerivation) -> list[str]:
         + ("; its forward refuses inputs_embeds without input_ids (no embed_inputs, no Ulysses)"
            if v.embeds_need_ids else "")
         + (f"; it computes {', '.join(v.token_inputs)} from the token ids (no embed_inputs)" if v.token_inputs else ""),
+        *([] if v.cross_states is None else [
+            f"  images as cross-attention states: {v.owner} hands {v.cross_states.states} and the "
+            f"{v.cross_states.mask} {v.cross_states.prepare} prepares from {v.cross_states.items} to "
+            f"{', '.join(v.cross_states.layers)} (skipped without them; {', '.join(v.cross_states.attentions)} runs "
+            "the stock attention); packed rows: each token attends its own sequence's images (no embed_inputs)"]),
         *([] if not v.item_axes else [
             "  items along another axis, as its processors batch them (pack concatenates there): "
             + ", ".join(f"{name} on dim {axis} of one entry" for name, axis in v.item_axes)]),

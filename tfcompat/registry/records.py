@@ -14,7 +14,7 @@ import torch
 from . import versions
 
 __all__ = [
-    "TEXT_MODULE_ROLES", "TEXT_ROLES", "AttentionCall", "CacheKwarg", "Derivation", "Entry", "Family",
+    "TEXT_MODULE_ROLES", "TEXT_ROLES", "AttentionCall", "CacheKwarg", "CrossStates", "Derivation", "Entry", "Family",
     "LinearAttention", "LinearProjections", "MixerCall", "MixerRole", "RopeConfigKey", "Rotary", "RotaryLayout",
     "TextModelLayout", "VisionDerivation", "VisionItem", "VisionOutput", "VisionTower",
 ]
@@ -181,6 +181,29 @@ class Derivation:
 
 
 @dataclass(frozen=True)
+class CrossStates:
+    """States a derived owner hands its text model for cross-attention layers (Mllama's image states), read from its
+    source (`tfcompat.registry.derive_vision`): the text model skips those layers when given no states, and the
+    owner prepares their mask from a per-token mask over items with one module-level function.
+
+    states: the text model's keyword of the states (``cross_attention_states``, ``(items * k, n, H)``: each item's
+    keys in order); mask: its keyword of the additive mask over them (``(B, 1, L, K)``, 0 attends); row_mask: its
+    keyword of the per-token gate the owner prepares with it ("" where none); items: the owner's forward parameter
+    of the per-token mask over items it prepares them from (``cross_attention_mask``, ``(B, L, items, ...)``, 1
+    attends); prepare: that function; layers: the decoder layer classes holding the cross-attention (skipped without
+    states); attentions: the cross-attention classes in them, which attend to the states, not to the packed row.
+    """
+
+    states: str
+    mask: str
+    row_mask: str
+    items: str
+    prepare: str
+    layers: tuple[str, ...]
+    attentions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class VisionDerivation:
     """Where a derived vision-language entry came from (`tfcompat.registry.derive_vision`): a vision tower, a
     projector and placeholder tokens in front of a text model that tfcompat patches as its text family.
@@ -217,7 +240,9 @@ class VisionDerivation:
     slot), which a packed row shifts by the rows of every earlier sequence (`tfcompat.registry.batching`);
     mrope_axes: where the text model takes exactly as many M-RoPE rows as an expression of itself says (HunYuan-VL's
     ``len(self.rotary_emb.mrope_section or [])``: XD-RoPE's four axes), that expression, read from its forward and
-    evaluated on the instance (`tfcompat.inputs.derived_vision.mrope_axes`); "" for three.
+    evaluated on the instance (`tfcompat.inputs.derived_vision.mrope_axes`); "" for three;
+    cross_states: the states the owner hands its text model's cross-attention layers (`CrossStates`: Mllama's images,
+    which reach the text model as keys and values, not in the embeddings), None where there are none.
     """
 
     model: str
@@ -241,6 +266,7 @@ class VisionDerivation:
     item_axes: tuple[tuple[str, int], ...] = ()
     batch_indices: tuple[tuple[str, str], ...] = ()
     mrope_axes: str = ""
+    cross_states: CrossStates | None = None
 
 
 @dataclass(frozen=True)
