@@ -29,6 +29,8 @@ class ForwardContext(NamedTuple):
     transport: how the Ulysses all-to-alls move data, agreed by every rank in `tfcompat.ulysses.shard_inputs`.
     mask: the caller's 4-D attention mask, found equal to the block-diagonal causal mask of ``seqs``
     (`tfcompat.core.custom_mask`): the text model's packed forward takes it (and drops it); None: none was checked.
+    encoder: boundaries of the encoder states the packed decoder's cross-attention reads, one sequence per sequence
+    of ``seqs`` (`tfcompat.core.cross_attention`); None outside an encoder-decoder model's decoder.
     """
 
     seqs: PackedSeqs
@@ -36,6 +38,7 @@ class ForwardContext(NamedTuple):
     group: Any = None
     transport: Transport = "all_to_all"
     mask: torch.Tensor | None = None
+    encoder: PackedSeqs | None = None
 
 
 class StockContext(NamedTuple):
