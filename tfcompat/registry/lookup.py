@@ -429,6 +429,14 @@ def resolve_model(model: torch.nn.Module) -> Resolved:
         # the causal LM's own
         fam = _derived(key, resolved.transformers_version)
         return resolve_entry(fam, fam.entries[0], resolved.transformers_version, False)
+    crossed = resolved.entry.encoder_decoder
+    if crossed is not None:  # the decoder this instance was built with (VisionEncoderDecoder's: any causal LM)
+        decoder = _submodule(model, crossed.decoder_path())
+        decoder_type = getattr(getattr(decoder, "config", None), "model_type", None)
+        if decoder_type is not None and decoder_type != crossed.text_family:
+            fam = _derived_vision(key, decoder_type, resolved.transformers_version)
+            return resolve_entry(fam, fam.entries[0], resolved.transformers_version, False)
+        return resolved
     text_type = getattr(getattr(config, "text_config", None), "model_type", None)
     derived = resolved.entry.derived_vision
     if derived is not None and text_type != derived.text_family:  # the text model this instance was built with
@@ -436,6 +444,13 @@ def resolve_model(model: torch.nn.Module) -> Resolved:
         return resolve_entry(fam, fam.entries[0], resolved.transformers_version, False)
     text_family = dict(resolved.spec.text_variants).get(cast(str, text_type))
     return resolved if text_family is None else _resolve_text_variant(key, text_family, resolved.transformers_version)
+
+
+def _submodule(model: torch.nn.Module, path: str) -> torch.nn.Module | None:
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        return None
 
 
 @functools.cache
