@@ -78,17 +78,25 @@ def plan(model: torch.nn.Module, r: Resolved) -> EncoderDecoderPlan | None:
 
 def top_forward(original: Callable[..., Any], router: Router, d: EncoderDecoderDerivation) -> Callable[..., Any]:
     """Wrap the bound forward of the model given to `patch`: decide packed or stock once per call from the decoder's
-    ids (``d.decoder_ids``) and position ids (``d.decoder_positions``, by name or in ``**kwargs``) and hand the
-    decision to the decoder's text model (`Router.pending`); nothing else changes in the call."""
+    ids (``d.decoder_ids``) and position ids (``d.decoder_positions``, by name or in ``**kwargs``), or take
+    `tfcompat.pack`'s context, and hand the decision to the decoder's text model (`Router.pending`); nothing else
+    changes in the call."""
     sig = inspect.signature(original)
     var_kw = next((p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD), None)
 
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
+        packed = kwargs.pop(CONTEXT_KWARG, None)  # tfcompat.pack's boundaries: not handed to the encoder
         a = sig.bind(*args, **kwargs).arguments
         extra = a.get(var_kw, {}) if var_kw is not None else {}
         given = {**extra, **a}
         router.check_key()
+        if isinstance(packed, ForwardContext):
+            router.pending = packed
+            try:
+                return original(*args, **kwargs)
+            finally:
+                router.pending = None
         decoder = {"input_ids": given.get(d.decoder_ids), "position_ids": given.get(d.decoder_positions),
                    "inputs_embeds": given.get("decoder_inputs_embeds"), "use_cache": given.get("use_cache"),
                    "attention_mask": given.get("decoder_attention_mask"),

@@ -35,7 +35,14 @@ import torch
 from ..errors import PatchedModelError, PatchError, TfcompatError
 from ..inputs.pack import pack
 from ..registry import Resolved
-from ..tiny_models import TinyModelError, sample_examples, shrunk_config, tiny_config, tiny_copy
+from ..tiny_models import (
+    TinyModelError,
+    encoder_decoder_examples,
+    sample_examples,
+    shrunk_config,
+    tiny_config,
+    tiny_copy,
+)
 
 __all__ = ["ENV", "LENGTHS", "REFUSAL", "TOLERANCE", "Proof", "is_wanted", "prove"]
 
@@ -128,7 +135,7 @@ def _outcome(model: torch.nn.Module, resolved: Resolved, apply: Apply, own: Any,
                 if tiny_cfg is None:
                     continue
                 tiny = tiny_copy(model, tiny_cfg, attn_implementation=impl)
-                examples, expected = _stock(tiny, images)
+                examples, expected = _stock(tiny, images, resolved.entry.encoder_decoder is not None)
             except (TinyModelError, _Unbuildable) as exc:
                 why = str(exc) if isinstance(exc, _Unbuildable) else _first_line(exc)
                 reasons.append(f"the copy of its {'own' if name == 'own' else 'default'} config does not run stock "
@@ -168,10 +175,15 @@ def _isolated() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def _stock(tiny: torch.nn.Module, images: bool) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
+def _stock(tiny: torch.nn.Module, images: bool, crossed: bool = False
+           ) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
     """The sequences' inputs and their stock outputs ``(T, V)`` (a sequence classifier's ``(N, C)``), each alone at
-    the positions the model gives it by default (what the packed row's restarting position ids must give)."""
-    examples = sample_examples(tiny, LENGTHS, images=images)
+    the positions the model gives it by default (what the packed row's restarting position ids must give). crossed:
+    an encoder-decoder model's (`tfcompat.tiny_models.encoder_decoder_examples`: decoder ids, each with its image)."""
+    try:
+        examples = encoder_decoder_examples(tiny, LENGTHS) if crossed else sample_examples(tiny, LENGTHS, images=images)
+    except TinyModelError as exc:
+        raise _Unbuildable(_first_line(exc)) from None
     try:
         return examples, torch.cat([_values(tiny(**ex, use_cache=False)) for ex in examples])
     except Exception as exc:  # noqa: BLE001 -- any reason a foreign tiny model does not run stock
