@@ -67,7 +67,8 @@ def plan(model: torch.nn.Module, r: Resolved) -> EncoderDecoderPlan | None:
     cross = [m for m in decoder.modules() if own is not None and isinstance(m, own)]
     cross += [getattr(layer, a) for layer in decoder.modules() if isinstance(layer, layer_cls) for a in attrs
               if isinstance(getattr(layer, a, None), torch.nn.Module)]
-    if not cross:
+    layered = r.entry.derived is not None and bool(r.entry.derived.per_sequence_why)
+    if not cross and not layered:  # (layers run per sequence, TrOCR's: each takes its own sequence's states)
         raise r.error(PatchError, f"the decoder of {type(model).__name__} holds no cross-attention module",
                       why=f"found no {own.__name__ if own is not None else attention_cls.__name__} reading encoder "
                       f"states in {type(decoder).__name__}", supported=f"entry {r.entry.versions}",

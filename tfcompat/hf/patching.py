@@ -732,7 +732,7 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
             where[crossed], packed = hf_encoder_decoder.pack_encoder_states(
                 r, extra[CONTEXT_KWARG], tokens, where[crossed],
                 a.get("encoder_attention_mask", extra.get("encoder_attention_mask")))
-            extra[CONTEXT_KWARG] = packed
+            extra[CONTEXT_KWARG] = ctx = packed
             for place in (a, extra):  # the boundaries replace the mask (a mask of the row would be (1, sum L_enc))
                 if place.get("encoder_attention_mask") is not None:
                     place["encoder_attention_mask"] = None

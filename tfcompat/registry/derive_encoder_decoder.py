@@ -127,10 +127,6 @@ def derive(model_type: str, version: str, top: type, text_type: str | None,
         raise refuse(f"its decoder {text_type} is not a text family tfcompat patches",
                      f"{type(exc).__name__}: {exc.what}" + (f" ({exc.why})" if exc.why else ""),
                      fix=exc.fix or "run it unpatched (padded)") from None
-    if text.derived is not None and text.derived.per_sequence_why:
-        raise refuse(f"its decoder {text_type}'s layers run per sequence",
-                     f"{text_type}'s attention cannot run packed ({text.derived.per_sequence_why}); its "
-                     "cross-attention would see the packed encoder states whole", fix="run it unpatched (padded)")
     derivation = EncoderDecoderDerivation(
         model=top.__name__, owner=owner.__name__, owner_attr=owner_attr, decoder=decoder, encoder=encoders[0],
         text_family=text_type, decoder_ids=ids.id, decoder_positions=positions, encoder_mask=mask,

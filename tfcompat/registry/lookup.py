@@ -416,7 +416,8 @@ def resolve_model(model: torch.nn.Module) -> Resolved:
     resolved = resolve(key)
     vision = derive_vision.vision_key(key) if isinstance(key, str) else None
     if (not resolved.spec.is_vision and vision is not None and resolved.entry.derived is not None
-            and resolved.entry.derived_vision is None and type(model).__name__ == derive_vision.vision_types()[vision]
+            and resolved.entry.derived_vision is None and resolved.entry.encoder_decoder is None
+            and type(model).__name__ == derive_vision.vision_types()[vision]
             and type(model).__name__ != derive.causal_lm_types().get(key)):
         # the type resolved as its causal LM (its vision-language entry cannot be derived), and this is its own
         # vision-language class: its refusal is the vision derivation's
