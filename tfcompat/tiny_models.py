@@ -21,7 +21,7 @@ transformers is imported inside the functions only: importing tfcompat does not 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 from .errors import TfcompatError
 from .registry.versions import installed_transformers
@@ -409,7 +409,7 @@ def encoder_decoder_examples(model: torch.nn.Module, lengths: tuple[int, ...], s
         example: dict[str, Any] = {"decoder_input_ids": text(n)}
         if prompts:  # the image's placeholders, then a prompt of a length of its own
             image = tiny_image(model, seed=seed + i)
-            ids = torch.cat([torch.full((1, image.tokens), image.token_id), text(2 + 2 * i)], 1)
+            ids = torch.cat([torch.full((1, image.tokens), cast(int, image.token_id)), text(2 + 2 * i)], 1)
             example.update(image.inputs, input_ids=ids, attention_mask=torch.ones_like(ids))
         else:
             layouts = [x for x in _layouts(vision, {}, torch.Generator().manual_seed(seed + i))

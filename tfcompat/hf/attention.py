@@ -28,14 +28,14 @@ import torch.distributed as dist
 
 from ..core import a2a
 from ..core.attention import AttentionFeatures, varlen_attention
-from ..core.cross_attention import cross_attention
 from ..core.context import BRIDGE_ATTR, CONTEXT_KWARG, StockContext
+from ..core.cross_attention import cross_attention
 from ..core.packing import PackedSeqs, chunked
 from ..errors import PatchedModelError
 from ..registry.lookup import ATTENTION_KEY
 
-__all__ = ["ATTENTION_KEY", "CROSS_ATTR", "FEATURES_ATTR", "TEMPERATURE_ATTR", "packed_attention", "rank_heads", "register",
-           "stock_function", "unregister"]
+__all__ = ["ATTENTION_KEY", "CROSS_ATTR", "FEATURES_ATTR", "TEMPERATURE_ATTR", "packed_attention", "rank_heads",
+           "register", "stock_function", "unregister"]
 
 FEATURES_ATTR = "_tfcompat_features"  # on each patched attention module: its AttentionFeatures (absent: none)
 # on an attention module whose stock forward scales its queries by their row index (llama4's NoPE temperature

@@ -591,8 +591,9 @@ def _refused_features(model: torch.nn.Module, r: Resolved) -> str:
     """Why the packed core refuses the first attention module of ``model`` whose features it cannot run (a layer
     type other than softmax attention), "" where it runs them all; an encoder-decoder model's cross-attention
     (non-causal, `tfcompat.hf.encoder_decoder`) aside."""
+    crossed = r.entry.encoder_decoder is not None
     cross = {id(getattr(layer, a, None)) for layer in model.modules() if isinstance(layer, r.decoder_layer_cls)
-             for a in cross_attrs(r.decoder_layer_cls, r.attention_cls)} if r.entry.encoder_decoder is not None else set()
+             for a in cross_attrs(r.decoder_layer_cls, r.attention_cls)} if crossed else set()
     for attn in (m for m in model.modules() if isinstance(m, r.attention_cls) and id(m) not in cross):
         found = module_features(attn, cast(Any, attn).config, r.text_model_cls)
         if found.refusal:

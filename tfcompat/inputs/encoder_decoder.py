@@ -137,5 +137,6 @@ def _batched(r: Resolved, d: EncoderDecoderDerivation, model: torch.nn.Module, n
                       fix=f"give every example its {d.encoder_mask}" if d.encoder_mask else "pack sequences whose "
                       f"{name} are of one length")
     width = max(p.shape[1] for p in parts)
-    pad = 0 if name == d.encoder_mask else getattr(model.config.get_text_config(), "pad_token_id", None) or 0
+    config: Any = model.config  # a PretrainedConfig
+    pad = 0 if name == d.encoder_mask else getattr(config.get_text_config(), "pad_token_id", None) or 0
     return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in parts])  # (N, P)

@@ -155,9 +155,10 @@ _DECODER_KEYWORDS = frozenset({
 def _positions_key(fn: ast.FunctionDef, keywords: dict[str, ast.expr], spread: list[ast.expr], params: set[str],
                    var_kw: str | None) -> str:
     """The keyword the caller gives the decoder's position ids at ``fn`` (the owner's forward): the parameter passed
-    as ``position_ids=``, ``position_ids`` where ``fn``'s own ``**kwargs`` go to the decoder, or ``<prefix>position_ids``
-    where the decoder takes a dict of ``fn``'s kwargs stripped of ``<prefix>`` (VisionEncoderDecoder's
-    ``{argument[len("decoder_"):]: value ... if argument.startswith("decoder_")}``); "" for none."""
+    as ``position_ids=``, ``position_ids`` where ``fn``'s own ``**kwargs`` go to the decoder, or
+    ``<prefix>position_ids`` where the decoder takes a dict of ``fn``'s kwargs stripped of ``<prefix>``
+    (VisionEncoderDecoder's ``{argument[len("decoder_"):]: value ... if argument.startswith("decoder_")}``); "" for
+    none."""
     given = keywords.get("position_ids")
     if given is not None:
         return given.id if isinstance(given, ast.Name) and given.id in params else ""
