@@ -190,6 +190,23 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
 }
 
+# Encoder-decoder configs with no default pair on some releases (4.x: "not both `encoder` and `decoder`"): the pair
+# 5.x's defaults build (ViT, BERT), by config class
+_DEFAULT_PAIRS: dict[str, tuple[str, str]] = {"VisionEncoderDecoderConfig": ("vit", "bert")}
+
+
+def _pair_default(config_cls: Any, pair: tuple[str, str]) -> PretrainedConfig:
+    """``config_cls``'s default, or where it builds none its ``pair`` of encoder and decoder types' defaults."""
+    try:
+        return config_cls()
+    except ValueError:
+        import transformers
+
+        mapping = transformers.CONFIG_MAPPING
+        decoder = mapping[pair[1]](is_decoder=True, add_cross_attention=True)
+        return config_cls.from_encoder_decoder_configs(mapping[pair[0]](), decoder)
+
+
 # Values a class's defaults leave None where its model needs a value, by config class; set only where the default is
 # None (so where a release has a default, it stays).
 _FILL_NONE: dict[str, dict[str, Any]] = {
@@ -269,7 +286,8 @@ def tiny_config(model_type: str, kind: Kind = "causal_lm") -> PretrainedConfig:
     """
     config_cls = _config_class(model_type, kind)
     try:
-        default = config_cls()
+        pair = _DEFAULT_PAIRS.get(config_cls.__name__)
+        default = config_cls() if pair is None else _pair_default(config_cls, pair)
         vision_cls = (getattr(config_cls, "sub_configs", None) or {}).get("vision_config")
         if kind == "image_text_to_text" and vision_cls is not None and getattr(default, "vision_config", 0) is None:
             default = config_cls(**{"vision_config": vision_cls()})  # an optional tower (Gemma 4): an image needs one

@@ -18,8 +18,8 @@ import torch
 from ..core.context import CONTEXT_KWARG, ForwardContext
 from ..core.labels import mask_starts, shift_labels
 from ..core.packing import PackedSeqs, from_lengths
-from ..errors import InvalidInputError
-from ..registry import Resolved
+from ..errors import InvalidInputError, PatchError
+from ..registry import Resolved, resolve_model
 from .derived_vision import is_derived_vision, pack_derived
 from .embedding import embed_inputs
 from .encoder_decoder import pack_encoder_decoder
@@ -71,7 +71,10 @@ def pack(model: torch.nn.Module, examples: Sequence[Mapping[str, Any]], *, ignor
     Raises `InvalidInputError` naming the example for anything `tfcompat.rope_index` or the vision checks
     refuse, unknown keys, padding, labels of another shape or given for only some examples.
     """
-    r = family_of(model)
+    try:
+        r = family_of(model)
+    except PatchError:  # an encoder-decoder type without a default decoder (4.x VisionEncoderDecoder): this model's
+        r = resolve_model(model)
     if not examples:
         raise r.error(InvalidInputError, "tfcompat.pack got no examples", why="an empty list packs no row",
                       fix="pass at least one example")

@@ -413,8 +413,16 @@ def resolve_model(model: torch.nn.Module) -> Resolved:
         # a causal LM built from its text sub-config (Emu3ForCausalLM: "emu3_text_model"): the type it is mapped to
         key = next((k for k, name in derive.causal_lm_types().items() if name == type(model).__name__
                     and k in derivable_types()), key)
-    resolved = resolve(key)
     vision = derive_vision.vision_key(key) if isinstance(key, str) else None
+    decoder_type = getattr(getattr(config, "decoder", None), "model_type", None)
+    try:
+        resolved = resolve(key)
+    except PatchError:  # an encoder-decoder config without a default decoder (4.x VisionEncoderDecoder): this one's
+        installed = versions.installed_transformers()
+        if vision is None or not isinstance(decoder_type, str) or installed is None:
+            raise
+        fam = _derived_vision(key, decoder_type, installed)
+        return resolve_entry(fam, fam.entries[0], installed, False)
     if (not resolved.spec.is_vision and vision is not None and resolved.entry.derived is not None
             and resolved.entry.derived_vision is None and resolved.entry.encoder_decoder is None
             and type(model).__name__ == derive_vision.vision_types()[vision]
