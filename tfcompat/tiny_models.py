@@ -202,7 +202,7 @@ def _pair_default(config_cls: Any, pair: tuple[str, str]) -> PretrainedConfig:
     except ValueError:
         import transformers
 
-        mapping = transformers.CONFIG_MAPPING
+        mapping: Any = transformers.CONFIG_MAPPING
         decoder = mapping[pair[1]](is_decoder=True, add_cross_attention=True)
         return config_cls.from_encoder_decoder_configs(mapping[pair[0]](), decoder)
 
