@@ -34,6 +34,7 @@ from tfcompat.tiny_models import (
     Kind,
     TinyModelError,
     attention_implementations,
+    encoder_decoder_examples,
     special_token_ids,
     tiny_image,
     tiny_model,
@@ -418,6 +419,8 @@ def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0)
         model = build(model_type, attn_implementation, kind="image_text_to_text", seed=seed)
     except Exception as exc:  # noqa: BLE001 -- the zoo reports every reason a type cannot be built or run
         return _unbuildable(model_type, exc)
+    if _encoder_decoder(model) is not None:
+        return encoder_decoder_check(model_type, model, seed)
     try:
         examples, video_note = vlm_examples(model, seed=seed), ""
         if len(examples) > 3:  # the video row, where the stock forward runs it (else the zoo's video layout is not
@@ -494,3 +497,76 @@ def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0)
         return Outcome(model_type, "pass", f"control {control:.1e}{note}{video_note}", worst)
     return Outcome(model_type, "fail", f"patched packed differs from stock per sequence: logits {diff:.2e}, "
                    f"embedded {diff_embedded:.2e}, gradients {grad_diff:.2e}", worst)
+
+
+def _encoder_decoder(model: torch.nn.Module) -> Any:
+    """The encoder-decoder derivation of ``model``'s entry (`tfcompat.registry.records.EncoderDecoderDerivation`), or
+    None (another kind of model, or a refused one: `_patch` says why)."""
+    try:
+        return tfcompat.registry.resolve_model(model).entry.encoder_decoder
+    except REFUSALS:
+        return None
+
+
+def encoder_decoder_check(model_type: str, model: torch.nn.Module, seed: int = 0) -> Outcome:
+    """An encoder-decoder type: `tfcompat.pack` of `tfcompat.tiny_models.encoder_decoder_examples` (decoder ids of
+    `LENGTHS`, each sequence with its own image, Florence-2's prompts of different lengths) through `tfcompat.patch`
+    vs stock per sequence, forward and backward; where the model's forward shifts labels into decoder ids, the same
+    row packed from labels alone (shifted per sequence by `pack`) vs stock per sequence given the labels. The control:
+    the unpatched decoder row (positions running on) on the first sequence's encoder inputs must differ."""
+    d = _encoder_decoder(model)
+    try:
+        examples = encoder_decoder_examples(model, LENGTHS, seed=seed)
+        with torch.no_grad():
+            expected = [logits_of(model, **ex) for ex in examples]
+        w = projection(expected[0].shape[-1])
+        expected_grads = gradients(model, lambda: sum((logits_of(model, **ex) @ w).sum() for ex in examples))
+        labelled, note = [], "; no labels shift read"
+        if d.labels_shift:  # labels alone: stock builds the decoder ids from them per sequence
+            labelled = [{**{k: v for k, v in ex.items() if k != d.decoder_ids}, "labels": ex[d.decoder_ids]}
+                        for ex in examples]
+            try:
+                with torch.no_grad():
+                    expected_labelled = [logits_of(model, **ex) for ex in labelled]
+            except Exception as exc:  # noqa: BLE001 -- a config without the ids the shift needs (VED's pad id)
+                labelled, note = [], f"; labels not run (stock: {_reason(exc)[:80]})"
+    except Exception as exc:  # noqa: BLE001 -- as vlm_check: patch() says whether tfcompat takes the model at all
+        refusal = _patch(model_type, model)
+        if isinstance(refusal, Outcome):
+            return refusal
+        refusal.undo()
+        return Outcome(model_type, "unbuildable", _reason(exc))
+    handle = _patch(model_type, model)
+    if isinstance(handle, Outcome):
+        return handle
+    with handle:
+        try:
+            inputs = tfcompat.pack(model, examples).model_inputs
+        except InvalidInputError as exc:
+            return Outcome(model_type, "refused", _reason(exc))
+        try:
+            with torch.no_grad():
+                diff = compare(logits_of(model, **inputs), expected)
+                diff_labels = 0.0
+                if labelled:
+                    diff_labels, note = compare(logits_of(model, **tfcompat.pack(model, labelled).model_inputs),
+                                                expected_labelled), "; packed from labels too"
+            got_grads = gradients(model, lambda: (logits_of(model, **inputs) @ w).sum())
+        except Exception as exc:  # noqa: BLE001
+            return Outcome(model_type, "fail", f"patched forward raised {_reason(exc)}")
+    with torch.no_grad():  # the control: the row unpatched, positions running on, the first sequence's encoder inputs
+        first = {k: v for k, v in examples[0].items() if k != d.decoder_ids}
+        control = compare(logits_of(model, **first, **{d.decoder_ids: inputs[d.decoder_ids]}), expected)
+    if got_grads.keys() != expected_grads.keys():
+        missing = sorted(got_grads.keys() ^ expected_grads.keys())
+        return Outcome(model_type, "fail", f"patched gradients reach other parameters: {', '.join(missing[:4])}",
+                       float("inf"))
+    grad_diff = compare_gradients(got_grads, expected_grads)
+    worst = max(diff, diff_labels, grad_diff)
+    if diff <= TOLERANCE and diff_labels <= TOLERANCE and grad_diff <= GRAD_TOLERANCE:
+        if control <= 1e-3:
+            return Outcome(model_type, "fail", f"control: the unpatched packed row equals per sequence ({control:.1e})",
+                           worst)
+        return Outcome(model_type, "pass", f"control {control:.1e}{note}", worst)
+    return Outcome(model_type, "fail", f"patched packed differs from stock per sequence: logits {diff:.2e}, "
+                   f"from labels {diff_labels:.2e}, gradients {grad_diff:.2e}", worst)

@@ -21,7 +21,7 @@ transformers is imported inside the functions only: importing tfcompat does not 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 from .errors import TfcompatError
 from .registry.versions import installed_transformers
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 __all__ = [
-    "Kind", "TinyImage", "TinyModelError", "attention_implementations", "model_class_name", "model_types",
+    "Kind", "TinyImage", "TinyModelError", "attention_implementations", "encoder_decoder_examples", "model_class_name",
+    "model_types",
     "sample_examples", "shrunk_config", "special_token_ids", "tiny_config", "tiny_copy", "tiny_image", "tiny_model",
     "tiny_video",
 ]
@@ -179,11 +180,35 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "Granite4VisionConfig": {"deepstack_layer_map": [[1, 0]], "spatial_target_layers": [1, 2, 3, 4],
                              "downsample_rate": "1/2", "image_grid_pinpoints": [[32, 32]]},
     "Granite4VisionTextConfig": {"num_hidden_layers": 5},
+    # DaViT stages: the default kernels (7, then 3) over the tiny image, one block each (the shrink gives 8 x 8 kernels
+    # of 4 x 4 maps)
+    "Florence2VisionConfig": {"patch_size": [7, 3, 3, 3], "depths": [1, 1, 1, 1]},
+    # the projector's output is the decoder's hidden size (the tiny text model's 64), its convolutions' channels
+    # shrunk alike
+    "PPFormulaNetVisionConfig": {"decoder_hidden_size": 64, "output_channels": 64, "post_conv_in_channels": 64,
+                                 "post_conv_mid_channels": 64, "post_conv_out_channels": 64, "mlp_dim": 128},
     # rotary parameters are keyed by layer type, and the defaults give none
     "CohereCompassTextConfig": {"rope_parameters": {
         "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
 }
+
+# Encoder-decoder configs with no default pair on some releases (4.x: "not both `encoder` and `decoder`"): the pair
+# 5.x's defaults build (ViT, BERT), by config class
+_DEFAULT_PAIRS: dict[str, tuple[str, str]] = {"VisionEncoderDecoderConfig": ("vit", "bert")}
+
+
+def _pair_default(config_cls: Any, pair: tuple[str, str]) -> PretrainedConfig:
+    """``config_cls``'s default, or where it builds none its ``pair`` of encoder and decoder types' defaults."""
+    try:
+        return config_cls()
+    except ValueError:
+        import transformers
+
+        mapping: Any = transformers.CONFIG_MAPPING
+        decoder = mapping[pair[1]](is_decoder=True, add_cross_attention=True)
+        return config_cls.from_encoder_decoder_configs(mapping[pair[0]](), decoder)
+
 
 # Values a class's defaults leave None where its model needs a value, by config class; set only where the default is
 # None (so where a release has a default, it stays).
@@ -266,7 +291,8 @@ def tiny_config(model_type: str, kind: Kind = "causal_lm") -> PretrainedConfig:
     """
     config_cls = _config_class(model_type, kind)
     try:
-        default = config_cls()
+        pair = _DEFAULT_PAIRS.get(config_cls.__name__)
+        default = config_cls() if pair is None else _pair_default(config_cls, pair)
         vision_cls = (getattr(config_cls, "sub_configs", None) or {}).get("vision_config")
         if kind == "image_text_to_text" and vision_cls is not None and getattr(default, "vision_config", 0) is None:
             default = config_cls(**{"vision_config": vision_cls()})  # an optional tower (Gemma 4): an image needs one
@@ -377,6 +403,46 @@ def sample_examples(model: torch.nn.Module, lengths: tuple[int, ...], images: bo
         if "mm_token_type_ids" in inspect.signature(model.forward).parameters:  # 1 at an image's tokens, as its
             # processor returns them (5.x M-RoPE forwards number images only with them)
             examples[i]["mm_token_type_ids"] = (examples[i]["input_ids"] == image.token_id).long()
+    return examples
+
+
+def encoder_decoder_examples(model: torch.nn.Module, lengths: tuple[int, ...], seed: int = 0
+                             ) -> list[dict[str, torch.Tensor]]:
+    """One forward's inputs per sequence of an encoder-decoder vision-language model: ``decoder_input_ids (1, L_i)``
+    of random text tokens (no special id) for each of ``lengths``, each sequence with its own image (`tiny_image`'s
+    where the config names an image placeholder, else one ``(1, C, S, S)`` image of the encoder's size); where the
+    encoder reads a prompt around the image's placeholders (Florence-2), ``input_ids (1, P_i)`` of prompts of
+    different lengths, with their ``attention_mask``."""
+    import inspect
+
+    import torch
+
+    config: Any = model.config
+    decoder = getattr(config, "decoder", None) or config.get_text_config()
+    allowed = torch.tensor(sorted(set(range(decoder.vocab_size)) - special_token_ids(config)))
+    gen = torch.Generator().manual_seed(seed)
+
+    def text(n: int) -> torch.Tensor:
+        return allowed[torch.randint(len(allowed), (n,), generator=gen)][None]  # (1, n)
+
+    prompts = "input_ids" in inspect.signature(model.forward).parameters and _image_token_id(config) is not None
+    vision = getattr(config, "encoder", None) or _image_tower_config(config)
+    if vision is None:
+        raise _error(config.model_type, "the config names no encoder or vision config")
+    examples = []
+    for i, n in enumerate(lengths):
+        example: dict[str, Any] = {"decoder_input_ids": text(n)}
+        if prompts:  # the image's placeholders, then a prompt of a length of its own
+            image = tiny_image(model, seed=seed + i)
+            ids = torch.cat([torch.full((1, image.tokens), cast(int, image.token_id)), text(2 + 2 * i)], 1)
+            example.update(image.inputs, input_ids=ids, attention_mask=torch.ones_like(ids))
+        else:
+            layouts = [x for x in _layouts(vision, {}, torch.Generator().manual_seed(seed + i))
+                       if set(x) == {"pixel_values"} and x["pixel_values"].ndim == 4]
+            if not layouts:
+                raise _error(config.model_type, "no (1, C, S, S) image layout fits its encoder")
+            example["pixel_values"] = layouts[0]["pixel_values"]
+        examples.append(example)
     return examples
 
 

@@ -41,6 +41,8 @@ class ForwardContext(NamedTuple):
     mask: the caller's 4-D attention mask, found equal to the block-diagonal causal mask of ``seqs``
     (`tfcompat.core.custom_mask`): the text model's packed forward takes it (and drops it); None: none was checked.
     cross: the row's cross-attention items by sequence (`CrossItems`), None where the row carries none.
+    encoder: boundaries of the encoder states the packed decoder's cross-attention reads, one sequence per sequence
+    of ``seqs`` (`tfcompat.core.cross_attention`); None outside an encoder-decoder model's decoder.
     """
 
     seqs: PackedSeqs
@@ -49,6 +51,7 @@ class ForwardContext(NamedTuple):
     transport: Transport = "all_to_all"
     mask: torch.Tensor | None = None
     cross: CrossItems | None = None
+    encoder: PackedSeqs | None = None
 
 
 class StockContext(NamedTuple):

@@ -29,17 +29,21 @@ import torch.distributed as dist
 from ..core import a2a
 from ..core.attention import AttentionFeatures, varlen_attention
 from ..core.context import BRIDGE_ATTR, CONTEXT_KWARG, StockContext
+from ..core.cross_attention import cross_attention
 from ..core.packing import PackedSeqs, chunked
 from ..errors import PatchedModelError
 from ..registry.lookup import ATTENTION_KEY
 
-__all__ = ["ATTENTION_KEY", "FEATURES_ATTR", "TEMPERATURE_ATTR", "packed_attention", "rank_heads", "register",
-           "stock_function", "unregister"]
+__all__ = ["ATTENTION_KEY", "CROSS_ATTR", "FEATURES_ATTR", "TEMPERATURE_ATTR", "packed_attention", "rank_heads",
+           "register", "stock_function", "unregister"]
 
 FEATURES_ATTR = "_tfcompat_features"  # on each patched attention module: its AttentionFeatures (absent: none)
 # on an attention module whose stock forward scales its queries by their row index (llama4's NoPE temperature
 # tuning, `tfcompat.registry.derive.temperature_guard`): (floor_scale, attn_scale)
 TEMPERATURE_ATTR = "_tfcompat_temperature"
+# on each cross-attention module of a patched encoder-decoder model's decoder (True): its keys and values are the
+# encoder states, which a packed forward packs per sequence (`tfcompat.core.context.ForwardContext.encoder`)
+CROSS_ATTR = "_tfcompat_cross"
 
 # Kwargs that reach the attention function and change nothing in attention over packed sequences, from
 # transformers' modeling files (4.53-5.24): the decoder layer's and model's pass-through kwargs (positions, cache
@@ -89,6 +93,8 @@ def packed_attention(
             why="the attention was called outside the patched text model's forward",
             fix="call the patched model (or its text model) rather than a decoder layer directly, or undo() the patch",
         )
+    if module.__dict__.get(CROSS_ATTR):
+        return _cross(module, query, key, value, ctx, scaling, dropout, kwargs), None
     features = module.__dict__.get(FEATURES_ATTR) or AttentionFeatures()
     sinks = _layer_sinks(module, features, dropout, kwargs)
     seqs = ctx.seqs if features.chunk is None else chunked(ctx.seqs, features.chunk)  # cached per forward
@@ -113,6 +119,42 @@ def packed_attention(
     out = varlen_attention(q, k, v, seqs, scale=scaling, window=features.window, softcap=features.softcap,
                            sinks=sinks, backend=ctx.backend)
     return a2a.heads_to_seq(out, ctx.group, ctx.transport).view(b, length, hq, dv), None
+
+
+def _cross(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ctx: Any,
+           scaling: float | None, dropout: float, kwargs: dict[str, Any]) -> torch.Tensor:
+    """A decoder's cross-attention on a packed row: each sequence's queries to its own encoder states.
+
+    query: ``(1, Hq, Tq, D)`` (the packed decoder row); key: ``(1, Hkv, Tk, D)``, value: ``(1, Hkv, Tk, Dv)`` (the
+    encoder states of the row's sequences, packed by the text model's forward: ``ctx.encoder``). Returns
+    ``(1, Tq, Hq, Dv)``."""
+    def refuse(what: str, why: str, fix: str) -> PatchedModelError:
+        return PatchedModelError(f"{type(module).__name__} {what}", why=why, fix=fix)
+
+    if ctx.encoder is None or ctx.group is not None:
+        raise refuse("runs cross-attention on a packed row without packed encoder states",
+                     why="the packed decoder's forward packs the encoder states per sequence; this call did not come "
+                     "through it" if ctx.group is None else "cross-attention under sequence parallelism is not "
+                     "implemented", fix="call the patched encoder-decoder model itself, on one process")
+    if dropout:
+        raise refuse(f"asked for attention dropout {dropout!r}", why="tfcompat's packed attention has no dropout",
+                     fix="set the config's attention dropout to 0.0, or undo() the patch")
+    unknown = sorted(n for n in kwargs.keys() - _HARMLESS - _CHECKED if kwargs[n] is not None)
+    if unknown and kwargs.get("is_causal") is not True:
+        read = _names_read(type(module).__module__)
+        unknown = [n for n in unknown if read is None or n in read]
+    if unknown or kwargs.get("is_causal") is True:
+        raise refuse(f"passed {', '.join(unknown) or 'is_causal=True'} to the packed cross-attention",
+                     why="it could change the result, and the packed cross-attention does not implement it",
+                     fix="undo() the patch for this model, and report the model type to tfcompat")
+    if query.shape[0] != 1 or key.shape[0] != 1:
+        raise refuse(f"got a query of shape {tuple(query.shape)} and keys of shape {tuple(key.shape)}",
+                     why="a packed decoder row is one row, and its encoder states one packed row",
+                     fix="pass one packed row per forward (tfcompat.pack)")
+    # (1, H, L, D) -> (L, H, D)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    out = cross_attention(q, k, v, ctx.seqs, ctx.encoder, scale=scaling)
+    return out[None]  # (Tq, Hq, Dv) -> (1, Tq, Hq, Dv)
 
 
 def _temperature_rescale(seqs: PackedSeqs, floor_scale: float, attn_scale: float, query: torch.Tensor

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple, cast
@@ -190,8 +191,12 @@ def per_sequence_forward(module: torch.nn.Module, call: MixerCall,
         flat = hidden.reshape(batch * length, *hidden.shape[2:])  # (B, L, D) -> (B L, D)
         outputs: list[Any] = []
         start = 0
+        # an encoder-decoder model's packed encoder states: sequence i's, for its decoder tokens
+        encoder = [0, *itertools.accumulate(ctx.encoder.lengths)] if ctx.encoder is not None else None
         for n in ctx.seqs.lengths:
-            at = _Span(batch, length, start, start + n, hidden.device, len(outputs))
+            states = slice(encoder[len(outputs)], encoder[len(outputs) + 1]) if encoder is not None else None
+            at = _Span(batch, length, start, start + n, hidden.device, len(outputs), states,
+                       ctx.encoder.total if ctx.encoder is not None else 0)
             per_seq = {name: _slice(name, known.get(name) or roles.get(name, "flag"), value, at)
                        for name, value in bound.items()}
             outputs.append(stock(module, flat[start:start + n][None], **per_seq))
@@ -215,6 +220,8 @@ class _Span(NamedTuple):
     end: int
     device: torch.device
     seq: int = 0  # the sequence's index in the row
+    encoder: slice | None = None  # the sequence's states in the packed encoder row (an encoder-decoder model's)
+    encoder_total: int = 0  # the packed encoder row's length
 
     @property
     def row(self) -> int:
@@ -242,10 +249,17 @@ def _slice(name: str, role: MixerRole, value: Any, at: _Span) -> Any:
                                     "model is patched")
         return None
     if role == "encoder":
-        if value is not None:
+        if value is not None and at.encoder is not None and name == "encoder_hidden_states":
+            return value[:, at.encoder]  # (1, sum L_enc, D) -> (1, L_enc_i, D): its own encoder states
+        if isinstance(value, torch.Tensor) and at.encoder is not None and value.shape[-1] == at.encoder_total:
+            # a mask over the packed encoder row (4.x BERT's, extended from none: every state read): its keys
+            return value[..., at.encoder]  # (..., sum L_enc) -> (..., L_enc_i)
+        if value is not None:  # a mask of the packed encoder row is None (its boundaries replace it)
             raise InvalidInputError(f"a per-sequence decoder layer got {name} with a packed row",
-                                    why="cross-attention to encoder states runs on padded batches only",
-                                    fix="call the model without packed position ids")
+                                    why="cross-attention to encoder states runs packed only in an encoder-decoder "
+                                    "model patched as one (its decoder packs them per sequence)",
+                                    fix="patch the encoder-decoder model itself, or call it without packed position "
+                                    "ids")
         return None
     if role == "no_cache":
         return False

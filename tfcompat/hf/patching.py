@@ -12,6 +12,9 @@ function is replaced; removed again when the last patched model is undone). Per 
   the boundaries to its attention;
 - on each token mixer other than softmax attention of a derived hybrid, an instance ``forward`` that runs it per
   sequence, and a pre-hook on its decoder layer handing it the boundaries (`tfcompat.hf.mixers`);
+- in an encoder-decoder model (`tfcompat.hf.encoder_decoder`), instance forwards on the model (packed or stock
+  decided from the decoder's row) and on its encoder (always stock), and on each of the decoder's cross-attention
+  modules `tfcompat.hf.attention.CROSS_ATTR` (its keys: each sequence's own encoder states);
 - on each attention module, its attention features (window, softcap, sinks, chunk: `tfcompat.hf.features`) under
   `tfcompat.hf.attention.FEATURES_ATTR`;
 - with ``fused``, the forwards `tfcompat.hf.fused` routes through Liger's kernels; with ``checkpoint_keep``, each
@@ -51,6 +54,7 @@ from ..registry.derive import (
 from . import attention as hf_attention
 from . import checkpointing as hf_checkpointing
 from . import cross_states as hf_cross
+from . import encoder_decoder as hf_encoder_decoder
 from . import fused as hf_fused
 from . import linear_attention as hf_linear_attention
 from . import mixers as hf_mixers
@@ -196,7 +200,14 @@ def patch(
         raise PatchError("model has no config.model_type", why=f"got {type(model).__name__}",
                          fix="pass a transformers PreTrainedModel")
     resolved = resolve_model(model)
-    plan = _plan(model, resolved, ulysses_group, linear_backend, backend)
+    crossed = hf_encoder_decoder.plan(model, resolved)
+    if crossed is not None and ulysses_group is not None:
+        raise resolved.error(PatchError, f"{type(model).__name__} cannot run sequence parallel",
+                             why="its decoder's cross-attention reads each sequence's encoder states whole; under "
+                             "Ulysses a rank holds a slice of the decoder row", supported="ulysses_group=None",
+                             fix="patch without ulysses_group")
+    plan = _plan(model, resolved, ulysses_group, linear_backend, backend,
+                 crossed.decoder if crossed is not None else model)
     vision = plan_vision(model, resolved, plan.text_models, [f[0] for f in plan.features], ulysses_group)
     fused_modules = hf_fused.prepare(model, fused, resolved.family, resolved.transformers_version)
     if any(n for _, n in keep) and plan.mixers.note.startswith(hf_mixers.LAYER_NOTE):
@@ -246,7 +257,17 @@ def patch(
                                        row_module, per_sequence)
         handle._set("instance", text_model, "forward", forward, "packed position ids -> boundaries once per forward; "
                     "ordinary calls -> the stock attention")
-    if all(model is not m for m in plan.text_models):
+    if crossed is not None:
+        handle._set("instance", model, "forward", hf_encoder_decoder.top_forward(model.forward, router,
+                                                                                 crossed.derivation),
+                    "packed or stock decided once per forward, from the decoder's ids and position ids")
+        handle._set("instance", crossed.encoder, "forward",
+                    hf_encoder_decoder.encoder_forward(crossed.encoder.forward, router, crossed.derivation),
+                    "the encoder runs stock (attention, masks) on every call")
+        for module in crossed.cross:
+            handle._set("instance", module, hf_attention.CROSS_ATTR, True,
+                        "packed rows: cross-attention of each sequence to its own encoder states")
+    elif all(model is not m for m in plan.text_models):
         boundaries_only = (layered and from_row is None
                            and "position_ids" not in inspect.signature(model.forward).parameters)
         handle._set("instance", model, "forward", _top_forward(model.forward, router, boundaries_only),
@@ -439,19 +460,21 @@ class _Plan:
     mixers: hf_mixers.MixerPlan
 
 
-def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, backend: str) -> _Plan:
-    """Find what to change and check it can be changed, before changing anything."""
+def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, backend: str,
+          decoder: torch.nn.Module) -> _Plan:
+    """Find what to change and check it can be changed, before changing anything. decoder: the module holding the
+    text models and attention to patch (``model``; an encoder-decoder model's decoder: its encoder runs stock)."""
     entry = f"entry {r.entry.versions}"
 
     if group is not None and is_sequence_classifier(model):
         raise r.error(PatchError, f"{type(model).__name__} cannot run sequence parallel",
                       why="it pools one score per sequence from tokens that sit on other ranks", supported=entry,
                       fix="score packed rows without ulysses_group (tfcompat pools one score per sequence there)")
-    text_models = [m for m in model.modules() if isinstance(m, r.text_model_cls)]
+    text_models = [m for m in decoder.modules() if isinstance(m, r.text_model_cls)]
     derived = r.entry.derived
     why = derived.per_sequence_why if derived is not None else ""
     if not why and derived is not None and derived.per_sequence and derived.softmax_attention:
-        why = _refused_features(model, r)  # a layer type the core cannot run: the layers run per sequence instead
+        why = _refused_features(decoder, r)  # a layer type the core cannot run: the layers run per sequence instead
     if why:
         if not text_models:
             raise r.error(PatchError, f"cannot patch {type(model).__name__}", supported=entry,
@@ -469,12 +492,12 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
         return _Plan([], text_models, [], [], [], hf_mixers.plan_layers(model, r, group, why))
     # cross-attention of the self-attention's class (Bart's encoder_attn): called only with encoder states, which a
     # packed forward refuses; left to its stock function
-    cross_ids = {id(getattr(layer, a, None)) for layer in model.modules() if isinstance(layer, r.decoder_layer_cls)
+    cross_ids = {id(getattr(layer, a, None)) for layer in decoder.modules() if isinstance(layer, r.decoder_layer_cls)
                  for a in (cross_attrs(r.decoder_layer_cls, r.attention_cls) if r.entry.derived is not None else ())}
-    attentions = [m for m in model.modules() if isinstance(m, r.attention_cls) and id(m) not in cross_ids
+    attentions = [m for m in decoder.modules() if isinstance(m, r.attention_cls) and id(m) not in cross_ids
                   and (derived is None or derived.softmax_attention)]
     linear_cls = r.classes.get("linear_attention")  # a hybrid family: its linear layers alone still need the patch
-    linears = [m for m in model.modules() if linear_cls is not None and isinstance(m, linear_cls)]
+    linears = [m for m in decoder.modules() if linear_cls is not None and isinstance(m, linear_cls)]
     per_sequence = hf_mixers.mixer_classes(r)  # a derived hybrid: its per-sequence mixers alone still need the patch
     if not text_models or not (attentions or linears or any(isinstance(m, per_sequence) for m in model.modules())):
         mixers = " or ".join(c.__name__ for c in (r.attention_cls, linear_cls) if c is not None)
@@ -487,7 +510,7 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
                       "only a slice of each sequence", supported=entry, fix="patch without ulysses_group")
     cross_cls = r.classes.get("cross_attention")
     cross = [m for m in model.modules() if cross_cls is not None and isinstance(m, cross_cls)]
-    if cross:
+    if cross and r.entry.encoder_decoder is None:  # an encoder-decoder model's are marked (`hf_encoder_decoder`)
         raise r.error(PatchError, f"{type(model).__name__} holds cross-attention ({type(cross[0]).__name__})",
                       why="its keys and values come from encoder states, not from the packed row", supported=entry,
                       fix="build the model without cross-attention (add_cross_attention=False), or run it unpatched")
@@ -535,7 +558,7 @@ def _plan(model: torch.nn.Module, r: Resolved, group: Any, linear_backend: str, 
             configs.append(tm.config)
     bridges = []
     if not r.entry.layer_forwards_kwargs:  # the decoder layer (or a module below it) drops **kwargs
-        for layer in (m for m in model.modules() if isinstance(m, r.decoder_layer_cls)):
+        for layer in (m for m in decoder.modules() if isinstance(m, r.decoder_layer_cls)):
             below = [c for c in layer.modules() if isinstance(c, r.attention_cls)]
             if not below and per_sequence:
                 continue  # a hybrid's layer without attention (mixers, which `tfcompat.hf.mixers` bridges, or an MLP)
@@ -569,8 +592,12 @@ def _check_positions_reach(model: torch.nn.Module, r: Resolved, entry: str) -> N
 
 def _refused_features(model: torch.nn.Module, r: Resolved) -> str:
     """Why the packed core refuses the first attention module of ``model`` whose features it cannot run (a layer
-    type other than softmax attention), "" where it runs them all."""
-    for attn in (m for m in model.modules() if isinstance(m, r.attention_cls)):
+    type other than softmax attention), "" where it runs them all; an encoder-decoder model's cross-attention
+    (non-causal, `tfcompat.hf.encoder_decoder`) aside."""
+    crossed = r.entry.encoder_decoder is not None
+    cross = {id(getattr(layer, a, None)) for layer in model.modules() if isinstance(layer, r.decoder_layer_cls)
+             for a in cross_attrs(r.decoder_layer_cls, r.attention_cls)} if crossed else set()
+    for attn in (m for m in model.modules() if isinstance(m, r.attention_cls) and id(m) not in cross):
         found = module_features(attn, cast(Any, attn).config, r.text_model_cls)
         if found.refusal:
             return f"{type(attn).__name__} (layer {getattr(attn, 'layer_idx', '?')}): {found.refusal}"
@@ -708,6 +735,15 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
         if crossed is not None and cross is not None and crossed == cross.states and crossed in a:
             # images a derived owner hands its cross-attention layers: each token attends its own sequence's
             a[cross.mask] = hf_cross.per_sequence_mask(r, a.get(cross.mask), ctx, cross.mask)
+        elif crossed == "encoder_hidden_states" and r.entry.encoder_decoder is not None:
+            where = a if a.get(crossed) is not None else extra  # each sequence's own states, packed in one row
+            where[crossed], packed = hf_encoder_decoder.pack_encoder_states(
+                r, extra[CONTEXT_KWARG], tokens, where[crossed],
+                a.get("encoder_attention_mask", extra.get("encoder_attention_mask")))
+            extra[CONTEXT_KWARG] = ctx = packed
+            for place in (a, extra):  # the boundaries replace the mask (a mask of the row would be (1, sum L_enc))
+                if place.get("encoder_attention_mask") is not None:
+                    place["encoder_attention_mask"] = None
         elif crossed is not None:  # (Mllama's cross-attention layers are skipped without them)
             raise r.error(InvalidInputError, f"{crossed} with packed inputs",
                           why="cross-attention to encoder states runs on padded batches only; the packed forward "

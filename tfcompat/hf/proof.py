@@ -37,7 +37,14 @@ from ..inputs.derived_vision import owner_of
 from ..inputs.pack import pack
 from ..inputs.token_types import required, with_prefix_suffix
 from ..registry import Resolved
-from ..tiny_models import TinyModelError, sample_examples, shrunk_config, tiny_config, tiny_copy
+from ..tiny_models import (
+    TinyModelError,
+    encoder_decoder_examples,
+    sample_examples,
+    shrunk_config,
+    tiny_config,
+    tiny_copy,
+)
 
 __all__ = ["ENV", "LENGTHS", "REFUSAL", "TOLERANCE", "Proof", "is_wanted", "prove"]
 
@@ -175,11 +182,17 @@ def _isolated() -> Iterator[None]:
 
 
 def _variants(tiny: torch.nn.Module, resolved: Resolved, images: bool) -> list[list[dict[str, torch.Tensor]]]:
-    """The sequences a proof packs (`sample_examples` of `LENGTHS`): as they are, and where the owner builds its mask
-    from token types, with token types as a prefix-suffix processor returns them (0 over the first half, 1 over the
-    rest; for any owner a layout to mask as stock does) in every example; the first only where the owner masks a row
-    without token types causally (`tfcompat.inputs.token_types`: else packed rows without them are refused)."""
-    examples = sample_examples(tiny, LENGTHS, images=images)
+    """The sequences a proof packs: an encoder-decoder model's (`tfcompat.tiny_models.encoder_decoder_examples`:
+    decoder ids, each with its image), else `sample_examples` of `LENGTHS`: as they are, and where the owner builds its
+    mask from token types, with token types as a prefix-suffix processor returns them (0 over the first half, 1 over
+    the rest; for any owner a layout to mask as stock does) in every example; the first only where the owner masks a
+    row without token types causally (`tfcompat.inputs.token_types`: else packed rows without them are refused)."""
+    try:
+        if resolved.entry.encoder_decoder is not None:
+            return [encoder_decoder_examples(tiny, LENGTHS)]
+        examples = sample_examples(tiny, LENGTHS, images=images)
+    except TinyModelError as exc:
+        raise _Unbuildable(_first_line(exc)) from None
     v = resolved.entry.derived_vision
     if v is None or not v.mask_inputs:
         return [examples]

@@ -18,10 +18,11 @@ import torch
 from ..core.context import CONTEXT_KWARG, ForwardContext
 from ..core.labels import mask_starts, shift_labels
 from ..core.packing import PackedSeqs, from_lengths
-from ..errors import InvalidInputError
-from ..registry import Resolved
+from ..errors import InvalidInputError, PatchError
+from ..registry import Resolved, resolve_model
 from .derived_vision import is_derived_vision, pack_derived
 from .embedding import embed_inputs
+from .encoder_decoder import pack_encoder_decoder
 from .rope_index import Impl, rope_index
 from .vision_inputs import check_token_ids, family_of, vision_call
 
@@ -62,15 +63,25 @@ def pack(model: torch.nn.Module, examples: Sequence[Mapping[str, Any]], *, ignor
     ``moe_mm_token_type_ids`` (ignored: rebuilt from the ids). impl: the M-RoPE index used per sequence
     (`tfcompat.rope_index`).
     Derived vision-language families take their forward's own vision inputs by name (`tfcompat.inputs.derived_vision`
-    `.pack_derived`): concatenated in sequence order, zero-padded as a processor pads a batch.
+    `.pack_derived`): concatenated in sequence order, zero-padded as a processor pads a batch. An encoder-decoder
+    model's packed row is its decoder's (`tfcompat.inputs.encoder_decoder`): each example's decoder ids (or labels,
+    shifted per sequence by the model's own function) in one row, the encoder's inputs one row per sequence; its
+    ``shift_labels`` are the labels themselves (the targets of each decoder token).
 
     Raises `InvalidInputError` naming the example for anything `tfcompat.rope_index` or the vision checks
     refuse, unknown keys, padding, labels of another shape or given for only some examples.
     """
-    r = family_of(model)
+    try:
+        r = family_of(model)
+    except PatchError:  # an encoder-decoder type without a default decoder (4.x VisionEncoderDecoder): this model's
+        r = resolve_model(model)
     if not examples:
         raise r.error(InvalidInputError, "tfcompat.pack got no examples", why="an empty list packs no row",
                       fix="pass at least one example")
+    if r.entry.encoder_decoder is not None:  # the decoder's row, the encoder's inputs one row per sequence
+        crossed, targets, crossed_seqs = pack_encoder_decoder(r, model, examples)
+        crossed[CONTEXT_KWARG] = ForwardContext(crossed_seqs)
+        return Packed(crossed, targets, crossed_seqs)
     if is_derived_vision(r):
         derived, derived_labels, derived_seqs, cross = pack_derived(r, model, examples, ignore_index)
         derived[CONTEXT_KWARG] = ForwardContext(derived_seqs, cross=cross)

@@ -5,7 +5,7 @@ text row (1-D RoPE; an M-RoPE text model whose owner numbers none takes it in ev
 M-RoPE that the owner numbers itself when given none (``position_ids = self.compute_3d_position_ids(...)``, the 5.x
 Qwen-VL descendants: GLM-OCR, PaddleOCR-VL, ...), which tfcompat calls per sequence. A hybrid text model's
 linear-attention layers are packed as in its family. An encoder-decoder model, whose decoder reads the encoder's
-states, is refused as such.
+states, derives as one (`tfcompat.registry.derive_encoder_decoder`: the decoder's row is packed).
 
 What a packed row of such a model needs is what its text model needs, plus proof that the packed position ids and
 the forward context reach the text model: each forward from the vision-language class down to the text model (read
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ..errors import PatchError, TfcompatError, UnknownFamilyError
-from . import batching, versions
+from . import batching, derive_encoder_decoder, versions
 from .derive import (
     _CROSS_PARAMS,
     _attention_chains,
@@ -123,6 +123,8 @@ def derive(model_type: str, version: str, text_type: str | None,
     if not isinstance(top, type):
         raise refuse(f"transformers has no class {names[key]}", "the auto mapping names a missing class")
     module = importlib.import_module(top.__module__)
+    if derive_encoder_decoder.is_encoder_decoder(top):  # its decoder reads the encoder's states: the decoder's row
+        return derive_encoder_decoder.derive(model_type, version, top, text_type, text_entry)
     own = _own_text_model(module, top) if text_type in (None, model_type, key) else None
     if text_type is None and own is None:
         raise refuse("its config names no text model", "the default config has no text_config.model_type",

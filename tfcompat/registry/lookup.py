@@ -418,10 +418,19 @@ def resolve_model(model: torch.nn.Module) -> Resolved:
         # a causal LM built from its text sub-config (Emu3ForCausalLM: "emu3_text_model"): the type it is mapped to
         key = next((k for k, name in derive.causal_lm_types().items() if name == type(model).__name__
                     and k in derivable_types()), key)
-    resolved = resolve(key)
     vision = derive_vision.vision_key(key) if isinstance(key, str) else None
+    decoder_type = getattr(getattr(config, "decoder", None), "model_type", None)
+    try:
+        resolved = resolve(key)
+    except PatchError:  # an encoder-decoder config without a default decoder (4.x VisionEncoderDecoder): this one's
+        installed = versions.installed_transformers()
+        if vision is None or not isinstance(decoder_type, str) or installed is None:
+            raise
+        fam = _derived_vision(key, decoder_type, installed)
+        return resolve_entry(fam, fam.entries[0], installed, False)
     if (not resolved.spec.is_vision and vision is not None and resolved.entry.derived is not None
-            and resolved.entry.derived_vision is None and type(model).__name__ == derive_vision.vision_types()[vision]
+            and resolved.entry.derived_vision is None and resolved.entry.encoder_decoder is None
+            and type(model).__name__ == derive_vision.vision_types()[vision]
             and type(model).__name__ != derive.causal_lm_types().get(key)):
         # the type resolved as its causal LM (its vision-language entry cannot be derived), and this is its own
         # vision-language class: its refusal is the vision derivation's
@@ -434,6 +443,14 @@ def resolve_model(model: torch.nn.Module) -> Resolved:
         # the causal LM's own
         fam = _derived(key, resolved.transformers_version)
         return resolve_entry(fam, fam.entries[0], resolved.transformers_version, False)
+    crossed = resolved.entry.encoder_decoder
+    if crossed is not None:  # the decoder this instance was built with (VisionEncoderDecoder's: any causal LM)
+        decoder = _submodule(model, crossed.decoder_path())
+        decoder_type = getattr(getattr(decoder, "config", None), "model_type", None)
+        if decoder_type is not None and decoder_type != crossed.text_family:
+            fam = _derived_vision(key, decoder_type, resolved.transformers_version)
+            return resolve_entry(fam, fam.entries[0], resolved.transformers_version, False)
+        return resolved
     text_type = getattr(getattr(config, "text_config", None), "model_type", None)
     derived = resolved.entry.derived_vision
     if derived is not None and text_type != derived.text_family:  # the text model this instance was built with
@@ -441,6 +458,13 @@ def resolve_model(model: torch.nn.Module) -> Resolved:
         return resolve_entry(fam, fam.entries[0], resolved.transformers_version, False)
     text_family = dict(resolved.spec.text_variants).get(cast(str, text_type))
     return resolved if text_family is None else _resolve_text_variant(key, text_family, resolved.transformers_version)
+
+
+def _submodule(model: torch.nn.Module, path: str) -> torch.nn.Module | None:
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        return None
 
 
 @functools.cache

@@ -14,7 +14,8 @@ import torch
 from . import versions
 
 __all__ = [
-    "TEXT_MODULE_ROLES", "TEXT_ROLES", "AttentionCall", "CacheKwarg", "CrossStates", "Derivation", "Entry", "Family",
+    "TEXT_MODULE_ROLES", "TEXT_ROLES", "AttentionCall", "CacheKwarg", "CrossStates", "Derivation",
+    "EncoderDecoderDerivation", "Entry", "Family",
     "LinearAttention", "LinearProjections", "MixerCall", "MixerRole", "RopeConfigKey", "Rotary", "RotaryLayout",
     "TextModelLayout", "VisionDerivation", "VisionItem", "VisionOutput", "VisionTower",
 ]
@@ -32,8 +33,9 @@ VisionItem = tuple[Literal["image", "video"], tuple[int, int, int]]
 VisionOutput = Literal["tensors", "model_output"]
 # the roles of the text model's own classes (in `Entry.text_module` where the text model comes from another module)
 TEXT_ROLES = ("attention", "rotary", "text_model", "decoder_layer")
-# the roles `Entry.text_module` holds: the text roles, and a hybrid text model's linear-attention class
-TEXT_MODULE_ROLES = (*TEXT_ROLES, "linear_attention")
+# the roles `Entry.text_module` holds: the text roles, a hybrid text model's linear-attention class and a decoder's
+# cross-attention class of its own (BERT's)
+TEXT_MODULE_ROLES = (*TEXT_ROLES, "linear_attention", "cross_attention")
 
 
 @dataclass(frozen=True)
@@ -270,6 +272,46 @@ class VisionDerivation:
 
 
 @dataclass(frozen=True)
+class EncoderDecoderDerivation:
+    """Where a derived encoder-decoder vision-language entry came from (`tfcompat.registry.derive_encoder_decoder`):
+    an encoder (a vision tower, or a text encoder over image features and a prompt) whose states a decoder of a text
+    family tfcompat patches reads through cross-attention. The decoder's row is the packed one: its tokens of ``N``
+    sequences back to back with restarting position ids, cross-attending to each sequence's own encoder states.
+
+    model: the class given to `patch`; owner: the class whose forward runs the encoder and calls the decoder with
+    ``encoder_hidden_states`` (``model`` itself, or the class at ``owner_attr``, its base model prefix); decoder /
+    encoder: attribute paths from the owner to them (``"decoder"``, ``"language_model.decoder"``); text_family: the
+    decoder's family; decoder_ids: the forward parameter the owner hands the decoder as ``input_ids``;
+    decoder_positions: the keyword the decoder's position ids take at the model's forward (``decoder_position_ids``
+    where the forward strips a ``decoder_`` prefix off its ``**kwargs`` for the decoder, ``position_ids`` where the
+    decoder takes the forward's ``**kwargs`` as they are); encoder_mask: the owner's parameter it passes the decoder
+    as ``encoder_attention_mask`` ("" for none: every encoder state is read); labels_shift: ``(function, argument
+    sources)`` of the module function the model's forward builds the decoder ids from ``labels`` with
+    (``shift_tokens_right(labels, self.config.pad_token_id, ...)``; () for none), which `tfcompat.pack` runs per
+    sequence.
+    """
+
+    model: str
+    owner: str
+    owner_attr: str
+    decoder: str
+    encoder: str
+    text_family: str
+    decoder_ids: str
+    decoder_positions: str
+    encoder_mask: str
+    labels_shift: tuple[str, tuple[str, ...]] | tuple[()] = ()
+
+    def decoder_path(self) -> str:
+        """The decoder's path from the model given to `patch` (``"decoder"``, ``"model.language_model.decoder"``)."""
+        return ".".join(p for p in (self.owner_attr, self.decoder) if p)
+
+    def encoder_path(self) -> str:
+        """The encoder's path from the model given to `patch`."""
+        return ".".join(p for p in (self.owner_attr, self.encoder) if p)
+
+
+@dataclass(frozen=True)
 class Entry:
     """One row of a family table: what the family looks like inside one transformers range.
 
@@ -296,6 +338,8 @@ class Entry:
     derived: what a derived entry (`tfcompat.registry.derive`) was read from; None for a written table's entry.
     derived_vision: what a derived vision-language entry (`tfcompat.registry.derive_vision`) was read from (its text
         half is its text family's entry); None otherwise.
+    encoder_decoder: what a derived encoder-decoder entry (`tfcompat.registry.derive_encoder_decoder`) was read
+        from (its text half is its decoder's family's entry); None otherwise.
     """
 
     family: str
@@ -316,6 +360,7 @@ class Entry:
     text_module: str | None = None
     derived: Derivation | None = None
     derived_vision: VisionDerivation | None = None
+    encoder_decoder: EncoderDecoderDerivation | None = None
 
     def module_of(self, role: str) -> str:
         """The module holding ``classes[role]``."""

@@ -1,0 +1,241 @@
+"""Encoder-decoder vision-language models (`tfcompat.registry.derive_encoder_decoder`): the decoder's row is packed.
+
+Rule: per decoder token, the patched model on one packed decoder row (``tfcompat.pack``: decoder ids of sequences of
+different lengths, position ids restarting per sequence, each sequence's own image and, for Florence-2, its own
+prompt of a different length) gives the logits, and every parameter the gradients, of the stock model run on each
+sequence alone (eager and sdpa references). Control: the unpatched model on the same decoder row does not. What
+cannot be proved is refused at ``patch()`` / ``resolve()``, naming why.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import pytest
+import torch
+
+import tfcompat
+from tfcompat.core.cross_attention import cross_attention
+from tfcompat.core.packing import from_lengths
+from tfcompat.errors import InvalidInputError, PatchError
+from tfcompat.registry.derive_vision import vision_types
+from tfcompat.tiny_models import encoder_decoder_examples, tiny_config, tiny_model
+
+LENGTHS = (7, 13, 10)
+TOLERANCE = 1e-5
+GRAD_TOLERANCE = 2e-5
+IMPLS = ("eager", "sdpa")
+
+
+def _installed(model_type: str) -> bool:
+    return model_type in vision_types()
+
+
+def _ved(decoder_type: str, impl: str) -> torch.nn.Module:
+    """A tiny VisionEncoderDecoderModel: a ViT encoder and a tiny causal LM of ``decoder_type`` with cross-attention,
+    the pad and start ids set as its docs set them for training."""
+    from transformers import VisionEncoderDecoderConfig, VisionEncoderDecoderModel, ViTConfig
+
+    encoder = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                        image_size=32, patch_size=8)
+    decoder = tiny_config(decoder_type, "causal_lm")
+    decoder.is_decoder, decoder.add_cross_attention = True, True
+    config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    config.pad_token_id, config.decoder_start_token_id = 1, 2
+    config._attn_implementation = impl
+    config.encoder._attn_implementation = config.decoder._attn_implementation = impl
+    torch.manual_seed(0)
+    try:
+        return VisionEncoderDecoderModel(config).eval()
+    except ValueError as exc:  # TrOCR's decoder has no sdpa attention: there is no such stock reference
+        if "scaled_dot_product_attention" not in str(exc):
+            raise
+        pytest.skip(f"the {decoder_type} decoder has no {impl} attention")
+
+
+def _logits(model: torch.nn.Module, **inputs: Any) -> torch.Tensor:
+    return model(**inputs, use_cache=False).logits[0].float()  # (L, V)
+
+
+def _diff(got: torch.Tensor, expected: torch.Tensor) -> float:
+    scale = expected.abs().amax(-1).clamp_min(1e-6)  # (T,)
+    return float(((got - expected).abs().amax(-1) / scale).max())
+
+
+def _grads(model: torch.nn.Module, loss: Any) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    loss().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def _check(model: torch.nn.Module, examples: list[dict[str, Any]]) -> None:
+    """Packed (patched) vs stock per sequence, forward and backward, with the control."""
+    with torch.no_grad():
+        expected = torch.cat([_logits(model, **ex) for ex in examples])  # (T, V)
+    w = torch.randn(expected.shape[-1], generator=torch.Generator().manual_seed(3))
+    stock_grads = _grads(model, lambda: sum((_logits(model, **ex) @ w).sum() for ex in examples))
+    with tfcompat.patch(model, prove=False):
+        packed = tfcompat.pack(model, examples)
+        with torch.no_grad():
+            got = _logits(model, **packed.model_inputs)
+        grads = _grads(model, lambda: (_logits(model, **packed.model_inputs) @ w).sum())
+        d = tfcompat.registry.resolve_model(model).entry.encoder_decoder
+    assert _diff(got, expected) <= TOLERANCE
+    assert grads.keys() == stock_grads.keys()
+    for name, g in stock_grads.items():
+        assert float((grads[name] - g).abs().max()) / max(1.0, float(g.abs().max())) <= GRAD_TOLERANCE, name
+    # the control: the unpatched model on the decoder row (positions running on) and the first sequence's encoder
+    first = {k: v for k, v in examples[0].items() if k not in (d.decoder_ids, "labels")}
+    with torch.no_grad():
+        control = _logits(model, **first, **{d.decoder_ids: packed.model_inputs[d.decoder_ids]})
+    assert _diff(control, expected) > 1e-3
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("decoder", ["bert", "gpt2", "mbart", "trocr", "roberta"])
+def test_vision_encoder_decoder_packed_equals_per_sequence(decoder: str, impl: str) -> None:
+    """Donut / Nougat (MBart), TrOCR (its per-sequence layers), GPT-2 and BERT-style decoders alike."""
+    if not _installed("vision-encoder-decoder"):
+        pytest.skip("no VisionEncoderDecoder on this release")
+    model = _ved(decoder, impl)
+    _check(model, encoder_decoder_examples(model, LENGTHS))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_vision_encoder_decoder_packed_from_labels(impl: str) -> None:
+    """Labels alone: pack shifts each sequence's by the model's own function (the first decoder token of a sequence
+    is the start token, not the last label of the sequence before); the loss is the stock mean over the tokens."""
+    if not _installed("vision-encoder-decoder"):
+        pytest.skip("no VisionEncoderDecoder on this release")
+    model = _ved("bert", impl)
+    examples = [{"pixel_values": ex["pixel_values"], "labels": ex["decoder_input_ids"]}
+                for ex in encoder_decoder_examples(model, LENGTHS)]
+    _check(model, examples)
+    with torch.no_grad():
+        stock = [model(**ex) for ex in examples]
+        loss = sum(float(o.loss) * ex["labels"].numel() for o, ex in zip(stock, examples)) / sum(LENGTHS)
+        with tfcompat.patch(model, prove=False):
+            inputs = tfcompat.pack(model, examples).model_inputs
+            assert int(inputs["decoder_input_ids"][0, LENGTHS[0]]) == model.config.decoder_start_token_id
+            assert abs(float(model(**inputs).loss) - loss) <= 1e-5 * abs(loss)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("model_type", ["florence2", "pp_formulanet"])
+def test_vision_language_encoder_decoder_packed_equals_per_sequence(model_type: str, impl: str) -> None:
+    """Florence-2 (a BART encoder over image features and prompts of different lengths, right-padded as a batch)
+    and PP-FormulaNet (a vision encoder), each sequence's decoder reading its own encoder states."""
+    if not _installed(model_type):
+        pytest.skip(f"no {model_type} on this release")
+    try:
+        tfcompat.resolve(model_type)
+    except PatchError as exc:  # 4.x Florence-2 calls its BART whole: its BART decoder is refused as a text family
+        pytest.skip(f"refused on this release: {exc.what}")
+    model = tiny_model(model_type, "image_text_to_text", attn_implementation=impl)
+    examples = encoder_decoder_examples(model, LENGTHS)
+    if model_type == "florence2":
+        assert len({ex["input_ids"].shape[1] for ex in examples}) == len(LENGTHS)  # the encoder batch is padded
+    _check(model, examples)
+
+
+def test_patched_model_runs_ordinary_calls_stock() -> None:
+    """An ordinary (unpacked) call of the patched model is the stock call."""
+    if not _installed("vision-encoder-decoder"):
+        pytest.skip("no VisionEncoderDecoder on this release")
+    model = _ved("gpt2", "sdpa")
+    ex = encoder_decoder_examples(model, (6,))[0]
+    with torch.no_grad():
+        expected = _logits(model, **ex)
+        with tfcompat.patch(model, prove=False):
+            got = _logits(model, **ex)
+    assert torch.equal(got, expected)
+
+
+def test_pack_refuses_what_it_cannot_place() -> None:
+    if not _installed("vision-encoder-decoder"):
+        pytest.skip("no VisionEncoderDecoder on this release")
+    model = _ved("bert", "sdpa")
+    examples = encoder_decoder_examples(model, LENGTHS)
+    with tfcompat.patch(model, prove=False):
+        with pytest.raises(InvalidInputError, match="labels for some examples only"):
+            tfcompat.pack(model, [{**examples[0], "labels": examples[0]["decoder_input_ids"]}, *examples[1:]])
+        with pytest.raises(InvalidInputError, match="decoder_attention_mask is not all ones"):
+            tfcompat.pack(model, [{**examples[0], "decoder_attention_mask": torch.zeros_like(
+                examples[0]["decoder_input_ids"])}])
+        with pytest.raises(InvalidInputError, match="other encoder inputs than example 0"):
+            tfcompat.pack(model, [examples[0], {"decoder_input_ids": examples[1]["decoder_input_ids"]}])
+        inputs = tfcompat.pack(model, examples).model_inputs
+        with pytest.raises(InvalidInputError, match="encoder states do not match the packed decoder row"):
+            model(pixel_values=inputs["pixel_values"][:2], decoder_input_ids=inputs["decoder_input_ids"],
+                  decoder_position_ids=inputs["decoder_position_ids"])
+
+
+def test_florence2_prompts_of_different_lengths_need_their_mask() -> None:
+    if not _installed("florence2"):
+        pytest.skip("no Florence-2 on this release")
+    try:
+        tfcompat.resolve("florence2")
+    except PatchError as exc:
+        pytest.skip(f"refused on this release: {exc.what}")
+    model = tiny_model("florence2", "image_text_to_text")
+    examples = [{k: v for k, v in ex.items() if k != "attention_mask"}
+                for ex in encoder_decoder_examples(model, LENGTHS)]
+    with tfcompat.patch(model, prove=False), pytest.raises(InvalidInputError, match="carry no attention_mask"):
+        tfcompat.pack(model, examples)
+
+
+# model_type -> what its refusal names, where the type exists and is not derived
+REFUSED = {
+    "blip": r"BlipForConditionalGeneration.forward passes (labels|text_decoder no position ids)",
+    "pix2struct": r"no position ids|position_bias",
+    "udop": r"an encoder mask it computes itself|a vision-language type itself",
+    "t5gemma2": r"t5gemma2_decoder",
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_refusals_name_the_reason(model_type: str) -> None:
+    if not _installed(model_type):
+        pytest.skip(f"no {model_type} on this release")
+    with pytest.raises(PatchError, match=REFUSED[model_type]):
+        tfcompat.resolve(model_type)
+
+
+def test_derivation_reads_the_decoders_keywords() -> None:
+    """VisionEncoderDecoder strips ``decoder_`` off its kwargs for the decoder: its position ids travel as
+    ``decoder_position_ids``; Florence-2's decoder takes the forward's ``**kwargs`` and the prompt's mask."""
+    if not _installed("florence2") or importlib.util.find_spec("transformers.models.florence2") is None:
+        pytest.skip("no Florence-2 on this release")
+    ved = tfcompat.resolve("vision-encoder-decoder").entry.encoder_decoder if _installed(
+        "vision-encoder-decoder") else None
+    if ved is not None:
+        assert (ved.decoder, ved.encoder, ved.decoder_ids, ved.decoder_positions, ved.encoder_mask) == (
+            "decoder", "encoder", "decoder_input_ids", "decoder_position_ids", "")
+        assert ved.labels_shift and ved.labels_shift[0] == "shift_tokens_right"
+    try:
+        florence = tfcompat.resolve("florence2").entry.encoder_decoder
+    except PatchError as exc:
+        pytest.skip(f"Florence-2 refused on this release: {exc.what}")
+    assert florence is not None
+    assert (florence.decoder_path(), florence.decoder_positions, florence.encoder_mask) == (
+        "model.language_model.decoder", "position_ids", "attention_mask")
+
+
+def test_cross_attention_core_is_per_sequence() -> None:
+    """Each sequence's queries see exactly its own keys (all of them), with grouped key heads."""
+    g = torch.Generator().manual_seed(0)
+    q_lens, k_lens = (3, 5, 2), (4, 1, 6)
+    q = torch.randn(sum(q_lens), 4, 8, generator=g)
+    k, v = torch.randn(sum(k_lens), 2, 8, generator=g), torch.randn(sum(k_lens), 2, 8, generator=g)
+    got = cross_attention(q, k, v, from_lengths(q_lens), from_lengths(k_lens), scale=0.3)
+    outs = []
+    for qs, ks, vs in zip(q.split(q_lens), k.split(k_lens), v.split(k_lens)):
+        ks, vs = ks.repeat_interleave(2, dim=1), vs.repeat_interleave(2, dim=1)  # (Lk, 2, D) -> (Lk, 4, D)
+        weights = torch.softmax(torch.einsum("qhd,khd->hqk", qs, ks) * 0.3, -1)
+        outs.append(torch.einsum("hqk,khd->qhd", weights, vs))
+    assert torch.allclose(got, torch.cat(outs), atol=1e-6)
+    with pytest.raises(InvalidInputError, match="do not match the tokens"):
+        cross_attention(q, k, v, from_lengths(q_lens), from_lengths((4, 7)))
