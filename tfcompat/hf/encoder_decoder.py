@@ -61,6 +61,13 @@ def plan(model: torch.nn.Module, r: Resolved) -> EncoderDecoderPlan | None:
                           f"self.{path}", fix=f"pass the {d.model} built by transformers") from None
 
     decoder, encoder = find(d.decoder_path(), "decoder"), find(d.encoder_path(), "encoder")
+    params = inspect.signature(decoder.forward).parameters
+    if "position_ids" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        # 4.x MBartForCausalLM: the restarting position ids of a packed decoder row cannot reach it
+        raise r.error(PatchError, f"the decoder of {type(model).__name__} takes no position ids",
+                      why=f"{type(decoder).__name__}.forward has no position_ids parameter nor **kwargs: a packed "
+                      "decoder row's positions would run across its sequences", supported=f"entry {r.entry.versions}",
+                      fix="run it unpatched (padded), or use a transformers release whose decoder takes position_ids")
     layer_cls, attention_cls = r.decoder_layer_cls, r.attention_cls
     own = r.classes.get("cross_attention")  # a class of its own (BERT's), or the self-attention's (Bart's encoder_attn)
     attrs = cross_attrs(layer_cls, attention_cls) if r.entry.derived is not None else ()

@@ -119,6 +119,9 @@ def derive(model_type: str, version: str, top: type, text_type: str | None,
             raise refuse(gap, "the decoder's ids and position ids must reach the owner's forward unchanged")
     if text_type is None:
         raise refuse("its config names no decoder model type", "no decoder config")
+    if text_type == model_type:  # 5.9's PP-FormulaNet: its text config is of its own type
+        raise refuse(f"its decoder's config is of its own type, {text_type}",
+                     "the decoder is not built from a separate text family's config")
     # the class the owner builds its decoder from (PP-FormulaNet's text model), where it names one
     built = _built_classes(module, owner, "__init__", attr=decoder) if "." not in decoder else []
     try:
