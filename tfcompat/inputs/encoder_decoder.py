@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..core.labels import mask_starts, shift_labels
 from ..core.packing import PackedSeqs, from_lengths
 from ..errors import InvalidInputError
 from ..registry import Resolved
@@ -26,12 +27,15 @@ from ..registry.records import EncoderDecoderDerivation
 __all__ = ["pack_encoder_decoder"]
 
 
-def pack_encoder_decoder(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping[str, Any]]
-                         ) -> tuple[dict[str, Any], torch.Tensor | None, PackedSeqs]:
+def pack_encoder_decoder(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping[str, Any]],
+                         ignore_index: int = -100) -> tuple[dict[str, Any], torch.Tensor | None, PackedSeqs]:
     """``(model inputs, per-token targets (1, T) or None, boundaries)`` of ``examples`` (see the module docstring).
 
     Each example: the decoder ids ``(L,)`` / ``(1, L)`` under the forward's keyword, or ``labels`` (or both; labels
-    are per decoder token, as the model's loss takes them, and are returned as the targets); optionally an all-ones
+    are per decoder token, as the model's loss takes them). The targets are the labels where the model's loss reads
+    each token's own label; where it shifts them (4.x VisionEncoderDecoder's ``ForCausalLMLoss``) they are shifted
+    per sequence, and the packed labels hold ``ignore_index`` at each sequence start, so that the model's own loss
+    over the row reads no label across a boundary: the stock loss of each sequence alone. Optionally an all-ones
     ``decoder_attention_mask``; the encoder's inputs as its processor returns them for one sample (``pixel_values
     (1, C, H, W)``; Florence-2's prompt ``input_ids (1, P)`` and ``attention_mask (1, P)``). `InvalidInputError`
     naming the example otherwise."""
@@ -84,8 +88,28 @@ def pack_encoder_decoder(r: Resolved, model: torch.nn.Module, examples: Sequence
         inputs[name] = _batched(r, d, model, name, parts, encoder)
     targets = torch.cat(labels)[None] if labels else None  # (T,) -> (1, T)
     if targets is not None:
-        inputs["labels"] = targets
+        if _loss_shifts(r, d, model):
+            inputs["labels"] = mask_starts(targets, seqs, ignore_index)
+            targets = shift_labels(targets, seqs, ignore_index)
+        else:
+            inputs["labels"] = targets
     return inputs, targets, seqs
+
+
+def _loss_shifts(r: Resolved, d: EncoderDecoderDerivation, model: torch.nn.Module) -> bool:
+    """Whether the model's forward shifts ``labels`` in its loss (`EncoderDecoderDerivation.labels_loss`); asked of
+    ``model.loss_function`` where the forward hands it the labels alone: two tokens whose logits favour class 1 then
+    class 0, both labelled 1, lose about 0 shifted (token 0's target is label 1) and about 4.5 aligned."""
+    if d.labels_loss == "aligned":
+        return False
+    if d.labels_loss != "loss_function":
+        raise r.error(InvalidInputError, f"tfcompat.pack got labels, and {d.model}.forward's loss reads them in a "
+                      "form tfcompat does not know", why="its loss over the packed row could read labels across "
+                      "sequence boundaries", fix=f"pass {d.decoder_ids} without labels and compute the loss from the "
+                      "logits with pack's targets of your own labels")
+    logits = torch.tensor([[[0.0, 9.0], [9.0, 0.0]]])  # (1, 2, V=2)
+    loss = model.loss_function(logits=logits, labels=torch.tensor([[1, 1]]), vocab_size=2)  # type: ignore[operator]
+    return float(loss) < 1.0
 
 
 def _decoder_ids(r: Resolved, d: EncoderDecoderDerivation, model: torch.nn.Module, ex: Mapping[str, Any], what: str

@@ -66,7 +66,8 @@ def pack(model: torch.nn.Module, examples: Sequence[Mapping[str, Any]], *, ignor
     `.pack_derived`): concatenated in sequence order, zero-padded as a processor pads a batch. An encoder-decoder
     model's packed row is its decoder's (`tfcompat.inputs.encoder_decoder`): each example's decoder ids (or labels,
     shifted per sequence by the model's own function) in one row, the encoder's inputs one row per sequence; its
-    ``shift_labels`` are the labels themselves (the targets of each decoder token).
+    ``shift_labels`` are the targets of each decoder token as the model's loss reads them (the labels themselves, or
+    shifted per sequence where the loss shifts them: 4.x VisionEncoderDecoder).
 
     Raises `InvalidInputError` naming the example for anything `tfcompat.rope_index` or the vision checks
     refuse, unknown keys, padding, labels of another shape or given for only some examples.
@@ -79,7 +80,7 @@ def pack(model: torch.nn.Module, examples: Sequence[Mapping[str, Any]], *, ignor
         raise r.error(InvalidInputError, "tfcompat.pack got no examples", why="an empty list packs no row",
                       fix="pass at least one example")
     if r.entry.encoder_decoder is not None:  # the decoder's row, the encoder's inputs one row per sequence
-        crossed, targets, crossed_seqs = pack_encoder_decoder(r, model, examples)
+        crossed, targets, crossed_seqs = pack_encoder_decoder(r, model, examples, ignore_index)
         crossed[CONTEXT_KWARG] = ForwardContext(crossed_seqs)
         return Packed(crossed, targets, crossed_seqs)
     if is_derived_vision(r):

@@ -133,7 +133,7 @@ def derive(model_type: str, version: str, top: type, text_type: str | None,
     derivation = EncoderDecoderDerivation(
         model=top.__name__, owner=owner.__name__, owner_attr=owner_attr, decoder=decoder, encoder=encoders[0],
         text_family=text_type, decoder_ids=ids.id, decoder_positions=positions, encoder_mask=mask,
-        labels_shift=_labels_shift(top, ids.id))
+        labels_shift=_labels_shift(top, ids.id), labels_loss=_labels_loss(top))
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
@@ -237,3 +237,25 @@ def _labels_shift(top: type, ids: str) -> tuple[str, tuple[str, ...]] | tuple[()
         if all(r.startswith("self.") and r.replace(".", "").replace("_", "").isalnum() for r in rest):
             return n.value.func.id, rest
     return ()
+
+
+def _labels_loss(top: type) -> str:
+    """How ``top.forward``'s loss reads ``labels`` (`EncoderDecoderDerivation.labels_loss`): ``"loss_function"``,
+    ``"aligned"`` or "" (read from its ``loss = ...`` statements)."""
+    fn = _method(top, "forward")
+    forms = set()
+    for n in ast.walk(fn) if fn is not None else ():
+        if not (isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == ["loss"]
+                and isinstance(n.value, ast.Call)):
+            continue
+        call = n.value
+        keywords = {k.arg: ast.unparse(k.value) for k in call.keywords if k.arg is not None}
+        if ast.unparse(call.func) == "self.loss_function" and "shift_labels" in keywords:
+            forms.add("aligned")  # Florence-2, PP-FormulaNet: labels are the targets, not shifted again
+        elif ast.unparse(call.func) == "self.loss_function" and keywords.get("labels") == "labels":
+            forms.add("loss_function")
+        elif any(ast.unparse(a) in ("labels.reshape(-1)", "labels.view(-1)") for a in call.args):
+            forms.add("aligned")  # 5.x VisionEncoderDecoder: CrossEntropyLoss over the flat logits and labels
+        else:
+            forms.add("")
+    return forms.pop() if len(forms) == 1 else ""

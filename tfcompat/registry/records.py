@@ -288,7 +288,10 @@ class EncoderDecoderDerivation:
     as ``encoder_attention_mask`` ("" for none: every encoder state is read); labels_shift: ``(function, argument
     sources)`` of the module function the model's forward builds the decoder ids from ``labels`` with
     (``shift_tokens_right(labels, self.config.pad_token_id, ...)``; () for none), which `tfcompat.pack` runs per
-    sequence.
+    sequence; labels_loss: how the forward's loss reads ``labels``: ``"aligned"`` (each decoder token's own target:
+    a loss over ``labels.reshape(-1)``, or ``shift_labels=`` given), ``"loss_function"`` (``self.loss_function`` given
+    ``labels=labels`` alone, which shifts them where the model's loss function does: 4.x VisionEncoderDecoder's
+    ``ForCausalLMLoss``; `tfcompat.pack` asks the instance), "" where no form tfcompat knows.
     """
 
     model: str
@@ -301,6 +304,7 @@ class EncoderDecoderDerivation:
     decoder_positions: str
     encoder_mask: str
     labels_shift: tuple[str, tuple[str, ...]] | tuple[()] = ()
+    labels_loss: str = ""
 
     def decoder_path(self) -> str:
         """The decoder's path from the model given to `patch` (``"decoder"``, ``"model.language_model.decoder"``)."""
