@@ -193,3 +193,35 @@ def test_llava_onevision1_5_is_refused_at_patch_time_or_runs():
         return
     with handle, torch.no_grad():
         model(**tfcompat.pack(model, sample_examples(model, (7, 12, 5), images=True)).model_inputs)
+
+
+def _perturbed(monkeypatch, relative: float, by_precision: bool) -> None:
+    """The packed core's output times ``1 + relative`` per element, with a random sign: ``relative`` as given (a patch
+    wrong by a little), or scaled by the dtype's epsilon over float32's (rounding: it shrinks in float64)."""
+    real = hf_attention.varlen_attention
+
+    def varlen(*args, **kwargs):
+        out = real(*args, **kwargs)
+        size = relative * (torch.finfo(out.dtype).eps / torch.finfo(torch.float32).eps if by_precision else 1.0)
+        noise = torch.rand(out.shape, generator=torch.Generator().manual_seed(0), dtype=out.dtype) * 2 - 1
+        return out * (1 + size * noise)
+
+    monkeypatch.setattr(hf_attention, "varlen_attention", varlen)
+
+
+def test_a_near_miss_that_shrinks_in_float64_is_rounding(monkeypatch):
+    """Rule (`tfcompat.hf.rounding`): float32 over the tolerance, float64 within a tenth of it: proven, and said."""
+    _perturbed(monkeypatch, 1e-4, by_precision=True)
+    with tfcompat.patch(_mistral()) as handle:
+        proof = handle.proof
+    assert proof.status == "proven" and hf_proof.TOLERANCE < proof.max_rel_diff <= 1e-3
+    assert "is rounding" in proof.reason and "in float64" in proof.reason
+
+
+def test_a_near_miss_that_stays_in_float64_is_refused(monkeypatch):
+    """Control of the rule: the same size of difference, not shrinking with the precision (a patch wrong by a
+    little), is refused, naming both precisions."""
+    _perturbed(monkeypatch, 1e-4, by_precision=False)
+    with pytest.raises(PatchError, match=r"fails its patch-time proof(.|\n)*by \d\.\de-0[45] (.|\n)*in float64: not "
+                       r"rounding"):
+        tfcompat.patch(_mistral())

@@ -1,22 +1,23 @@
 """The patch-time proof of a derived type: a tiny copy of the model, stock per sequence against patched packed.
 
-A derived type's patch is read from its modeling module (`tfcompat.registry.derive`); what a config switches on
-(a window, a layer pattern, a rope scaling, top-1 routing) may take a path the reading did not see. `prove` checks
-the patch on the model's own semantics where it is cheap: a tiny random model of ``model``'s class built from a
-shrunk copy of its config (`tfcompat.tiny_models.shrunk_config`: sizes shrunk, every other field kept), three
-short sequences (`LENGTHS`; one image in the first and the last for a vision-language model) run each alone through
-it stock, then packed in one row (`tfcompat.pack`, the path users take) through the same copy patched, CPU float32,
-compared per token. Disagreement, or a patched forward that raises (a `PatchedModelError` for a keyword the packed
-attention does not implement), is a `PatchError` at ``patch()``, not a wrong answer or an error in training.
+A derived type's patch is read from its modeling module (`tfcompat.registry.derive`); what a config switches on (a
+window, a layer pattern, a rope scaling, top-1 routing) may take a path the reading did not see. `prove` checks the
+patch on the model's own semantics where it is cheap: a tiny random model of ``model``'s class built from a shrunk
+copy of its config (`tfcompat.tiny_models.shrunk_config`: sizes shrunk, every other field kept), three short
+sequences (`LENGTHS`; one image in the first and the last for a vision-language model) run each alone through it
+stock, then packed in one row (`tfcompat.pack`, the path users take) through the same copy patched, CPU float32,
+compared per token (a near miss again in float64: `tfcompat.hf.rounding`). Disagreement, or a patched forward that
+raises (a `PatchedModelError` for a keyword the packed attention does not implement), is a `PatchError` at
+``patch()``, not a wrong answer or an error in training.
 
 Where the shrunk copy cannot be built or run stock (a config class that rejects the tiny sizes), the proof runs on
 the type's tiny default config instead (`tfcompat.tiny_models.tiny_config`, the doctor's), and where that cannot
-either, the patch goes ahead unproven and its handle says why (`PatchHandle.proof`): a model tfcompat cannot
-shrink is no evidence of a wrong patch, and `tfcompat doctor` reports such types as not buildable.
+either, the patch goes ahead unproven and its handle says why (`PatchHandle.proof`): a model tfcompat cannot shrink
+is no evidence of a wrong patch, and `tfcompat doctor` reports such types as not buildable.
 
-``model`` is only read; the copy's patch is undone before `prove` returns, the global RNG is left as it was.
-Results are cached in-process per (type, release, class, shrunk config): a second patch of the same config costs
-one shrink. ``patch(model, prove=False)`` or ``TFCOMPAT_PROVE=0`` skips the proof.
+``model`` is only read; the copy's patch is undone before `prove` returns, the global RNG is left as it was. Results
+are cached in-process per (type, release, class, shrunk config): a second patch of the same config costs one shrink.
+``patch(model, prove=False)`` or ``TFCOMPAT_PROVE=0`` skips the proof.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ..tiny_models import (
     tiny_config,
     tiny_copy,
 )
+from .rounding import is_rounding, to_float64
 
 __all__ = ["ENV", "LENGTHS", "REFUSAL", "TOLERANCE", "Proof", "is_wanted", "prove"]
 
@@ -149,23 +151,48 @@ def _outcome(model: torch.nn.Module, resolved: Resolved, apply: Apply, own: Any,
                 handle = apply(tiny)
             except PatchError as exc:
                 return _wrong(resolved, name, f"the patch of the tiny copy is refused: {_first_line(exc)}")
-            diff = 0.0
-            with handle:
-                for examples, expected in runs:
-                    try:
-                        got = _values(tiny(**_packed(tiny, examples), use_cache=False))
-                    except Exception as exc:  # noqa: BLE001 -- the packed path failing on the copy is the finding
-                        return _wrong(resolved, name, f"the patched forward raised {_first_line(exc)}")
-                    if got.shape != expected.shape:
-                        return _wrong(resolved, name, f"packed output {tuple(got.shape)} vs stock per sequence "
-                                      f"{tuple(expected.shape)}")
-                    scale = expected.abs().amax(-1).clamp_min(1e-6)  # (T,) or (N,)
-                    diff = max(diff, float(((got - expected).abs().amax(-1) / scale).max()))
-                    if not diff <= TOLERANCE:  # NaN too
-                        return _wrong(resolved, name, f"packed differs from stock per sequence by {diff:.1e} "
-                                      f"(relative, per token; tolerance {TOLERANCE:.0e})")
+            diff = _packed_diff(tiny, runs, handle)
+            if isinstance(diff, str):
+                return _wrong(resolved, name, diff)
+            if not diff <= TOLERANCE:  # NaN too
+                diff64 = _float64_diff(tiny, runs, apply)
+                if diff64 is None or not is_rounding(diff, diff64, TOLERANCE):
+                    again = "" if diff64 is None else f"; {diff64:.1e} in float64: not rounding"
+                    return _wrong(resolved, name, f"packed differs from stock per sequence by {diff:.1e} (relative, "
+                                  f"per token; tolerance {TOLERANCE:.0e}){again}")
+                reasons.append(f"float32's {diff:.1e} is rounding: {diff64:.1e} in float64")
             return Proof("proven", name, diff, time.perf_counter() - start, "; ".join(reasons))
     return Proof("unproven", "", None, time.perf_counter() - start, "; ".join(reasons))
+
+
+def _packed_diff(tiny: torch.nn.Module, runs: list[tuple[list[dict[str, Any]], torch.Tensor]],
+                 handle: AbstractContextManager[Any]) -> float | str:
+    """The largest per-token relative difference of the patched copy's packed rows from ``runs``' stock outputs,
+    under ``handle`` (undone on return); what is wrong where a row cannot be compared."""
+    diff = 0.0
+    with handle:
+        for examples, expected in runs:
+            try:
+                got = _values(tiny(**_packed(tiny, examples), use_cache=False))
+            except Exception as exc:  # noqa: BLE001 -- the packed path failing on the copy is the finding
+                return f"the patched forward raised {_first_line(exc)}"
+            if got.shape != expected.shape:
+                return f"packed output {tuple(got.shape)} vs stock per sequence {tuple(expected.shape)}"
+            scale = expected.abs().amax(-1).clamp_min(1e-6)  # (T,) or (N,)
+            diff = max(diff, float(((got - expected).abs().amax(-1) / scale).max()))
+    return diff
+
+
+def _float64_diff(tiny: torch.nn.Module, runs: list[tuple[list[dict[str, Any]], torch.Tensor]], apply: Apply
+                  ) -> float | None:
+    """`_packed_diff` of the copy and ``runs``' inputs cast to float64 (`tfcompat.hf.rounding`); None where the copy
+    does not run in float64."""
+    try:
+        again = [_stock(tiny, to_float64(tiny, examples)) for examples, _ in runs]
+        diff = _packed_diff(tiny, again, apply(tiny))
+    except Exception:  # noqa: BLE001 -- a kernel without float64: no evidence either way
+        return None
+    return diff if isinstance(diff, float) else None
 
 
 @contextlib.contextmanager
@@ -229,7 +256,8 @@ def _values(out: Any) -> torch.Tensor:
     of a sequence classifier's (one score per sequence: a packed row's N rows, one alone's one)."""
     values = getattr(out, "logits", None)
     values = out.last_hidden_state if values is None else values
-    return (values if values.ndim == 2 else values[0]).float()
+    values = values if values.ndim == 2 else values[0]
+    return values if values.dtype == torch.float64 else values.float()
 
 
 def _has_image_features(model: torch.nn.Module) -> bool:
