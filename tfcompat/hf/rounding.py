@@ -14,7 +14,7 @@ the float32 tolerance; the proof (`tfcompat.hf.proof`) and the test suite's orac
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ __all__ = ["NEAR_MISS", "is_rounding", "to_float64"]
 NEAR_MISS = 1e-3  # above: no rounding of a float32 model, a wrong patch
 
 
-def to_float64(model: torch.nn.Module, examples: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def to_float64(model: torch.nn.Module, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Cast ``model`` to float64 in place (a tiny throwaway copy) and return ``examples`` with their floating
     tensors in float64. MoE experts run their eager loop (transformers' grouped_mm kernels take no float64)."""
     switch = getattr(model, "set_experts_implementation", None)
