@@ -79,3 +79,24 @@ def test_kept_logits_give_the_recomputing_heads_logprobs_and_gradients(model):
     for got, want in zip(runs[1], runs[0]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
+
+
+def test_a_derived_vision_language_model_takes_its_own_vision_inputs():
+    """verl's remove-padding call on a derived VLM (LLaVA): the model's own vision keywords go to its forward (through
+    `tfcompat.embed_inputs`), the logits equal stock per sequence; a keyword its forward does not take is refused,
+    typed, naming it."""
+    from tests.every_type import build, vlm_examples
+
+    model = build("llava", "sdpa", kind="image_text_to_text")
+    examples = vlm_examples(model)[:3]
+    inputs = {k: v for k, v in tfcompat.pack(model, examples).model_inputs.items() if not k.startswith("tfcompat")}
+    assert "pixel_values" in inputs
+    with torch.no_grad():
+        expected = torch.cat([model(**ex, use_cache=False).logits[0] for ex in examples])
+        with apply_monkey_patch(model):
+            got = model(**inputs, attention_mask=None, use_cache=False).logits[0]
+            with pytest.raises(tfcompat.InvalidInputError, match=r"embed_inputs got \['not_a_vision_input'\]"):
+                model(**inputs, not_a_vision_input=torch.zeros(1))
+        control = model(input_ids=inputs["input_ids"], pixel_values=inputs["pixel_values"]).logits[0]
+    assert float((got - expected).abs().max()) <= 1e-5 * max(1.0, float(expected.abs().max()))
+    assert float((control - expected).abs().max()) > 1e-3

@@ -14,7 +14,7 @@ import importlib.util
 import json
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,11 +23,13 @@ import torch
 import torch.distributed as dist
 
 import tfcompat
+from tests import every_type
 from tests.distributed import derived_workers
 from tests.helpers import pack
 from tfcompat.integrations.verl import apply_monkey_patch
 from tfcompat.registry import installed_families
 from tfcompat.registry.derive import causal_lm_types
+from tfcompat.registry.derive_vision import vision_types
 from tfcompat.selfcheck import sample_sequences, stock_inputs, tiny_model
 
 TEMPERATURE = 0.7
@@ -40,6 +42,9 @@ VISION_CASE = ([7, 12, 6], [None, (1, 4, 6), (1, 2, 4)])
 # derived families (no written table) through verl's drop-in: MoE routing, sinks + windows, MLA head dims, softcap-free
 # sliding layers
 DERIVED = ("qwen3_moe", "gpt_oss", "deepseek_v3", "gemma3_text")
+# derived vision-language types: LLaVA's pixel values (1-D RoPE), InternVL's, and PaddleOCR-VL's derived M-RoPE
+# (``(4, 1, T)`` contract position ids, numbered by the model's own method)
+DERIVED_VLM = ("llava", "internvl", "paddleocr_vl")
 
 
 def load_verl_ulysses() -> ModuleType:
@@ -104,14 +109,6 @@ def _entropy(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
 
-def _stock(model: torch.nn.Module, seqs: list, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The oracle: each sequence alone through the unpatched model, log-probs of the same labels, ``(T,)`` each."""
-    r = tfcompat.resolve(model.config.model_type)
-    logits = torch.cat([model(**stock_inputs(r, model, s), use_cache=False).logits[0] for s in seqs])
-    logits = logits / TEMPERATURE  # (T, V)
-    return _logprobs(logits, labels), _entropy(logits)
-
-
 def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters()
             if p.grad is not None and any(w in n for w in WATCHED + ("visual",))}
@@ -131,15 +128,25 @@ def _case(model: torch.nn.Module) -> tuple[list[int], list]:
     return VISION_CASE if hasattr(model.config, "vision_config") else TEXT_CASE
 
 
+def _derived_vlms() -> Iterator[tuple[str, torch.nn.Module, list[dict[str, torch.Tensor]]]]:
+    """The `DERIVED_VLM` types the installed transformers ships: the zoo's tiny model (sdpa) and its examples (two
+    with an image, one text only), as verl's actor hands them on: the processor's outputs of each sample."""
+    for model_type in DERIVED_VLM:
+        if model_type in vision_types():
+            model = every_type.build(model_type, "sdpa", kind="image_text_to_text")
+            yield model_type, model, every_type.vlm_examples(model)[:3]
+
+
 def verl_convention(rank: int, world: int, out_path: str | None) -> None:
-    """Every installed family and `DERIVED` type at sp = world: verl's actor on the patched model equals stock per
-    sequence.
+    """Every installed family, `DERIVED` and `DERIVED_VLM` type at sp = world: verl's actor on the patched model
+    equals stock per sequence.
 
     Checked per token on the gathered row: log-probs and entropies, logits path and fused path (0.8+ with
     shift_labels, 0.6-0.7 without: all tokens but the row's last), and the gradients of ``sum(w * log_probs)``
     (fused) summed over the group and divided by sp (verl's ``gather_outputs_and_unpad`` scales them by sp for its
     FSDP averaging). Control: the same row with a text position row that never restarts must differ from the
-    oracle (boundaries matter).
+    oracle (boundaries matter). A derived vision-language type gets verl's remove-padding row of `tfcompat.pack`
+    (its contract position ids, ``(1, T)`` or ``(4, 1, T)`` for derived M-RoPE) and its own vision inputs by name.
     """
     warnings.simplefilter("ignore")
     vu = load_verl_ulysses()
@@ -147,51 +154,64 @@ def verl_convention(rank: int, world: int, out_path: str | None) -> None:
     report: dict[str, dict[str, float]] = {}
     for family, model in _models():
         seqs = sample_sequences(model, *_case(model), seed=3)
-        inputs = pack(model, seqs)
-        labels = torch.roll(inputs["input_ids"][0], shifts=-1)  # (T,)
-        weight = torch.randn(labels.shape[0], generator=torch.Generator().manual_seed(7))
-
-        stock_lp, stock_ent = _stock(model, seqs, labels)
-        (stock_lp * weight).sum().backward()
-        stock_grads = _grads(model)
-        model.zero_grad(set_to_none=True)
-        stock_lp, stock_ent = stock_lp.detach(), stock_ent.detach()
-
-        diffs: dict[str, float] = {}
-        with apply_monkey_patch(model, ulysses_sp_size=world, use_fused_kernels=False), torch.no_grad():
-            lp, ent = verl_actor_logprobs(model, vu, inputs, world, fused=False)
-            diffs["logits_logprobs"] = _max_diff(lp, stock_lp)
-            diffs["logits_entropy"] = _max_diff(ent, stock_ent)
-            text = inputs["position_ids"].clone()
-            text.view(-1, text.shape[-1])[0] = torch.arange(text.shape[-1])  # text row: one long sequence
-            control, _ = verl_actor_logprobs(model, vu, {**inputs, "position_ids": text}, world, fused=False)
-            diffs["control_one_sequence"] = _max_diff(control, stock_lp)
-        with apply_monkey_patch(model, ulysses_sp_size=world, use_fused_kernels=True, fused_kernels_backend="torch"):
-            lp, ent = verl_actor_logprobs(model, vu, inputs, world, fused=True)
-            (lp * weight).sum().backward()
-            diffs["fused_logprobs"] = _max_diff(lp, stock_lp)
-            diffs["fused_entropy"] = _max_diff(ent, stock_ent)
-            grads = _grads(model)
-            model.zero_grad(set_to_none=True)
-            with torch.no_grad():
-                old, _ = verl_actor_logprobs(model, vu, inputs, world, fused=True, pass_shift_labels=False)
-                # the row's last token: label = the Ulysses pad id here, the row's first id in verl (never used)
-                diffs["fused_no_shift_labels_logprobs"] = _max_diff(old[:-1], stock_lp[:-1])
-        assert grads.keys() == stock_grads.keys(), sorted(set(grads) ^ set(stock_grads))
-        worst = 0.0
-        for name, g in grads.items():
-            if world > 1:
-                dist.all_reduce(g)
-                g /= world
-            worst = max(worst, _max_diff(g, stock_grads[name]) / max(1.0, float(stock_grads[name].abs().max())))
-        diffs["fused_grads_relative"] = worst
-        report[family] = diffs
+        report[family] = _verl_vs_stock(model, vu, world, pack(model, seqs),
+                                        lambda m, s=seqs: [m(**stock_inputs(tfcompat.resolve(m.config.model_type), m,
+                                                                            x), use_cache=False).logits[0] for x in s])
+    for model_type, model, examples in _derived_vlms():
+        inputs = {k: v for k, v in tfcompat.pack(model, examples).model_inputs.items() if not k.startswith("tfcompat")}
+        report[model_type] = _verl_vs_stock(model, vu, world, inputs, lambda m, e=examples: [
+            m(**x, use_cache=False).logits[0] for x in e])
     if rank == 0 and out_path:
         Path(out_path).write_text(json.dumps({"sp": world, "families": report}))
     bad = {f: d for f, d in report.items()
            if max(v for k, v in d.items() if k not in ("control_one_sequence", "fused_grads_relative")) > TOL
            or d["fused_grads_relative"] > GRAD_TOL or d["control_one_sequence"] < 1e-2}
     assert not bad, f"rank {rank} sp={world}: {json.dumps(bad, indent=1)}"
+
+
+def _verl_vs_stock(model: torch.nn.Module, vu: ModuleType, world: int, inputs: dict[str, Any],
+                   stock_logits: Callable[[torch.nn.Module], list[torch.Tensor]]) -> dict[str, float]:
+    """One model through verl's actor (logits and fused paths) against ``stock_logits(model)`` (each sequence's
+    ``(L_i, V)`` logits, unpatched): the differences `verl_convention` checks."""
+    labels = torch.roll(inputs["input_ids"][0], shifts=-1)  # (T,)
+    weight = torch.randn(labels.shape[0], generator=torch.Generator().manual_seed(7))
+
+    logits = torch.cat(stock_logits(model)) / TEMPERATURE  # (T, V)
+    stock_lp, stock_ent = _logprobs(logits, labels), _entropy(logits)
+    (stock_lp * weight).sum().backward()
+    stock_grads = _grads(model)
+    model.zero_grad(set_to_none=True)
+    stock_lp, stock_ent = stock_lp.detach(), stock_ent.detach()
+
+    diffs: dict[str, float] = {}
+    with apply_monkey_patch(model, ulysses_sp_size=world, use_fused_kernels=False), torch.no_grad():
+        lp, ent = verl_actor_logprobs(model, vu, inputs, world, fused=False)
+        diffs["logits_logprobs"] = _max_diff(lp, stock_lp)
+        diffs["logits_entropy"] = _max_diff(ent, stock_ent)
+        text = inputs["position_ids"].clone()
+        text.view(-1, text.shape[-1])[0] = torch.arange(text.shape[-1])  # text row: one long sequence
+        control, _ = verl_actor_logprobs(model, vu, {**inputs, "position_ids": text}, world, fused=False)
+        diffs["control_one_sequence"] = _max_diff(control, stock_lp)
+    with apply_monkey_patch(model, ulysses_sp_size=world, use_fused_kernels=True, fused_kernels_backend="torch"):
+        lp, ent = verl_actor_logprobs(model, vu, inputs, world, fused=True)
+        (lp * weight).sum().backward()
+        diffs["fused_logprobs"] = _max_diff(lp, stock_lp)
+        diffs["fused_entropy"] = _max_diff(ent, stock_ent)
+        grads = _grads(model)
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            old, _ = verl_actor_logprobs(model, vu, inputs, world, fused=True, pass_shift_labels=False)
+            # the row's last token: label = the Ulysses pad id here, the row's first id in verl (never used)
+            diffs["fused_no_shift_labels_logprobs"] = _max_diff(old[:-1], stock_lp[:-1])
+    assert grads.keys() == stock_grads.keys(), sorted(set(grads) ^ set(stock_grads))
+    worst = 0.0
+    for name, g in grads.items():
+        if world > 1:
+            dist.all_reduce(g)
+            g /= world
+        worst = max(worst, _max_diff(g, stock_grads[name]) / max(1.0, float(stock_grads[name].abs().max())))
+    diffs["fused_grads_relative"] = worst
+    return diffs
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:

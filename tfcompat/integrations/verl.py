@@ -17,7 +17,11 @@ What verl's actor passes, and what this forward takes (verl 0.6.0 to 0.9.1: ``dp
   pad positions ``0..pad-1``). Text models get this rank's slice ``(1, T'/sp)`` of both
   (``ulysses_pad_and_slice_inputs``); VLMs (``hasattr(config, "vision_config")``, verl's test) get the whole
   padded row, sliced after embedding so whole images go through the vision tower.
-- VLMs: ``pixel_values``, ``image_grid_thw`` (and ``pixel_values_videos``, ``video_grid_thw``) of the micro-batch.
+- VLMs: ``pixel_values``, ``image_grid_thw`` (and ``pixel_values_videos``, ``video_grid_thw``) of the micro-batch;
+  a derived vision-language family (LLaVA, InternVL, PaddleOCR-VL, ...: `tfcompat.registry.derive_vision`) its own
+  forward's vision inputs by name (``pixel_values``, ``image_sizes``, ...), as its processor returns them for the
+  micro-batch, with position ids ``(1, T')`` or, where it numbers M-RoPE itself, the contract's ``(4, 1, T')``
+  (`tfcompat.rope_index` / `tfcompat.pack` give them).
 - fused kernels: ``temperature`` (a float), ``return_dict=True``, and in 0.8+ ``shift_labels`` ``(1, T'/sp)``,
   the input ids rolled by one on the global row and sliced. Without it (0.6-0.7) they are computed here by
   rolling the global padded row (verl itself rolls the local shard there, its issue #6068); they differ from
@@ -48,6 +52,7 @@ from ..core.a2a import check_heads
 from ..errors import InvalidInputError, PatchError
 from ..heads import model_logprobs
 from ..hf.patching import PatchHandle, patch
+from ..inputs.derived_vision import is_derived_vision
 from ..inputs.embedding import embed_inputs
 from ..registry import resolve
 from ..ulysses import shard_inputs
@@ -157,6 +162,7 @@ class VerlPatch:
         self.options = options
         self.active = True
         self._vlm = hasattr(model.config, "vision_config")
+        self._derived = is_derived_vision(handle.resolved)
         self._install(handle)
 
     def _install(self, handle: PatchHandle) -> None:
@@ -233,7 +239,9 @@ class VerlPatch:
         r = self.handle.resolved
         fused = self.options["use_fused_kernels"]
 
-        vision = {k: kwargs.pop(k) for k in _VISION if kwargs.get(k) is not None}
+        # a derived vision-language family takes its own forward's vision inputs by name (embed_inputs checks them)
+        names = [k for k in kwargs if k not in _REBUILT] if self._derived else _VISION
+        vision = {k: kwargs.pop(k) for k in names if kwargs.get(k) is not None}
         unexpected = sorted(set(kwargs) - set(_REBUILT))
         if unexpected:
             raise r.error(InvalidInputError, f"unexpected arguments {unexpected}",
