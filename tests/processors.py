@@ -267,6 +267,18 @@ def build(model: torch.nn.Module) -> Any:
         return cls(image_processor=image_processor, tokenizer=tokenizer, **extra, **recipe.processor)
 
 
+def torchvision_classes(model_type: str) -> list[str]:
+    """The classes of ``model_type``'s recipe that exist only with torchvision on the installed transformers: its image
+    processor where the auto mapping names no PIL one (5.x: ``{"torchvision": ...}`` alone; 4.x maps a slow class
+    first), and its video processor (5.x video processors are torchvision classes)."""
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    recipe = RECIPES[model_type]
+    names = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
+    only = (isinstance(names, dict) and "pil" not in names and recipe.image_processor_class is None)
+    return ([names["torchvision"]] if only else []) + (["its video processor"] if recipe.video is not None else [])
+
+
 def _video_processor(folder: str, arguments: dict[str, Any]) -> Any:
     """The family's video processor (`AutoVideoProcessor` by the config.json in ``folder``) with ``arguments``."""
     from transformers import AutoVideoProcessor

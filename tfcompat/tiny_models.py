@@ -993,13 +993,13 @@ def _timm_kwargs(values: dict[str, Any]) -> dict[str, Any]:
     """A timm tower's tiny fields (`_TIMM_TOWERS`) for a config whose ``values`` name its timm ``architecture``: its
     ``model_args`` (the config's own, the tiny ones over them), ``hidden_size`` where it has one, ``image_size``;
     nothing for another config or an architecture the table lacks."""
-    tower = _TIMM_TOWERS.get(values.get("architecture")) if "model_args" in values else None
+    tower = _TIMM_TOWERS.get(str(values.get("architecture"))) if "model_args" in values else None
     if tower is None:
         return {}
     args = dict(tower.args)
     if "block_args" in args:  # timm's block strings -> its per-stage lists of block kwargs (plain values)
         try:
-            from timm.models._efficientnet_builder import decode_arch_def
+            from timm.models._efficientnet_builder import decode_arch_def  # type: ignore[import-not-found,unused-ignore]
         except ImportError:  # without timm the tower does not build anyway: the model build names that
             return {}
         args["block_args"] = decode_arch_def(args["block_args"])
