@@ -6,11 +6,17 @@
     nox -s "tests(transformers='5.9.0')"          # one version; extra args after -- go to pytest
     nox -s newest                                 # the newest transformers pip resolves (unpinned): doctor + tests
     nox -s trainers                               # Hugging Face Trainer / TRL SFTTrainer (trl, accelerate, datasets)
+    nox -s vision                                 # timm towers and torchvision processors (torch 2.14.1, not in ci)
 
 Torch is always the CPU build, pinned ``torch==2.13.0+cpu``: from the local wheel folder ($PIP_FIND_LINKS,
 default /opt/wheels) when it holds that wheel, else from PyTorch's CPU index ($TFCOMPAT_TORCH_INDEX, default
 https://download.pytorch.org/whl/cpu); each session logs which. PyPI never carries a ``+cpu`` version, so no
 session can fall back to PyPI's CUDA wheels (gigabytes).
+
+``vision`` (not part of ``ci``): the image-text-to-text types whose vision tower is a timm model (fast_vlm, gemma3n,
+perception_lm) and the processors that exist only as torchvision classes need timm and torchvision, and no
+torchvision matches CPU torch 2.13; the session installs ``torch==2.14.1 torchvision==0.29.1`` with pip (which reads
+the local wheel folder; uv does not), timm and the newest transformers of the matrix.
 
 Tests marked ``dist`` (gloo worker processes, slow to spawn) run on the versions with ``dist: true`` in
 matrix.yaml. The CI subset (``nox -s ci``) runs, on the newest version, every other test (of the ``sweep`` tests,
@@ -58,6 +64,10 @@ CI_DIST = ("not sp4 and not verl_actor and (not fsdp2 or glm4v-fsdp) and (not hy
 CI_DIST_OLDEST = "sp2 and (qwen2_5_vl-sample or glm4v-sample or llama-kv1)"
 VERL = "verl==0.9.1"  # installed without its dependencies: the tests load only its pure-torch verl/utils/ulysses.py
 VERL_TRANSFORMERS = "5.10.4"  # inside verl 0.9.1's own pin (>=5.5.3, <5.11, !=5.6.0)
+# the `vision` session: a torch that torchvision has a wheel for (CUDA builds; they run on CPU), and the types whose
+# vision tower is a timm model
+VISION_TORCH = ["torch==2.14.1", "torchvision==0.29.1"]
+TIMM_TYPES = ("fast_vlm", "gemma3n", "perception_lm")
 LINT_DEPS = ["ruff==0.17.6", "mypy==2.4.1", "packaging"]
 # Hugging Face Trainer / TRL: trl 1.16.0 requires transformers>=4.56.2; its floor and the newest release of the matrix.
 # datasets is left to the resolver: 5.2 needs huggingface-hub>=1.31, transformers 4.x pins it below 1.0 (5.0.1 then)
@@ -188,6 +198,24 @@ def triton(session: nox.Session) -> None:
     tests = ["tests/test_heads_triton.py", "tests/test_model_logprobs.py"]
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or tests),
                 env={"TRITON_INTERPRET": "1"})
+
+
+@nox.session(python=PYTHON, venv_backend="venv")
+def vision(session: nox.Session) -> None:
+    """The tests that need timm and torchvision: the timm-tower types through the every-type VLM sweep and the
+    processors' recipes (tests/processors.py), torchvision ones included. Torch is `VISION_TORCH` (the matrix pins a
+    CPU torch no torchvision wheel matches), installed by pip so that $PIP_FIND_LINKS' wheels are found."""
+    folders = [f for f in FIND_LINKS.split() if Path(f).is_dir()]
+    links = ["--find-links", folders[0]] if folders else []
+    session.run("python", "-m", "pip", "install", "-q", *links, *VISION_TORCH, "timm", f"transformers=={VERSIONS[-1]}",
+                *TEST_DEPS)
+    session.run("python", "-m", "pip", "install", "-q", "-e", ".", "--no-deps")
+    session.run("python", "-c", "import timm, torch, torchvision, transformers; print('vision:', *(f'{m.__name__} "
+                "{m.__version__}' for m in (torch, torchvision, timm, transformers)))")
+    tests = ["tests/test_processors.py", "tests/test_every_vlm.py", "-n", "2", "-k",
+             f"test_processor or ({' or '.join(TIMM_TYPES)})"]
+    session.run("python", "-m", "pytest", "-q", "-rxs", "-p", "no:cacheprovider", *(session.posargs or tests),
+                env={"TFCOMPAT_EXPECT_TRANSFORMERS": VERSIONS[-1], "OMP_NUM_THREADS": "1"})
 
 
 @nox.session(python=PYTHON)

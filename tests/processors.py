@@ -41,6 +41,9 @@ class Recipe:
     tokenizer_class: a tokenizer class to load instead of the family's (None: the family's, by ``AutoTokenizer``).
     image_processor_class: where ``AutoImageProcessor`` does not know the family (InternVL on 4.x).
     images_required: the processor refuses text alone (PaliGemma): a text-only sample is its tokenizer's output.
+    video: video processor arguments where the processor takes videos (its class by ``AutoVideoProcessor``, a
+    torchvision one on 5.x) and the family packs them: `samples` then adds text around a short video; None: none.
+    video_prompt: the text that stands for one video.
     """
 
     tokens: dict[str, str | None]
@@ -51,6 +54,8 @@ class Recipe:
     tokenizer_class: str | None = None
     image_processor_class: str | None = None
     images_required: bool = False
+    video: dict[str, Any] | None = None
+    video_prompt: str = ""
 
 
 _QWEN_TOKENS: dict[str, str | None] = {"<|image_pad|>": "image_token_id", "<|video_pad|>": "video_token_id",
@@ -125,6 +130,29 @@ RECIPES: dict[str, Recipe] = {
         image_processor_class="GotOcr2ImageProcessor"),
     "idefics3": _IDEFICS3,
     "smolvlm": _IDEFICS3,
+    # torchvision-only image processors on 5.x (`needs_torchvision` in tests/test_processors.py):
+    "lfm2_vl": Recipe(
+        tokens={"<image>": "image_token_id", "<|image_start|>": None, "<|image_end|>": None,
+                "<|img_thumbnail|>": None, **{f"<|img_row_{r}_col_{c}|>": None for r in (1, 2) for c in (1, 2)}},
+        prompt="<image>",
+        # 32 x 32 tiles of 8 x 8 patches (the tiny SigLIP2's), 2 x 2 pixel-unshuffled: 4-16 tokens an image or tile
+        image={"encoder_patch_size": 8, "tile_size": 32, "downsample_factor": 2, "min_image_tokens": 1,
+               "max_image_tokens": 16, "min_tiles": 2, "max_tiles": 4, "size": {"height": 32, "width": 32}},
+        tokenizer_class="PreTrainedTokenizerFast"),
+    "llama4": Recipe(
+        tokens={"<|image|>": "image_token_index", "<|image_start|>": None, "<|image_end|>": None,
+                "<|patch|>": None, "<|tile_x_separator|>": None, "<|tile_y_separator|>": None},
+        prompt="<|image|>",
+        # 32 x 32 tiles of 8 x 8 patches, pixel-shuffled by 0.5: 4 tokens a tile, up to 4 tiles and the global one
+        image={"size": {"height": 32, "width": 32}, "max_patches": 4},
+        processor={"patch_size": 8, "pixel_shuffle_ratio": 0.5}, tokenizer_class="PreTrainedTokenizerFast"),
+    "perception_lm": Recipe(
+        tokens={"<|image|>": "image_token_id", "<|video|>": "video_token_id"},
+        extra={"image_token": "<|image|>", "video_token": "<|video|>"}, prompt="<|image|>",
+        # the tiny PE ViT's 28 x 28 tiles of 14 x 14 patches, unpooled (`projector_pooling_ratio` 1): 4 tokens a tile
+        image={"tile_size": 28, "max_num_tiles": 4, "size": {"height": 28, "width": 28}},
+        processor={"patch_size": 14, "pooling_ratio": 1}, tokenizer_class="PreTrainedTokenizerFast",
+        video={"size": {"height": 28, "width": 28}, "do_sample_frames": False}, video_prompt="<|video|>"),
 }
 
 
@@ -181,6 +209,9 @@ def _tokenizer_files(config: Any, recipe: Recipe, folder: str) -> None:
         # AutoImageProcessor picks the family's class from config.json where none is named
         json.dump({} if recipe.image_processor_class is None else
                   {"image_processor_type": recipe.image_processor_class}, f)
+    if recipe.video is not None:  # AutoVideoProcessor picks the family's class from config.json too
+        with open(f"{folder}/video_preprocessor_config.json", "w") as f:
+            json.dump({}, f)
     config.save_pretrained(folder)
 
 
@@ -219,6 +250,7 @@ def build(model: torch.nn.Module) -> Any:
         _tokenizer_files(config, recipe, folder)
         tokenizer = AutoTokenizer.from_pretrained(folder)
         image_processor = AutoImageProcessor.from_pretrained(folder, **recipe.image)
+        video_processor = None if recipe.video is None else _video_processor(folder, recipe.video)
     for key, value in recipe.image.items():  # 4.x image processors drop arguments they have no parameter for
         if not hasattr(image_processor, key):
             setattr(image_processor, key, value)
@@ -229,19 +261,51 @@ def build(model: torch.nn.Module) -> Any:
             raise AssertionError(f"{type(tokenizer).__name__} gives {token} id "
                                  f"{tokenizer.convert_tokens_to_ids(token)}, the config {token_id(config, attr)}")
     cls = getattr(transformers, PROCESSOR_MAPPING_NAMES[config.model_type])
-    extra = {"video_processor": None} if "video_processor" in inspect.signature(cls.__init__).parameters else {}
+    takes_videos = "video_processor" in inspect.signature(cls.__init__).parameters
+    extra = {"video_processor": video_processor} if takes_videos else {}
     with _without_video_processor_check():
         return cls(image_processor=image_processor, tokenizer=tokenizer, **extra, **recipe.processor)
 
 
+def torchvision_classes(model_type: str) -> list[str]:
+    """The classes of ``model_type``'s recipe that exist only with torchvision on the installed transformers: its image
+    processor where the auto mapping names no PIL one (5.x: ``{"torchvision": ...}`` alone; 4.x maps a slow class
+    first), and its video processor (5.x video processors are torchvision classes)."""
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    recipe = RECIPES[model_type]
+    names = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
+    only = (isinstance(names, dict) and "pil" not in names and recipe.image_processor_class is None)
+    return ([names["torchvision"]] if only else []) + (["its video processor"] if recipe.video is not None else [])
+
+
+def _video_processor(folder: str, arguments: dict[str, Any]) -> Any:
+    """The family's video processor (`AutoVideoProcessor` by the config.json in ``folder``) with ``arguments``."""
+    from transformers import AutoVideoProcessor
+
+    return AutoVideoProcessor.from_pretrained(folder, **arguments)
+
+
+def video(frames: int, height: int, width: int, seed: int) -> Any:
+    """Random RGB frames, a ``(frames, height, width, 3)`` uint8 numpy array (a decoded video)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (frames, height, width, 3), generator=g, dtype=torch.uint8).numpy()
+
+
 def samples(processor: Any, model_type: str, seed: int = 0) -> list[Any]:
     """Three samples processed one at a time (``return_tensors='pt'``): text around a 37 x 53 image, text alone,
-    text around a 64 x 48 image and text around the 37 x 53 one again."""
-    prompt = RECIPES[model_type].prompt
+    text around a 64 x 48 image and text around the 37 x 53 one again; where the recipe takes videos a fourth, text
+    around a two-frame 40 x 30 video."""
+    recipe = RECIPES[model_type]
+    prompt = recipe.prompt
     one = processor(text=[f"{text(seed, 3)} {prompt} {text(seed + 1, 2)}"], images=[image(37, 53, seed)],
                     return_tensors="pt")
     alone = (processor.tokenizer if RECIPES[model_type].images_required else processor)(
         text=[text(seed + 2, 5)], return_tensors="pt")
     two = processor(text=[f"{text(seed + 3, 2)} {prompt} {text(seed + 4, 2)} {prompt} {text(seed + 5, 1)}"],
                     images=[image(64, 48, seed + 6), image(37, 53, seed + 7)], return_tensors="pt")
-    return [one, alone, two]
+    if recipe.video is None:
+        return [one, alone, two]
+    clip = processor(text=[f"{text(seed + 8, 2)} {recipe.video_prompt} {text(seed + 9, 3)}"],
+                     videos=[video(2, 40, 30, seed + 10)], return_tensors="pt")
+    return [one, alone, two, clip]

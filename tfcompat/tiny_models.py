@@ -185,12 +185,49 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "Florence2VisionConfig": {"patch_size": [7, 3, 3, 3], "depths": [1, 1, 1, 1]},
     # the projector's output is the decoder's hidden size (the tiny text model's 64), its convolutions' channels
     # shrunk alike
+    # the tiny MobileNetV5's 2 x 2 tokens (`_TIMM_TOWERS`), full size 16 x 16
+    "Gemma3nConfig": {"vision_soft_tokens_per_image": 4},
     "PPFormulaNetVisionConfig": {"decoder_hidden_size": 64, "output_channels": 64, "post_conv_in_channels": 64,
                                  "post_conv_mid_channels": 64, "post_conv_out_channels": 64, "mlp_dim": 128},
     # rotary parameters are keyed by layer type, and the defaults give none
     "CohereCompassTextConfig": {"rope_parameters": {
         "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+}
+
+# Vision towers that are timm models (`TimmWrapperConfig` and its kin, Gemma 3n's `Gemma3nVisionConfig`): their
+# sizes are timm constructor arguments (`model_args`), not config fields, so the generic shrink cannot reach them.
+# Per timm architecture, the arguments that keep each stage's kinds of block at tiny widths and depths, the width of
+# the features the tower returns (the config's `hidden_size`, read by the projector, where the config has one) and
+# the side of the images it takes (the zoo's image). Block strings are timm's (decoded by timm where it is installed).
+class _TimmTower(NamedTuple):
+    args: dict[str, Any]
+    width: int
+    image: int
+
+
+_TIMM_TOWERS: dict[str, _TimmTower] = {
+    # FastViT MCi3 (FastVLM): five stages of one block each, three RepMixer then two attention (head_dim 32: widths
+    # of 32), the head's width twice the last stage's; strides total 64, so a 128 image gives 2 x 2 tokens
+    "fastvit_mci3": _TimmTower({"layers": [1, 1, 1, 1, 1], "embed_dims": [8, 16, 32, 32, 32]}, 64, 128),
+    # Perception Encoder ViT (PerceptionLM): 2 x 2 patches of 14 (and the class token), rope on that grid
+    "vit_pe_core_large_patch14_336": _TimmTower(
+        {"embed_dim": 64, "depth": 2, "num_heads": 4, "img_size": [28, 28], "ref_feat_shape": [2, 2]}, 64, 28),
+    # MobileNetV5 (Gemma 3n): each stage's kinds of block once (edge residual; universal inverted residuals; then
+    # multi-query attention beside them), 16-32 channels; the multi-scale fusion's output is fixed at 2048 channels
+    # by timm, pooled to 2 x 2 tokens (`Gemma3nConfig.vision_soft_tokens_per_image`)
+    "mobilenetv5_300m_enc": _TimmTower({"stem_size": 16, "msfa_output_resolution": 2, "block_args": [
+        ["er_r1_k3_s2_e4_c16"], ["uir_r1_a3_k5_s2_e6_c16", "uir_r1_a5_k0_s1_e4_c16"],
+        ["uir_r1_a5_k5_s2_e6_c32", "uir_r1_a0_k0_s1_e1_c32", "mqa_r1_k3_h2_v2_s1_d16_c32", "uir_r1_a0_k0_s1_e2_c32"],
+        ["uir_r1_a5_k5_s2_e6_c32", "mqa_r1_k3_h2_s1_d16_c32", "uir_r1_a0_k0_s1_e2_c32"]]}, 2048, 32),
+}
+# Sub-configs a class's defaults leave unusable, by config class: PerceptionLM's default tower is timm's ResNet-50,
+# which returns no `model_args["embed_dim"]` for its projector; its checkpoints' Perception Encoder (Perception-LM-1B)
+_DEFAULT_SUBS: dict[str, dict[str, Any]] = {
+    "PerceptionLMConfig": {"vision_config": {
+        "model_type": "timm_wrapper", "architecture": "vit_pe_core_large_patch14_336",
+        "model_args": {"embed_dim": 1024, "depth": 23, "img_size": [448, 448], "ref_feat_shape": [32, 32],
+                       "global_pool": "", "use_post_transformer_norm": False}}},
 }
 
 # Encoder-decoder configs with no default pair on some releases (4.x: "not both `encoder` and `decoder`"): the pair
@@ -292,7 +329,8 @@ def tiny_config(model_type: str, kind: Kind = "causal_lm") -> PretrainedConfig:
     config_cls = _config_class(model_type, kind)
     try:
         pair = _DEFAULT_PAIRS.get(config_cls.__name__)
-        default = config_cls() if pair is None else _pair_default(config_cls, pair)
+        default = config_cls(**_DEFAULT_SUBS.get(config_cls.__name__, {})) if pair is None else _pair_default(
+            config_cls, pair)
         vision_cls = (getattr(config_cls, "sub_configs", None) or {}).get("vision_config")
         if kind == "image_text_to_text" and vision_cls is not None and getattr(default, "vision_config", 0) is None:
             default = config_cls(**{"vision_config": vision_cls()})  # an optional tower (Gemma 4): an image needs one
@@ -909,6 +947,7 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
         if real in default.to_dict():
             kwargs[real] = layers
     kwargs.update(overrides)
+    kwargs.update(_timm_kwargs(values))
     kwargs.update({k: v for k, v in _FILL_NONE.get(type(default).__name__, {}).items() if values.get(k, None) is None})
     kwargs.update({k: v for k, v in _FLAGS.items() if k in values})
     layers = kwargs.get("num_hidden_layers", layers)
@@ -948,6 +987,24 @@ def _shrunk(model_type: str, default: PretrainedConfig, ids: dict[int, int], bas
         if tied or not hiddens:
             raise _error(model_type, f"{cls.__name__} rejects the shrunk sizes", cause=exc) from None
     return _shrunk(model_type, default, ids, base, own, tied=hiddens)
+
+
+def _timm_kwargs(values: dict[str, Any]) -> dict[str, Any]:
+    """A timm tower's tiny fields (`_TIMM_TOWERS`) for a config whose ``values`` name its timm ``architecture``: its
+    ``model_args`` (the config's own, the tiny ones over them), ``hidden_size`` where it has one, ``image_size``;
+    nothing for another config or an architecture the table lacks."""
+    tower = _TIMM_TOWERS.get(str(values.get("architecture"))) if "model_args" in values else None
+    if tower is None:
+        return {}
+    args = dict(tower.args)
+    if "block_args" in args:  # timm's block strings -> its per-stage lists of block kwargs (plain values)
+        try:
+            from timm.models._efficientnet_builder import decode_arch_def  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:  # without timm the tower does not build anyway: the model build names that
+            return {}
+        args["block_args"] = decode_arch_def(args["block_args"])
+    width = {"hidden_size": tower.width} if "hidden_size" in values else {}
+    return {"model_args": {**(values["model_args"] or {}), **args}, **width, "image_size": tower.image}
 
 
 def _hidden_sizes(config: PretrainedConfig) -> frozenset[int]:
