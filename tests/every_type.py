@@ -5,7 +5,7 @@ position ids restarting at 0 per sequence) through `tfcompat.patch(model)`. `che
 
 - ``pass``: patched, and per token the packed logits (and every parameter's gradient of a fixed random projection
   of them) equal stock per sequence within `TOLERANCE` (`GRAD_TOLERANCE` for gradients; relative, fp32), or miss
-  them by less than `tfcompat.hf.rounding.NEAR_MISS` and meet a tenth of them with the model and inputs in float64
+  them by less than `tfcompat.hf.rounding.NEAR_MISS` and meet them with the model and inputs in float64
   (rounding shrinks with the precision, a wrong patch does not; the reason names both);
 - ``refused``: `patch()` raised a typed tfcompat error (its first line is the reason);
 - ``fail``: patched and wrong, or `patch()` raised something untyped;

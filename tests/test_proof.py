@@ -210,7 +210,7 @@ def _perturbed(monkeypatch, relative: float, by_precision: bool) -> None:
 
 
 def test_a_near_miss_that_shrinks_in_float64_is_rounding(monkeypatch):
-    """Rule (`tfcompat.hf.rounding`): float32 over the tolerance, float64 within a tenth of it: proven, and said."""
+    """Rule (`tfcompat.hf.rounding`): float32 over the tolerance, float64 within it: proven, and said."""
     _perturbed(monkeypatch, 1e-4, by_precision=True)
     with tfcompat.patch(_mistral()) as handle:
         proof = handle.proof
