@@ -244,7 +244,11 @@ class VisionDerivation:
     ``len(self.rotary_emb.mrope_section or [])``: XD-RoPE's four axes), that expression, read from its forward and
     evaluated on the instance (`tfcompat.inputs.derived_vision.mrope_axes`); "" for three;
     cross_states: the states the owner hands its text model's cross-attention layers (`CrossStates`: Mllama's images,
-    which reach the text model as keys and values, not in the embeddings), None where there are none.
+    which reach the text model as keys and values, not in the embeddings), None where there are none;
+    kwargs_shared: ``(class, path)`` of each call ``self.<path>(..., **kwargs)`` that a class of ``hops`` spreads the
+    ``**kwargs`` carrying the position ids into besides the next hop (InstructBLIP-Video's ``get_video_features``: a
+    method of the class, or a submodule it builds); a packed row's per-token keys are kept from them
+    (`tfcompat.hf.vision.shared_kwargs`), as stock per sequence hands them none.
     """
 
     model: str
@@ -269,6 +273,7 @@ class VisionDerivation:
     batch_indices: tuple[tuple[str, str], ...] = ()
     mrope_axes: str = ""
     cross_states: CrossStates | None = None
+    kwargs_shared: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
