@@ -409,10 +409,11 @@ def sample_examples(model: torch.nn.Module, lengths: tuple[int, ...], images: bo
 def encoder_decoder_examples(model: torch.nn.Module, lengths: tuple[int, ...], seed: int = 0
                              ) -> list[dict[str, torch.Tensor]]:
     """One forward's inputs per sequence of an encoder-decoder vision-language model: ``decoder_input_ids (1, L_i)``
-    (``input_ids`` where the forward takes no decoder ids: BLIP) of random text tokens (no special id) for each of ``lengths``, each sequence with its own image (`tiny_image`'s
-    where the config names an image placeholder, else one ``(1, C, S, S)`` image of the encoder's size); where the
-    encoder reads a prompt around the image's placeholders (Florence-2), ``input_ids (1, P_i)`` of prompts of
-    different lengths, with their ``attention_mask``."""
+    (``input_ids`` where the forward takes no decoder ids: BLIP) of random text tokens (no special id) for each of
+    ``lengths``, each sequence with its own image (`tiny_image`'s where the config names an image placeholder, else
+    one ``(1, C, S, S)`` image of the encoder's size); where the encoder reads a prompt around the image's
+    placeholders (Florence-2), ``input_ids (1, P_i)`` of prompts of different lengths, with their
+    ``attention_mask``."""
     import inspect
 
     import torch

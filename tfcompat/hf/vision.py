@@ -51,8 +51,8 @@ from ..registry.records import CrossStates
 from . import cross_states as hf_cross
 from .forward import Router
 
-__all__ = ["EXACT_BLOCK_IMPLEMENTATIONS", "VisionHook", "VisionPlan", "overlay_remapped", "plan_vision", "shared_kwargs",
-           "vision_hooks"]
+__all__ = ["EXACT_BLOCK_IMPLEMENTATIONS", "VisionHook", "VisionPlan", "overlay_remapped", "plan_vision",
+           "shared_kwargs", "vision_hooks"]
 
 # stock implementations whose masks transformers builds from packed position ids (sequences apart), image blocks in
 EXACT_BLOCK_IMPLEMENTATIONS = ("eager", "sdpa")

@@ -34,12 +34,12 @@ def pack_encoder_decoder(r: Resolved, model: torch.nn.Module, examples: Sequence
     Each example: the decoder ids ``(L,)`` / ``(1, L)`` under the forward's keyword, or ``labels`` (or both; labels
     are per decoder token, as the model's loss takes them). The targets are the labels where the model's loss reads
     each token's own label; where it shifts them (4.x VisionEncoderDecoder's ``ForCausalLMLoss``, BLIP's text
-    decoder) they are shifted
-    per sequence, and the packed labels hold ``ignore_index`` at each sequence start, so that the model's own loss
-    over the row reads no label across a boundary: the stock loss of each sequence alone. Optionally an all-ones
-    decoder mask (``decoder_attention_mask``; BLIP's ``attention_mask``: `EncoderDecoderDerivation.decoder_mask`); the encoder's inputs as its processor returns them for one sample (``pixel_values
-    (1, C, H, W)``; Florence-2's prompt ``input_ids (1, P)`` and ``attention_mask (1, P)``). `InvalidInputError`
-    naming the example otherwise."""
+    decoder) they are shifted per sequence, and the packed labels hold ``ignore_index`` at each sequence start, so
+    that the model's own loss over the row reads no label across a boundary: the stock loss of each sequence alone.
+    Optionally an all-ones decoder mask (``decoder_attention_mask``; BLIP's ``attention_mask``:
+    `EncoderDecoderDerivation.decoder_mask`), left out of the row; the encoder's inputs as its processor returns them
+    for one sample (``pixel_values (1, C, H, W)``; Florence-2's prompt ``input_ids (1, P)`` and ``attention_mask (1,
+    P)``). `InvalidInputError` naming the example otherwise."""
     d = r.entry.encoder_decoder
     if d is None:
         raise r.error(InvalidInputError, f"{r.family} is not an encoder-decoder model", why="no derivation",
