@@ -178,6 +178,12 @@ def derive(model_type: str, version: str, text_type: str | None,
     for cls, attr in hops:
         gap = _forwards_to(cls, attr, text_cls if cls is owner else None, cross)
         if gap:
+            if gap.endswith("to its language model"):  # Kosmos-2's image_embeds, placed by its text model itself
+                raise refuse(gap, "the language model would take inputs besides its embeddings, mask and positions "
+                             "that tfcompat does not place per sequence (image features its own forward writes into "
+                             "the row, a loss, ...); tfcompat reads the images an owner scatters into the embeddings "
+                             "itself, DeepStack features and cross-attention states", fix="run it unpatched, one "
+                             "sequence per row (padded batches)")
             raise refuse(gap, "without position_ids it numbers a sequence otherwise than 0, 1, ... (an offset), so the "
                          "per-sequence positions of a packed row would differ from the stock model's"
                          if "own position_ids" in gap else "the stock model drops the images it is given, and "
