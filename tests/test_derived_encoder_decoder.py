@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from tfcompat.core.cross_attention import cross_attention
 from tfcompat.core.packing import from_lengths
 from tfcompat.errors import InvalidInputError, PatchError
 from tfcompat.registry.derive_vision import vision_types
-from tfcompat.tiny_models import encoder_decoder_examples, tiny_config, tiny_model
+from tfcompat.tiny_models import attention_implementations, encoder_decoder_examples, tiny_config, tiny_model
 
 LENGTHS = (7, 13, 10)
 TOLERANCE = 1e-5
@@ -163,6 +164,100 @@ def test_vision_language_encoder_decoder_packed_equals_per_sequence(model_type: 
     _check(model, examples)
 
 
+def _blip(impl: str, label_smoothing: float = 0.0) -> torch.nn.Module:
+    """A tiny BlipForConditionalGeneration, or a skip where the release has none, or no ``impl`` attention."""
+    if not _installed("blip"):
+        pytest.skip("no BLIP on this release")
+    if impl not in attention_implementations("blip", "image_text_to_text"):  # no such stock reference
+        pytest.skip(f"BlipForConditionalGeneration offers no {impl} attention on this release")
+    model = tiny_model("blip", "image_text_to_text", attn_implementation=impl)
+    model.text_decoder.label_smoothing = label_smoothing  # BlipTextLMHeadModel reads it at each forward
+    return model
+
+
+def _blip_refusal() -> str:
+    """Why BLIP is refused on this release ("" where it derives): 4.53 hands its text decoder no position ids."""
+    try:
+        tfcompat.resolve("blip")
+    except PatchError as exc:
+        assert re.search(r"BlipForConditionalGeneration.forward passes text_decoder no position ids", exc.what), exc
+        return exc.what
+    return ""
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_blip_packed_equals_per_sequence(impl: str) -> None:
+    """BLIP's text decoder (BERT-like, cross-attending to the image embeddings; its layers run per sequence) on one
+    packed row, the vision tower run stock as a batch: the logits and gradients of each sequence alone."""
+    model = _blip(impl)
+    if _blip_refusal():
+        with pytest.raises(PatchError, match="no position ids"):
+            tfcompat.patch(model)
+        return
+    d = tfcompat.registry.resolve_model(model).entry.encoder_decoder
+    assert (d.decoder, d.encoder, d.decoder_ids, d.decoder_positions, d.labels_loss) == (
+        "text_decoder", "vision_model", "input_ids", "position_ids", "shifted")
+    _check(model, encoder_decoder_examples(model, LENGTHS))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_blip_loss_over_a_packed_row_is_the_stock_loss_per_sequence(impl: str) -> None:
+    """BLIP's decoder computes its own label-smoothed loss from ``labels[:, 1:]`` over the whole row: with pack's
+    labels (each sequence's first masked) it reads no label across a boundary, so its mean is the stock mean over
+    the sequences' targets (one sequence: its stock loss); the gradients of that loss are stock's. Control: the
+    sequences' labels concatenated as they are give another loss."""
+    model = _blip(impl, label_smoothing=0.1)
+    if _blip_refusal():
+        pytest.skip(f"refused on this release: {_blip_refusal()}")
+    with torch.no_grad():  # peaked predictions: each label's loss its own (a tiny random model's are all ~log V)
+        bias = model.text_decoder.cls.predictions.bias
+        bias.add_(5 * torch.randn(bias.shape, generator=torch.Generator().manual_seed(1)))
+    examples = encoder_decoder_examples(model, LENGTHS)
+    for ex in examples:  # as BLIP's processor returns them, a label ignored inside the second sequence
+        ex["attention_mask"] = torch.ones_like(ex["input_ids"])
+        ex["labels"] = ex["input_ids"].clone()
+    examples[1]["labels"][0, 4] = -100
+    stock = [model(**ex) for ex in examples]
+    counts = [int((ex["labels"][0, 1:] != -100).sum()) for ex in examples]
+    loss = sum(o.loss * n for o, n in zip(stock, counts)) / sum(counts)
+    stock_grads = _grads(model, lambda: sum(model(**ex).loss * n for ex, n in zip(examples, counts)) / sum(counts))
+    with tfcompat.patch(model, prove=False):
+        packed = tfcompat.pack(model, examples)
+        inputs = packed.model_inputs
+        assert "attention_mask" not in inputs  # the decoder's mask, all ones: the boundaries replace it
+        got = model(**inputs).loss
+        grads = _grads(model, lambda: model(**inputs).loss)
+        alone = tfcompat.pack(model, examples[1:2]).model_inputs
+        assert abs(model(**alone).loss.item() - stock[1].loss.item()) <= 1e-5 * abs(stock[1].loss.item())
+        unmasked = {**inputs, "labels": torch.cat([ex["labels"] for ex in examples], 1)}
+        control = model(**unmasked).loss.item()
+    assert abs(got.item() - loss.item()) <= 1e-5 * abs(loss.item())
+    assert abs(control - loss.item()) > 1e-3 * abs(loss.item())
+    # pack's targets per token: what the stock loss of each sequence reads (the next token's label)
+    bounds = packed.seqs.cu_seqlens.tolist()
+    for ex, start, end in zip(examples, bounds[:-1], bounds[1:]):
+        assert torch.equal(packed.shift_labels[0, start:end - 1], ex["labels"][0, 1:])
+        assert int(packed.shift_labels[0, end - 1]) == -100
+    assert grads.keys() == stock_grads.keys()
+    for name, g in stock_grads.items():
+        assert float((grads[name] - g).abs().max()) / max(1.0, float(g.abs().max())) <= GRAD_TOLERANCE, name
+
+
+def test_blip_refuses_keeping_the_last_logits_of_a_packed_row() -> None:
+    """``logits_to_keep`` keeps the row's last logits, which are the last sequence's: only 0 on a packed row."""
+    model = _blip("eager")
+    if _blip_refusal():
+        pytest.skip(f"refused on this release: {_blip_refusal()}")
+    if not tfcompat.registry.resolve_model(model).entry.encoder_decoder.logits_to_keep:
+        pytest.skip("BLIP's forward takes no logits_to_keep on this release")
+    examples = encoder_decoder_examples(model, LENGTHS)
+    with tfcompat.patch(model, prove=False):
+        inputs = tfcompat.pack(model, examples).model_inputs
+        with pytest.raises(InvalidInputError, match="logits_to_keep=1 on a packed decoder row"):
+            model(**inputs, logits_to_keep=1)
+        assert model(**inputs, logits_to_keep=0).logits.shape[1] == sum(LENGTHS)
+
+
 def test_patched_model_runs_ordinary_calls_stock() -> None:
     """An ordinary (unpacked) call of the patched model is the stock call."""
     if not _installed("vision-encoder-decoder"):
@@ -211,7 +306,6 @@ def test_florence2_prompts_of_different_lengths_need_their_mask() -> None:
 
 # model_type -> what its refusal names, where the type exists and is not derived
 REFUSED = {
-    "blip": r"BlipForConditionalGeneration.forward passes (labels|text_decoder no position ids)",
     "pix2struct": r"no position ids|position_bias",
     "udop": r"an encoder mask it computes itself|decoder no position ids",
     "t5gemma2": r"t5gemma2_decoder",

@@ -233,19 +233,66 @@ def test_pack_places_images_as_the_owner_reads_them():
             assert tfcompat.resolve(model_type).entry.derived_vision.batched_images is batched
 
 
-@pytest.mark.parametrize("model_type,reason", [
-    ("instructblipvideo", "hands its \\*\\*kwargs, which carry the position ids, to self.get_video_features"),
-])
-def test_refusals_name_what_is_missing(model_type, reason):
-    if model_type not in TYPES:
-        pytest.skip(f"transformers ships no {model_type}")
-    with pytest.raises(PatchError, match=reason):
-        tfcompat.resolve(model_type)
+class _Tower(torch.nn.Module):
+    pass
+
+
+class _SharesKwargs(torch.nn.Module):
+    """An owner spreading its **kwargs (position ids in them) into a method of its own, a submodule it builds, and
+    a module-level function held as an attribute it does not build."""
+
+    def __init__(self, helper):
+        super().__init__()
+        self.tower = _Tower()
+        self.helper = helper
+        self.language_model = torch.nn.Identity()
+
+    def features(self, x, **kwargs):
+        return x
+
+    def forward(self, input_ids=None, images=None, **kwargs):
+        self.features(images, **kwargs)
+        self.tower(images, **kwargs)
+        self.helper(images, **kwargs)
+        return self.language_model(inputs_embeds=input_ids, **kwargs)
+
+
+def test_kwargs_shared_with_a_vision_call_are_read_or_refused():
+    """A call the owner's **kwargs reach besides its language model packs where a patch can wrap it (a method of
+    the owner, a submodule it builds: `VisionDerivation.kwargs_shared`), and is refused, naming it, otherwise."""
+    from tfcompat.registry import derive_vision
+
+    assert derive_vision._kwargs_shared(_SharesKwargs, "language_model") == ("features", "helper", "tower")
+    assert derive_vision._shared_target(_SharesKwargs, "features")
+    assert derive_vision._shared_target(_SharesKwargs, "tower")
+    assert not derive_vision._shared_target(_SharesKwargs, "helper")  # assigned a parameter, not built
+    why = derive_vision._forwards_to(_SharesKwargs, "language_model", None)
+    assert re.search(r"hands its \*\*kwargs, which carry the position ids, to self.helper besides "
+                     r"self.language_model, and it is neither a method", why), why
+
+
+def test_instructblipvideo_keeps_the_row_positions_from_its_video_features(monkeypatch):
+    """InstructBLIP-Video's forward hands its **kwargs to get_video_features (vision tower and Q-Former) besides its
+    language model: the derivation names that call, and the patch's wrapper is what makes the packed row exact (the
+    same check without it fails: the Q-Former reads the row's position ids)."""
+    _skip_unless_patched("instructblipvideo")
+    entry = tfcompat.resolve("instructblipvideo").entry
+    shared = entry.derived_vision.kwargs_shared
+    if not shared:  # a release whose forward hands get_video_features no **kwargs
+        assert vlm_check("instructblipvideo", "sdpa").status == "pass"
+        return
+    assert ("get_video_features" in {path for _, path in shared}), shared
+    outcome = vlm_check("instructblipvideo", "sdpa")
+    assert outcome.status == "pass", outcome.reason
+    monkeypatch.setenv("TFCOMPAT_PROVE", "0")  # the control's patch is not proved first (the proof would refuse it)
+    monkeypatch.setattr("tfcompat.hf.patching.shared_kwargs", lambda *a, **k: [])  # the row's positions reach it
+    without = vlm_check("instructblipvideo", "sdpa")
+    assert without.status == "fail", without.reason
 
 
 @pytest.mark.parametrize("model_type", [
     "cohere_compass", "granite_docling", "granite4_vision", "qwen3_omni_moe_thinker", "qwen2_5_omni_thinker", "blip-2",
-    "instructblip", "qwen4_exp", "hunyuan_vl", "chameleon"])
+    "instructblip", "instructblipvideo", "qwen4_exp", "hunyuan_vl", "chameleon"])
 def test_packs_what_the_owner_hands_its_language_model(model_type):
     """DeepStack features added at the visual tokens (read from the text model: by a method, or inline in its loop as
     Granite 4 Vision's per-layer dict, which `embed_inputs` refuses), M-RoPE numbered from locals of the

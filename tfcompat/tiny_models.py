@@ -447,10 +447,11 @@ def sample_examples(model: torch.nn.Module, lengths: tuple[int, ...], images: bo
 def encoder_decoder_examples(model: torch.nn.Module, lengths: tuple[int, ...], seed: int = 0
                              ) -> list[dict[str, torch.Tensor]]:
     """One forward's inputs per sequence of an encoder-decoder vision-language model: ``decoder_input_ids (1, L_i)``
-    of random text tokens (no special id) for each of ``lengths``, each sequence with its own image (`tiny_image`'s
-    where the config names an image placeholder, else one ``(1, C, S, S)`` image of the encoder's size); where the
-    encoder reads a prompt around the image's placeholders (Florence-2), ``input_ids (1, P_i)`` of prompts of
-    different lengths, with their ``attention_mask``."""
+    (``input_ids`` where the forward takes no decoder ids: BLIP) of random text tokens (no special id) for each of
+    ``lengths``, each sequence with its own image (`tiny_image`'s where the config names an image placeholder, else
+    one ``(1, C, S, S)`` image of the encoder's size); where the encoder reads a prompt around the image's
+    placeholders (Florence-2), ``input_ids (1, P_i)`` of prompts of different lengths, with their
+    ``attention_mask``."""
     import inspect
 
     import torch
@@ -463,13 +464,16 @@ def encoder_decoder_examples(model: torch.nn.Module, lengths: tuple[int, ...], s
     def text(n: int) -> torch.Tensor:
         return allowed[torch.randint(len(allowed), (n,), generator=gen)][None]  # (1, n)
 
-    prompts = "input_ids" in inspect.signature(model.forward).parameters and _image_token_id(config) is not None
+    params = inspect.signature(model.forward).parameters
+    # the decoder's ids: decoder_input_ids, or input_ids where the forward takes no others (BLIP's text decoder)
+    key = "decoder_input_ids" if "decoder_input_ids" in params else "input_ids"
+    prompts = key != "input_ids" and "input_ids" in params and _image_token_id(config) is not None
     vision = getattr(config, "encoder", None) or _image_tower_config(config)
     if vision is None:
         raise _error(config.model_type, "the config names no encoder or vision config")
     examples = []
     for i, n in enumerate(lengths):
-        example: dict[str, Any] = {"decoder_input_ids": text(n)}
+        example: dict[str, Any] = {key: text(n)}
         if prompts:  # the image's placeholders, then a prompt of a length of its own
             image = tiny_image(model, seed=seed + i)
             ids = torch.cat([torch.full((1, image.tokens), cast(int, image.token_id)), text(2 + 2 * i)], 1)

@@ -100,16 +100,20 @@ def top_forward(original: Callable[..., Any], router: Router, d: EncoderDecoderD
         given = {**extra, **a}
         router.check_key()
         if isinstance(packed, ForwardContext):
-            router.pending = packed
-            try:
-                return original(*args, **kwargs)
-            finally:
-                router.pending = None
-        decoder = {"input_ids": given.get(d.decoder_ids), "position_ids": given.get(d.decoder_positions),
-                   "inputs_embeds": given.get("decoder_inputs_embeds"), "use_cache": given.get("use_cache"),
-                   "attention_mask": given.get("decoder_attention_mask"),
-                   **{n: given.get(n) for n in CACHE_ARGS}}
-        router.pending = router.decide(decoder, user_call=True)
+            ctx: Any = packed
+        else:
+            decoder = {"input_ids": given.get(d.decoder_ids), "position_ids": given.get(d.decoder_positions),
+                       "inputs_embeds": given.get("decoder_inputs_embeds"), "use_cache": given.get("use_cache"),
+                       "attention_mask": given.get(d.decoder_mask or "decoder_attention_mask"),
+                       **{n: given.get(n) for n in CACHE_ARGS}}
+            ctx = router.decide(decoder, user_call=True)
+        keep = given.get(d.logits_to_keep) if d.logits_to_keep else None
+        if isinstance(ctx, ForwardContext) and not (keep is None or (isinstance(keep, int) and keep == 0)):
+            raise router.r.error(InvalidInputError, f"{d.logits_to_keep}={keep!r} on a packed decoder row",
+                                 why="the decoder keeps the last logits of the row, which are the last sequence's",
+                                 fix=f"pass {d.logits_to_keep}=0 (every logit) and pick each sequence's own from "
+                                 "pack's boundaries")
+        router.pending = ctx
         try:
             return original(*args, **kwargs)
         finally:

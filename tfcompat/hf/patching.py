@@ -63,7 +63,7 @@ from .changes import Record
 from .features import ModuleFeatures, module_features, unsupported
 from .forward import Router, to_text_model_layout
 from .pooling import is_sequence_classifier, pooled_forward, scores_holder
-from .vision import plan_vision, vision_hooks
+from .vision import plan_vision, shared_kwargs, vision_hooks
 
 __all__ = ["PatchHandle", "Record", "is_patched", "patch"]
 
@@ -280,6 +280,8 @@ def patch(
                     "keeps the per-token scores for per-sequence pooling")
         handle._set("instance", model, "forward", pooled_forward(model.forward, router, held, pad_id),
                     "packed rows: one score per sequence (its last non-pad token), not one per row")
+    for target, attr, wrapper, note in shared_kwargs(model, resolved, router):
+        handle._set("instance", target, attr, wrapper, note)
     for layer, attn in plan.bridges:
         hook = layer.register_forward_pre_hook(_bridge(attn), with_kwargs=True)
 

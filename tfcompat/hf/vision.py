@@ -20,6 +20,12 @@ Where the owner builds the language model's mask itself (Gemma 3, from ``token_t
   Gemma 4's sliding-window masks), it reads each later sequence's tokens at the first sequence's positions
   (`overlay_remapped`), and PaliGemma's prefix blocks (5.18 and before) span the sequences of a row.
 
+Where a forward on the way spreads the ``**kwargs`` that carry the position ids into a vision method besides its
+language model (InstructBLIP-Video's ``get_video_features``, whose vision tower and Q-Former would read a packed row's
+position ids as their own: `VisionDerivation.kwargs_shared`), `shared_kwargs` wraps that method or submodule on the
+instance: tfcompat's forward context never reaches it, nor, on a packed row, the row's position ids (the stock model
+of each sequence alone is called without them).
+
 Where the owner hands its text model images as cross-attention states (Mllama: `tfcompat.hf.cross_states`), the
 cross-attention modules run the stock attention, and their decoder layers hand a sequence without images its hidden
 states through.
@@ -45,7 +51,8 @@ from ..registry.records import CrossStates
 from . import cross_states as hf_cross
 from .forward import Router
 
-__all__ = ["EXACT_BLOCK_IMPLEMENTATIONS", "VisionHook", "VisionPlan", "overlay_remapped", "plan_vision", "vision_hooks"]
+__all__ = ["EXACT_BLOCK_IMPLEMENTATIONS", "VisionHook", "VisionPlan", "overlay_remapped", "plan_vision",
+           "shared_kwargs", "vision_hooks"]
 
 # stock implementations whose masks transformers builds from packed position ids (sequences apart), image blocks in
 EXACT_BLOCK_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -117,6 +124,50 @@ def vision_hooks(plan: VisionPlan | None, r: Resolved, router: Router) -> list[V
                              "each sequence alone, block-diagonal"),
                   VisionHook(plan.owner, "post", switch.exit, "restores the patched attention after such a forward")]
     return hooks
+
+
+def shared_kwargs(model: torch.nn.Module, r: Resolved, router: Router
+                  ) -> list[tuple[Any, str, Callable[..., Any], str]]:
+    """``(target, attribute, wrapper, note)`` for each call `VisionDerivation.kwargs_shared` names in ``model``: the
+    bound method (``owner.get_video_features``) or submodule forward (``vision_model.forward``) it wraps with
+    `_without_row_keys`; `PatchError` where the instance holds no such method or submodule."""
+    v = r.entry.derived_vision
+    if v is None or not v.kwargs_shared:
+        return []
+    module = importlib.import_module(r.entry.module)
+    out: list[tuple[Any, str, Callable[..., Any], str]] = []
+    for cls_name, path in v.kwargs_shared:
+        cls = getattr(module, cls_name, None)
+        holders = [m for m in model.modules() if isinstance(cls, type) and isinstance(m, cls)]
+        for holder in holders:
+            *parents, last = path.split(".")
+            parent: Any = holder
+            for name in parents:
+                parent = getattr(parent, name, None)
+            target = getattr(parent, last, None)
+            if isinstance(target, torch.nn.Module):
+                parent, last, target = target, "forward", target.forward
+            if not callable(target):
+                raise r.error(PatchError, f"{type(model).__name__} has no {cls_name}.{path} to call",
+                              why=f"{cls_name}.forward hands its **kwargs to self.{path}", supported=r.spec.supported,
+                              fix=f"pass the {v.model} built by transformers")
+            out.append((parent, last, _without_row_keys(target, router), f"packed rows: {cls_name}.forward's **kwargs "
+                        f"reach self.{path} without the row's position ids or tfcompat's context, as stock per "
+                        "sequence"))
+    return out
+
+
+def _without_row_keys(original: Callable[..., Any], router: Router) -> Callable[..., Any]:
+    """``original`` called without tfcompat's forward context, and on a packed row without its position ids: what
+    the stock model of each sequence alone hands it (no position ids)."""
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        ctx = kwargs.pop(CONTEXT_KWARG, None)
+        if isinstance(ctx, ForwardContext) or isinstance(router.pending, ForwardContext):
+            kwargs.pop("position_ids", None)
+        return original(*args, **kwargs)
+
+    return call
 
 
 def _cross_hooks(plan: VisionPlan, cross: CrossStates, router: Router) -> list[VisionHook]:

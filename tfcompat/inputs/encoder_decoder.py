@@ -33,16 +33,18 @@ def pack_encoder_decoder(r: Resolved, model: torch.nn.Module, examples: Sequence
 
     Each example: the decoder ids ``(L,)`` / ``(1, L)`` under the forward's keyword, or ``labels`` (or both; labels
     are per decoder token, as the model's loss takes them). The targets are the labels where the model's loss reads
-    each token's own label; where it shifts them (4.x VisionEncoderDecoder's ``ForCausalLMLoss``) they are shifted
-    per sequence, and the packed labels hold ``ignore_index`` at each sequence start, so that the model's own loss
-    over the row reads no label across a boundary: the stock loss of each sequence alone. Optionally an all-ones
-    ``decoder_attention_mask``; the encoder's inputs as its processor returns them for one sample (``pixel_values
-    (1, C, H, W)``; Florence-2's prompt ``input_ids (1, P)`` and ``attention_mask (1, P)``). `InvalidInputError`
-    naming the example otherwise."""
+    each token's own label; where it shifts them (4.x VisionEncoderDecoder's ``ForCausalLMLoss``, BLIP's text
+    decoder) they are shifted per sequence, and the packed labels hold ``ignore_index`` at each sequence start, so
+    that the model's own loss over the row reads no label across a boundary: the stock loss of each sequence alone.
+    Optionally an all-ones decoder mask (``decoder_attention_mask``; BLIP's ``attention_mask``:
+    `EncoderDecoderDerivation.decoder_mask`), left out of the row; the encoder's inputs as its processor returns them
+    for one sample (``pixel_values (1, C, H, W)``; Florence-2's prompt ``input_ids (1, P)`` and ``attention_mask (1,
+    P)``). `InvalidInputError` naming the example otherwise."""
     d = r.entry.encoder_decoder
     if d is None:
         raise r.error(InvalidInputError, f"{r.family} is not an encoder-decoder model", why="no derivation",
                       fix="call tfcompat.pack")
+    mask_key = d.decoder_mask or "decoder_attention_mask"  # the decoder's mask, all ones: left out of the row
     ids: list[torch.Tensor] = []
     labels: list[torch.Tensor] = []
     encoder: dict[str, list[torch.Tensor]] = {}
@@ -53,10 +55,10 @@ def pack_encoder_decoder(r: Resolved, model: torch.nn.Module, examples: Sequence
                           fix=f"pass one dict per sequence: {{'{d.decoder_ids}' or 'labels': ..., 'pixel_values': "
                           "...}")
         row = _decoder_ids(r, d, model, ex, what)
-        mask = ex.get("decoder_attention_mask")
+        mask = ex.get(mask_key)
         if mask is not None and (not isinstance(mask, torch.Tensor) or mask.numel() != row.numel()
                                  or not bool(mask.bool().all())):
-            raise r.error(InvalidInputError, f"{what}: decoder_attention_mask is not all ones over the decoder ids",
+            raise r.error(InvalidInputError, f"{what}: {mask_key} is not all ones over the decoder ids",
                           why="a packed row carries no padding", fix="drop the padded decoder tokens before packing")
         ids.append(row)
         if ex.get("labels") is not None:
@@ -65,7 +67,7 @@ def pack_encoder_decoder(r: Resolved, model: torch.nn.Module, examples: Sequence
                 raise r.error(InvalidInputError, f"{what}: labels and {d.decoder_ids} differ in length",
                               why=f"{labels[-1].numel()} labels, {row.numel()} decoder ids",
                               fix="pass one label per decoder token")
-        names = set(ex) - {d.decoder_ids, "labels", "decoder_attention_mask"}
+        names = set(ex) - {d.decoder_ids, "labels", mask_key}
         if i and names != set(encoder):
             raise r.error(InvalidInputError, f"{what} has other encoder inputs than example 0",
                           why=f"{sorted(names)} against {sorted(encoder)}", fix="give every example the same inputs")
@@ -99,9 +101,10 @@ def pack_encoder_decoder(r: Resolved, model: torch.nn.Module, examples: Sequence
 def _loss_shifts(r: Resolved, d: EncoderDecoderDerivation, model: torch.nn.Module) -> bool:
     """Whether the model's forward shifts ``labels`` in its loss (`EncoderDecoderDerivation.labels_loss`); asked of
     ``model.loss_function`` where the forward hands it the labels alone: two tokens whose logits favour class 1 then
-    class 0, both labelled 1, lose about 0 shifted (token 0's target is label 1) and about 4.5 aligned."""
-    if d.labels_loss == "aligned":
-        return False
+    class 0, both labelled 1, lose about 0 shifted (token 0's target is label 1) and about 4.5 aligned. A decoder
+    that shifts them itself (``"shifted"``: BLIP's, by ``labels[:, 1:]``) does."""
+    if d.labels_loss in ("aligned", "shifted"):
+        return d.labels_loss == "shifted"
     if d.labels_loss != "loss_function":
         raise r.error(InvalidInputError, f"tfcompat.pack got labels, and {d.model}.forward's loss reads them in a "
                       "form tfcompat does not know", why="its loss over the packed row could read labels across "

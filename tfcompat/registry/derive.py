@@ -427,6 +427,9 @@ def _counted_by(module: Any, owner: type, layers: list[type], holders: list[type
              for loop in ast.walk(fn) if isinstance(loop, ast.For)]  # for layer in self.layers / enumerate(...)
     loop_vars = {t.id for loop, it in loops if (_self_attr(it) or "") in held for t in ast.walk(loop.target)
                  if isinstance(t, ast.Name)}
+    # for i in range(...): layer_module = self.layer[i] (4.x BLIP's text encoder)
+    loop_vars |= {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Subscript)
+                  and (_self_attr(n.value) or "") in held for t in n.targets if isinstance(t, ast.Name)}
     layer_params = [a.arg for a in (_method(layers[0], "forward") or fn).args.args[1:]]
 
     def names(call: ast.Call) -> list[str]:  # a layer's positional arguments by name: cut as its keywords

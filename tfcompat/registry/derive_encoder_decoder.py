@@ -96,12 +96,17 @@ def derive(model_type: str, version: str, top: type, text_type: str | None,
         raise refuse(f"{owner.__name__}.forward passes {decoder} no position ids (neither position_ids=, **kwargs nor "
                      "decoder_-prefixed kwargs)", "a packed decoder row needs position ids restarting at 0 per "
                      "sequence to reach the decoder (its positions would otherwise run across sequences)")
-    extra = sorted(set(keywords) - _DECODER_KEYWORDS)
+    module_built = _built_classes(module, owner, "__init__", attr=decoder) if "." not in decoder else []
+    # the class the owner builds its decoder from (PP-FormulaNet's text model; BLIP's imported text decoder)
+    decoder_cls = module_built[0] if len(module_built) == 1 else _imported_class(module, owner, decoder)
+    decoder_loss = _decoder_loss(keywords, params, decoder_cls)
+    extra = sorted(k for k in set(keywords) - _DECODER_KEYWORDS if not (k in _LOSS_KEYWORDS and decoder_loss)
+                   and not (k == "logits_to_keep" and _is_param(keywords[k], params)))
     if extra:
         raise refuse(f"{owner.__name__}.forward passes {', '.join(extra)} to {decoder}",
-                     "the decoder would compute more than its logits from the packed row (a loss over the row: "
-                     "labels shifted across sequence boundaries), or take inputs a packed row does not carry",
-                     fix="run it unpatched (padded), or compute the loss from the packed logits")
+                     "the decoder would compute more than its logits from the packed row (a loss over the row it "
+                     "does not shift by labels[:, 1:], a reduction per row), or take inputs a packed row does not "
+                     "carry", fix="run it unpatched (padded), or compute the loss from the packed logits")
     mask = _encoder_mask(fn, keywords.get("encoder_attention_mask"), params)
     if mask is None:
         raise refuse(f"{owner.__name__}.forward hands {decoder} an encoder mask it computes itself",
@@ -110,6 +115,9 @@ def derive(model_type: str, version: str, top: type, text_type: str | None,
     encoders = sorted({p for n in ast.walk(fn) if isinstance(n, ast.Call)
                        for p in [ast.unparse(n.func).removeprefix("self.")]
                        if ast.unparse(n.func).startswith("self.") and p.split(".")[-1] == "encoder" and p != decoder})
+    if not encoders:  # a tower of another name (BLIP's vision_model): the call the encoder states come from
+        traced = _states_source(fn, keywords[_CROSS])
+        encoders = [traced] if traced and traced != decoder else []
     if len(encoders) != 1:
         raise refuse(f"{owner.__name__}.forward calls {len(encoders)} encoders", "tfcompat runs the one encoder "
                      "stock on the sequences' encoder inputs as a batch; it must be one submodule call")
@@ -122,10 +130,8 @@ def derive(model_type: str, version: str, top: type, text_type: str | None,
     if text_type == model_type:  # 5.9's PP-FormulaNet: its text config is of its own type
         raise refuse(f"its decoder's config is of its own type, {text_type}",
                      "the decoder is not built from a separate text family's config")
-    # the class the owner builds its decoder from (PP-FormulaNet's text model), where it names one
-    built = _built_classes(module, owner, "__init__", attr=decoder) if "." not in decoder else []
     try:
-        text = text_entry(text_type, built[0] if len(built) == 1 else None)
+        text = text_entry(text_type, decoder_cls)
     except TfcompatError as exc:
         raise refuse(f"its decoder {text_type} is not a text family tfcompat patches",
                      f"{type(exc).__name__}: {exc.what}" + (f" ({exc.why})" if exc.why else ""),
@@ -133,7 +139,9 @@ def derive(model_type: str, version: str, top: type, text_type: str | None,
     derivation = EncoderDecoderDerivation(
         model=top.__name__, owner=owner.__name__, owner_attr=owner_attr, decoder=decoder, encoder=encoders[0],
         text_family=text_type, decoder_ids=ids.id, decoder_positions=positions, encoder_mask=mask,
-        labels_shift=_labels_shift(top, ids.id), labels_loss=_labels_loss(top))
+        labels_shift=_labels_shift(top, ids.id), labels_loss=decoder_loss or _labels_loss(top),
+        decoder_mask=_decoder_mask(keywords.get("attention_mask"), params),
+        logits_to_keep=ast.unparse(keywords["logits_to_keep"]) if "logits_to_keep" in keywords else "")
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
@@ -153,6 +161,69 @@ _DECODER_KEYWORDS = frozenset({
     "cache", "past_key_values", "use_cache", "output_attentions", "output_hidden_states", "return_dict",
     "cache_position",
 })
+
+
+# what the owner may hand a decoder that computes its own loss (`_decoder_loss`): the labels and a reduction over all
+# of its tokens (``reduction="mean"``: one mean over the row's labelled tokens, per sequence alone a mean of its own)
+_LOSS_KEYWORDS = frozenset({"labels", "reduction"})
+
+
+def _is_param(value: ast.expr, params: set[str]) -> bool:
+    return isinstance(value, ast.Name) and value.id in params
+
+
+def _decoder_mask(value: ast.expr | None, params: set[str]) -> str:
+    """The owner's parameter handed the decoder as ``attention_mask`` (BLIP's ``attention_mask``,
+    VisionEncoderDecoder's ``decoder_attention_mask``), "" for none or anything else."""
+    return value.id if value is not None and _is_param(value, params) and isinstance(value, ast.Name) else ""
+
+
+def _decoder_loss(keywords: dict[str, ast.expr], params: set[str], decoder: type | None) -> str:
+    """``"shifted"`` where the owner hands the decoder its ``labels`` parameter (and a ``reduction`` of ``"mean"`` or
+    ``"sum"``, if any), and the decoder's forward (``decoder``: the class the owner builds it from) computes its loss
+    from ``labels[:, 1:]`` (BLIP's ``BlipTextLMHeadModel``: the logits of token ``t`` against the label of ``t + 1``,
+    over the whole row, label-smoothed); "" otherwise (the owner hands no labels, or in a form tfcompat does not
+    read)."""
+    labels, reduction = keywords.get("labels"), keywords.get("reduction")
+    if labels is None or not _is_param(labels, params) or decoder is None:
+        return ""
+    if reduction is not None and not (isinstance(reduction, ast.Constant) and reduction.value in ("mean", "sum")):
+        return ""
+    fn = _method(decoder, "forward")
+    shifted = fn is not None and any(
+        isinstance(n, ast.Subscript) and ast.unparse(n) == "labels[:, 1:]"
+        for n in ast.walk(fn))
+    return "shifted" if shifted else ""
+
+
+def _imported_class(module: Any, owner: type, attr: str) -> type | None:
+    """The class ``owner.__init__`` assigns ``self.attr = Name(...)`` from, ``Name`` a class of ``module``'s namespace
+    (imported: BLIP's ``BlipTextLMHeadModel`` comes from ``modeling_blip_text``); None otherwise."""
+    fn = _method(owner, "__init__")
+    values = [n.value for n in ast.walk(fn) if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets]
+              == [f"self.{attr}"]] if fn is not None else []
+    if len(values) != 1 or not isinstance(values[0], ast.Call) or not isinstance(values[0].func, ast.Name):
+        return None
+    cls = getattr(module, values[0].func.id, None)
+    return cls if isinstance(cls, type) else None
+
+
+def _states_source(fn: ast.FunctionDef, states: ast.expr) -> str:
+    """The submodule path ``P`` whose call the encoder states handed the decoder come from: ``states`` is (a local
+    assigned once as) ``out.<attr>`` or ``out[0]`` of a local ``out`` assigned once as ``self.P(...)`` (BLIP's
+    ``image_embeds = vision_outputs.last_hidden_state``, ``vision_outputs = self.vision_model(...)``); "" otherwise."""
+    def assigned(name: str) -> ast.expr | None:
+        found = [n.value for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AnnAssign)) and [
+            ast.unparse(t) for t in (n.targets if isinstance(n, ast.Assign) else [n.target])] == [name]]
+        return found[0] if len(found) == 1 else None
+
+    value = assigned(states.id) if isinstance(states, ast.Name) else states
+    if isinstance(value, ast.Attribute) or (isinstance(value, ast.Subscript) and ast.unparse(value.slice) == "0"):
+        out = value.value
+        call = assigned(out.id) if isinstance(out, ast.Name) else None
+        if isinstance(call, ast.Call) and ast.unparse(call.func).startswith("self."):
+            return ast.unparse(call.func).removeprefix("self.")
+    return ""
 
 
 def _positions_key(fn: ast.FunctionDef, keywords: dict[str, ast.expr], spread: list[ast.expr], params: set[str],

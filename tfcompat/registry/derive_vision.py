@@ -178,6 +178,12 @@ def derive(model_type: str, version: str, text_type: str | None,
     for cls, attr in hops:
         gap = _forwards_to(cls, attr, text_cls if cls is owner else None, cross)
         if gap:
+            if gap.endswith("to its language model"):  # Kosmos-2's image_embeds, placed by its text model itself
+                raise refuse(gap, "the language model would take inputs besides its embeddings, mask and positions "
+                             "that tfcompat does not place per sequence (image features its own forward writes into "
+                             "the row, a loss, ...); tfcompat reads the images an owner scatters into the embeddings "
+                             "itself, DeepStack features and cross-attention states", fix="run it unpatched, one "
+                             "sequence per row (padded batches)")
             raise refuse(gap, "without position_ids it numbers a sequence otherwise than 0, 1, ... (an offset), so the "
                          "per-sequence positions of a packed row would differ from the stock model's"
                          if "own position_ids" in gap else "the stock model drops the images it is given, and "
@@ -236,7 +242,7 @@ def derive(model_type: str, version: str, text_type: str | None,
         visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else (), position_offset=offset,
         positions_locals=_positions_locals(owner, positions_call), inline_extras=inline,
         item_axes=batching.item_axes(key), batch_indices=indices, cross_states=cross,
-        mrope_axes=axes)
+        mrope_axes=axes, kwargs_shared=tuple((c.__name__, path) for c, a in hops for path in _kwargs_shared(c, a)))
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
@@ -387,9 +393,11 @@ def _forwards_to(cls: type, attr: str, text_model: type | None, cross: CrossStat
                        and not (text_model is not None and _text_model_computes(fn, attr, k, v, text_model)))
         if text_model is not None and extra:
             return f"{cls.__name__}.forward passes {', '.join(extra)} to its language model"
-    if not named and leaks:  # InstructBLIP-Video's Q-Former would read the row's positions as its own
-        return (f"{cls.__name__}.forward hands its **{var_kw}, which carry the position ids, to {', '.join(leaks)} "
-                f"besides self.{attr}")
+    unproved = [leak for leak in leaks if not _shared_target(cls, leak.removeprefix("self."))]
+    if not named and unproved:  # a call tfcompat cannot wrap would read the row's positions as its own
+        return (f"{cls.__name__}.forward hands its **{var_kw}, which carry the position ids, to {', '.join(unproved)} "
+                f"besides self.{attr}, and it is neither a method of {cls.__name__} nor a submodule its __init__ "
+                "builds")
     defaults = {id(n) for g in ast.walk(fn) if isinstance(g, ast.If) and ast.unparse(g.test) == "position_ids is None"
                 for n in g.body if _counts_the_row(n) == 0 or (text_model is not None and (
                     _own_positions_call(n, cls) or _counts_the_row(n) is not None))}  # the owner's own: offsets, M-RoPE
@@ -399,6 +407,31 @@ def _forwards_to(cls: type, attr: str, text_model: type | None, cross: CrossStat
         if any(isinstance(t, ast.Name) and t.id == "position_ids" for t in targets) and id(node) not in defaults:
             return f"{cls.__name__}.forward computes its own position_ids ({ast.unparse(node)[:80]})"
     return ""
+
+
+def _kwargs_shared(cls: type, attr: str) -> tuple[str, ...]:
+    """The calls ``self.<path>(..., **kwargs)`` besides ``self.attr`` that ``cls.forward`` spreads its ``**kwargs``
+    into where those carry the position ids (the forward names no ``position_ids``): InstructBLIP-Video's
+    ``get_video_features``, whose Q-Former and vision tower would read a packed row's position ids as their own. Each
+    path is a method of ``cls`` or a submodule its ``__init__`` builds (`_forwards_to` refuses any other), so a patch
+    can keep the packed row's per-token keys from it (`tfcompat.hf.vision.shared_kwargs`)."""
+    fn = _method(cls, "forward")
+    var_kw = fn.args.kwarg.arg if fn is not None and fn.args.kwarg is not None else None
+    if fn is None or var_kw is None or "position_ids" in {a.arg for a in fn.args.args + fn.args.kwonlyargs}:
+        return ()
+    return tuple(sorted({ast.unparse(n.func).removeprefix("self.") for n in ast.walk(fn) if isinstance(n, ast.Call)
+                         and ast.unparse(n.func).startswith("self.")
+                         and ast.unparse(n.func) not in (f"self.{attr}", "self.loss_function")
+                         and any(k.arg is None and ast.unparse(k.value) == var_kw for k in n.keywords)}))
+
+
+def _shared_target(cls: type, path: str) -> bool:
+    """Whether ``self.<path>`` of ``cls`` is a method of it (``get_video_features``) or a submodule its ``__init__``
+    builds (``vision_model``, ``vision_model.encoder``): what a patch can wrap on the instance."""
+    head = path.split(".")[0]
+    if "." not in path and inspect.isfunction(getattr(cls, head, None)):
+        return True
+    return any(a == head and isinstance(v, ast.Call) for a, v in _self_assignments(cls))
 
 
 def _positions_call(owner: type) -> tuple[str, tuple[tuple[str, str], ...]] | tuple[()]:

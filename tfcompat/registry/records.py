@@ -244,7 +244,11 @@ class VisionDerivation:
     ``len(self.rotary_emb.mrope_section or [])``: XD-RoPE's four axes), that expression, read from its forward and
     evaluated on the instance (`tfcompat.inputs.derived_vision.mrope_axes`); "" for three;
     cross_states: the states the owner hands its text model's cross-attention layers (`CrossStates`: Mllama's images,
-    which reach the text model as keys and values, not in the embeddings), None where there are none.
+    which reach the text model as keys and values, not in the embeddings), None where there are none;
+    kwargs_shared: ``(class, path)`` of each call ``self.<path>(..., **kwargs)`` that a class of ``hops`` spreads the
+    ``**kwargs`` carrying the position ids into besides the next hop (InstructBLIP-Video's ``get_video_features``: a
+    method of the class, or a submodule it builds); a packed row's per-token keys are kept from them
+    (`tfcompat.hf.vision.shared_kwargs`), as stock per sequence hands them none.
     """
 
     model: str
@@ -269,6 +273,7 @@ class VisionDerivation:
     batch_indices: tuple[tuple[str, str], ...] = ()
     mrope_axes: str = ""
     cross_states: CrossStates | None = None
+    kwargs_shared: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -291,7 +296,12 @@ class EncoderDecoderDerivation:
     sequence; labels_loss: how the forward's loss reads ``labels``: ``"aligned"`` (each decoder token's own target:
     a loss over ``labels.reshape(-1)``, or ``shift_labels=`` given), ``"loss_function"`` (``self.loss_function`` given
     ``labels=labels`` alone, which shifts them where the model's loss function does: 4.x VisionEncoderDecoder's
-    ``ForCausalLMLoss``; `tfcompat.pack` asks the instance), "" where no form tfcompat knows.
+    ``ForCausalLMLoss``; `tfcompat.pack` asks the instance), ``"shifted"`` (the owner hands the decoder its labels,
+    and the decoder's own loss reads ``labels[:, 1:]`` against the logits before them: BLIP's text decoder), "" where
+    no form tfcompat knows; decoder_mask: the owner's parameter it hands the decoder as ``attention_mask`` (BLIP's
+    ``attention_mask``, VisionEncoderDecoder's ``decoder_attention_mask``; "" for none): all ones on a packed row;
+    logits_to_keep: the owner's parameter it hands the decoder as ``logits_to_keep`` ("" for none), which a packed
+    row takes as 0 only (its last logits are the last sequence's).
     """
 
     model: str
@@ -305,6 +315,8 @@ class EncoderDecoderDerivation:
     encoder_mask: str
     labels_shift: tuple[str, tuple[str, ...]] | tuple[()] = ()
     labels_loss: str = ""
+    decoder_mask: str = ""
+    logits_to_keep: str = ""
 
     def decoder_path(self) -> str:
         """The decoder's path from the model given to `patch` (``"decoder"``, ``"model.language_model.decoder"``)."""
