@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..core.context import ForwardContext
+from ..core.context import CONTEXT_KWARG, ForwardContext
 from ..core.packing import PackedSeqs
 from ..errors import InvalidInputError
 from .forward import Router
@@ -71,10 +71,13 @@ def pooled_forward(original: Callable[..., Any], router: Router, held: dict[str,
     """Wrap the classifier's bound forward: on a packed forward, ``logits`` become the per-sequence scores
     `pool_per_sequence` gives; labels are refused there (the stock loss pairs one label with each row)."""
     sig = inspect.signature(original)
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
 
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
-        a = sig.bind(*args, **kwargs).arguments
+        # a forward without **kwargs (4.x MistralForSequenceClassification) takes pack's context through the wrapper
+        # below it (`_top_forward`), not by its signature
+        a = sig.bind(*args, **{k: v for k, v in kwargs.items() if var_kw or k != CONTEXT_KWARG}).arguments
         router.last = None
         held.clear()
         out = original(*args, **kwargs)
