@@ -271,12 +271,19 @@ def torchvision_classes(model_type: str) -> list[str]:
     """The classes of ``model_type``'s recipe that exist only with torchvision on the installed transformers: its image
     processor where the auto mapping names no PIL one (5.x: ``{"torchvision": ...}`` alone; 4.x maps a slow class
     first), and its video processor (5.x video processors are torchvision classes)."""
+    import transformers
     from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 
     recipe = RECIPES[model_type]
     names = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
-    only = (isinstance(names, dict) and "pil" not in names and recipe.image_processor_class is None)
-    return ([names["torchvision"]] if only else []) + (["its video processor"] if recipe.video is not None else [])
+    if isinstance(names, tuple):  # 4.x-5.2's (slow, fast): the fast name is None without torchvision, and the slow
+        # one may name a class the release does not ship (4.53's Llama4ImageProcessor)
+        only = not any(n and n in dir(transformers) for n in names)
+    else:
+        only = isinstance(names, dict) and "pil" not in names
+    only = only and recipe.image_processor_class is None
+    name = names["torchvision"] if isinstance(names, dict) else f"{model_type}'s image processor"
+    return ([name] if only else []) + (["its video processor"] if recipe.video is not None else [])
 
 
 def _video_processor(folder: str, arguments: dict[str, Any]) -> Any:
