@@ -261,7 +261,9 @@ def _values(out: Any) -> torch.Tensor:
 
 
 def _has_image_features(model: torch.nn.Module) -> bool:
-    return any(hasattr(m, "get_image_features") for m in (model, getattr(model, "model", None)) if m is not None)
+    """Whether the model or its base model embeds images or videos (InstructBLIP-Video's ``get_video_features``)."""
+    return any(hasattr(m, name) for m in (model, getattr(model, "model", None)) if m is not None
+               for name in ("get_image_features", "get_video_features"))
 
 
 def _wrong(resolved: Resolved, config: str, detail: str) -> PatchError:
