@@ -47,6 +47,8 @@ import textwrap
 from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
+import torch
+
 from ..errors import PatchError, UnknownFamilyError
 from . import versions
 from .mixers import LAYER_ROLES, layer_call, mixer_call
@@ -1118,7 +1120,7 @@ def own_positions(text: type, depth: int = 2) -> OwnPositions | None:
         if calls is not None:
             return OwnPositions(name, *calls)
     inner = [(name, classes[0]) for name, classes in assigned if len(classes) == 1
-             and hasattr(classes[0], "base_model_prefix")] if depth > 1 else []  # a PreTrainedModel
+             and issubclass(classes[0], torch.nn.Module)] if depth > 1 else []
     found = [(name, own) for name, cls in inner for own in [own_positions(cls, depth - 1)] if own is not None]
     return found[0][1]._replace(attr=f"{found[0][0]}.{found[0][1].attr}") if len(found) == 1 else None
 
