@@ -313,11 +313,11 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
     Each example: ``input_ids`` ``(L,)`` or ``(1, L)``, optional ``labels``, ``attention_mask`` (all ones), and
     the vision inputs its processor returned under the owner forward's names; per-token ``*token_type_ids`` and the
     mask at which the text model writes image features (`VisionDerivation.written_at_mask`: Kosmos-2's
-    ``image_embeds_position_mask``) are concatenated like the ids (zeros, text, for an example without them); ``token_type_ids`` of one segment (all
-    zeros) where the forward takes none are dropped. Where the owner hands its text model cross-attention states
-    (`VisionDerivation.cross_states`: Mllama), the per-token mask over items is laid out block by block
-    (`_cross_items`) and ``cross`` says how many items each sequence holds (the forward context carries it); else
-    ``cross`` is None.
+    ``image_embeds_position_mask``) are concatenated like the ids (zeros, text, for an example without them);
+    ``token_type_ids`` of one segment (all zeros) where the forward takes none are dropped. Where the owner hands
+    its text model cross-attention states (`VisionDerivation.cross_states`: Mllama), the per-token mask over items
+    is laid out block by block (`_cross_items`) and ``cross`` says how many items each sequence holds (the forward
+    context carries it); else ``cross`` is None.
     """
     owner, _ = owner_of(r, model)
     # the owner's vision inputs, and those the model above it takes (GLM-5 Next's takes the processor's token types)

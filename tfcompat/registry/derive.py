@@ -55,7 +55,8 @@ from .mixers import LAYER_ROLES, layer_call, mixer_call
 from .records import AttentionCall, Derivation, Entry, Family, MixerCall, RopeConfigKey, TextModelLayout
 from .sources import defined
 
-__all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "OwnPositions", "PositionsCall", "attention_call",
+__all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "OwnPositions", "PositionsCall",
+           "attention_call",
            "causal_lm_types", "cross_attrs", "derive", "derive_text_model", "guard_holds", "layer_kind", "module_name",
            "own_positions", "passed_values", "positions_from_row", "positions_module_from_row", "takes_row_positions",
            "temperature_guard", "text_model_class"]

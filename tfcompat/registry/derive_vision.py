@@ -27,7 +27,7 @@ import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -659,11 +659,12 @@ def _scopes(cls: type, names: dict[str, str] | None = None, depth: int = 3) -> l
     module = importlib.import_module(cls.__module__)
     for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                  and ast.unparse(n.func.value) == "self"):
+        attr = cast(ast.Attribute, call.func).attr
         handed = {k.arg: names[k.value.id] for k in call.keywords if k.arg is not None
                   and isinstance(k.value, ast.Name) and k.value.id in names}
-        method = _method(cls, call.func.attr) if inspect.isfunction(getattr(cls, call.func.attr, None)) else None
-        built = _built_classes(module, cls, "__init__", attr=call.func.attr) if method is None else []
-        if method is not None and call.func.attr != "forward":
+        method = _method(cls, attr) if inspect.isfunction(getattr(cls, attr, None)) else None
+        built = _built_classes(module, cls, "__init__", attr=attr) if method is None else []
+        if method is not None and attr != "forward":
             found.append((method, handed))
         elif len(built) == 1 and depth > 1 and handed:
             found += _scopes(built[0], handed, depth - 1)
