@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import inspect
 import weakref
 from collections.abc import Callable
@@ -245,7 +246,7 @@ def patch(
     if from_row is None and layered:  # layers run per sequence (MVP)
         from_row = positions_module_from_row(resolved.text_model_cls)
     for text_model in plan.text_models:
-        computes = None if own is None else functools.partial(_own_positions, getattr(text_model, own.attr), own)
+        computes = None if own is None else functools.partial(_own_positions, text_model.get_submodule(own.attr), own)
         row_module = None if from_row is None else getattr(text_model, from_row)
         if row_module is not None:
             hook = row_module.register_forward_pre_hook(_row_positions_hook, with_kwargs=True)
@@ -616,10 +617,14 @@ def _bridge(attn: torch.nn.Module) -> Callable[..., None]:
 def _own_positions(module: torch.nn.Module, own: OwnPositions, tokens: torch.Tensor, seqs: PackedSeqs
                    ) -> torch.Tensor:
     """``(B, L)`` positions of packed ``tokens`` (ids ``(B, L)`` or embeddings ``(B, L, D)``) as ``module`` computes
-    them by default for each sequence alone, with its own methods (`tfcompat.registry.derive.OwnPositions`)."""
-    method = getattr(module, own.from_ids if not tokens.is_floating_point() else own.from_embeds)
+    them by default for each sequence alone, with its own calls (`tfcompat.registry.derive.OwnPositions`)."""
+    call = own.from_ids if not tokens.is_floating_point() else own.from_embeds
+    function = getattr(module, call.function) if call.method else getattr(
+        importlib.import_module(type(module).__module__), call.function)
+    values = {"padding": cast(Any, module).padding_idx, "cache": 0}
     flat = tokens.reshape(-1, *tokens.shape[2:])  # (B, L[, D]) -> (B * L[, D])
-    pieces = [method(piece[None], cast(Any, module).padding_idx) for piece in flat.split(list(seqs.lengths))]
+    pieces = [function(*(piece[None] if role == "tokens" else values[role] for role in call.args))
+              for piece in flat.split(list(seqs.lengths))]
     return torch.cat(pieces, dim=-1).view(tokens.shape[:2])  # N x (1, L_i) -> (B, L)
 
 

@@ -186,6 +186,12 @@ def embed_derived(r: Resolved, model: torch.nn.Module, input_ids: Any, vision: d
                       "model adds at the image tokens in its own loop, which embeddings alone do not carry",
                       fix="pass input_ids and the vision inputs to the model (the tower runs inside its forward); "
                       "packed rows with images work so, Ulysses rows with images do not")
+    if v is not None and v.written_at_mask:
+        raise r.error(InvalidInputError, f"{r.family} cannot take embeddings computed outside its forward",
+                      why=f"its text model writes {v.written_at_mask[1]} into its own token embeddings at "
+                      f"{v.written_at_mask[0]}; embeddings computed outside carry no image",
+                      fix="pass input_ids and the vision inputs to the model (the tower runs inside its forward); "
+                      "packed rows with images work so (tfcompat.pack), Ulysses rows with images do not")
     if v is not None and v.token_inputs:
         raise r.error(InvalidInputError, f"{r.family} cannot take embeddings computed outside its forward",
                       why=f"{v.owner} also hands its language model {', '.join(v.token_inputs)}, computed from the "
@@ -305,12 +311,13 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
     """`tfcompat.pack` of a derived vision-language family: ``(model_inputs, shift_labels, seqs, cross)``.
 
     Each example: ``input_ids`` ``(L,)`` or ``(1, L)``, optional ``labels``, ``attention_mask`` (all ones), and
-    the vision inputs its processor returned under the owner forward's names; per-token ``*token_type_ids`` are
-    concatenated like the ids (zeros, text, for an example without them); ``token_type_ids`` of one segment (all
-    zeros) where the forward takes none are dropped. Where the owner hands its text model cross-attention states
-    (`VisionDerivation.cross_states`: Mllama), the per-token mask over items is laid out block by block
-    (`_cross_items`) and ``cross`` says how many items each sequence holds (the forward context carries it); else
-    ``cross`` is None.
+    the vision inputs its processor returned under the owner forward's names; per-token ``*token_type_ids`` and the
+    mask at which the text model writes image features (`VisionDerivation.written_at_mask`: Kosmos-2's
+    ``image_embeds_position_mask``) are concatenated like the ids (zeros, text, for an example without them);
+    ``token_type_ids`` of one segment (all zeros) where the forward takes none are dropped. Where the owner hands
+    its text model cross-attention states (`VisionDerivation.cross_states`: Mllama), the per-token mask over items
+    is laid out block by block (`_cross_items`) and ``cross`` says how many items each sequence holds (the forward
+    context carries it); else ``cross`` is None.
     """
     owner, _ = owner_of(r, model)
     # the owner's vision inputs, and those the model above it takes (GLM-5 Next's takes the processor's token types)
@@ -373,9 +380,11 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
                           fix="pass the processor's outputs with return_tensors='pt'") from None
         if not parts:
             continue
-        if name.endswith("token_type_ids"):  # per token: (1, L) or (L,); an example without them is text (0), or
-            # for the owner's mask as a row without them (`token_types`: PaliGemma's 1, its 0 a bidirectional prefix)
-            fill = _untyped_fill(r, owner, name) if len(parts) < len(examples) else 0
+        written = v is not None and name == next(iter(v.written_at_mask), None)  # Kosmos-2's image positions
+        if name.endswith("token_type_ids") or written:  # per token: (1, L) or (L,); an example without them is text
+            # (0), or for the owner's mask as a row without them (`token_types`: PaliGemma's 1, its 0 a bidirectional
+            # prefix)
+            fill = _untyped_fill(r, owner, name) if len(parts) < len(examples) and not written else 0
             types = [torch.as_tensor(ex[name]).reshape(-1) if ex.get(name) is not None else x.new_full((len(x),), fill)
                      for ex, x in zip(examples, ids_list)]
             if any(len(t) != len(x) for t, x in zip(types, ids_list)):

@@ -47,13 +47,16 @@ import textwrap
 from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
+import torch
+
 from ..errors import PatchError, UnknownFamilyError
 from . import versions
 from .mixers import LAYER_ROLES, layer_call, mixer_call
 from .records import AttentionCall, Derivation, Entry, Family, MixerCall, RopeConfigKey, TextModelLayout
 from .sources import defined
 
-__all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "OwnPositions", "attention_call",
+__all__ = ["ATTENTION_KEYWORDS", "MIXER_PATTERN", "SOFTMAX_LAYER_TYPES", "UNKNOWN", "OwnPositions", "PositionsCall",
+           "attention_call",
            "causal_lm_types", "cross_attrs", "derive", "derive_text_model", "guard_holds", "layer_kind", "module_name",
            "own_positions", "passed_values", "positions_from_row", "positions_module_from_row", "takes_row_positions",
            "temperature_guard", "text_model_class"]
@@ -1081,58 +1084,95 @@ def _position_modules_without_ids(module: Any, owner: type) -> str:
     return ""
 
 
+class PositionsCall(NamedTuple):
+    """How a positions module computes one sequence's default positions: ``function`` (a method of the module, or a
+    function of its module's source file where ``method`` is False) called with ``args``, each a role: ``"tokens"``
+    (the ids or the embeddings, ``(1, L[, D])``), ``"padding"`` (the module's ``padding_idx``), ``"cache"`` (the
+    cache length, 0)."""
+
+    function: str
+    method: bool
+    args: tuple[str, ...]
+
+
 class OwnPositions(NamedTuple):
     """A text model's module whose default positions are its own, not 0, 1, ... (RoBERTa's fairseq-style learned
-    positions, from ``padding_idx + 1``, skipping padding tokens): the packed forward computes them per sequence
-    with the module's own methods and passes them as ``position_ids``.
+    positions, Kosmos-2's sinusoidal ones: from ``padding_idx + 1``, skipping padding tokens): the packed forward
+    computes them per sequence with the module's own calls and passes them as ``position_ids``.
 
-    attr: the text model's attribute holding it; from_ids / from_embeds: its methods taking ``(input_ids,
-    padding_idx)`` / ``(inputs_embeds, padding_idx)`` of one sequence ``(1, L)`` and returning its ``(1, L)``
-    positions (with no cache).
+    attr: the text model's attribute holding it; from_ids / from_embeds: the calls computing them from ``input_ids``
+    / ``inputs_embeds`` of one sequence ``(1, L)``, returning its ``(1, L)`` positions (with no cache).
     """
 
     attr: str
-    from_ids: str
-    from_embeds: str
+    from_ids: PositionsCall
+    from_embeds: PositionsCall
 
 
-def own_positions(text: type) -> OwnPositions | None:
-    """The module of ``text`` (a text model class) whose positions default to its own methods when it is given no
-    ``position_ids`` (`OwnPositions`), or None."""
+def own_positions(text: type, depth: int = 2) -> OwnPositions | None:
+    """The module of ``text`` (a text model class) whose positions default to its own calls when it is given no
+    ``position_ids`` (`OwnPositions`), or None: an attribute of ``text``, else one of the model of one class it
+    builds (``depth`` deep: Kosmos-2's causal LM holds the transformer holding them, ``attr`` then dotted,
+    ``"model.embed_positions"``)."""
     module = importlib.import_module(text.__module__)
-    for name, classes in _assigned_classes(module, text, "__init__"):
-        methods = next((m for m in map(_own_methods, classes) if m is not None), None)
-        if methods is not None:
-            return OwnPositions(name, *methods)
-    return None
+    assigned = _assigned_classes(module, text, "__init__")
+    for name, classes in assigned:
+        calls = next((m for m in map(_own_methods, classes) if m is not None), None)
+        if calls is not None:
+            return OwnPositions(name, *calls)
+    inner = [(name, classes[0]) for name, classes in assigned if len(classes) == 1
+             and issubclass(classes[0], torch.nn.Module)] if depth > 1 else []
+    found = [(name, own) for name, cls in inner for own in [own_positions(cls, depth - 1)] if own is not None]
+    return found[0][1]._replace(attr=f"{found[0][0]}.{found[0][1].attr}") if len(found) == 1 else None
 
 
-def _own_methods(cls: type) -> tuple[str, str] | None:
-    """``(from_ids, from_embeds)`` where ``cls.forward`` reads, exactly, ``if position_ids is None: if input_ids is
-    not None: position_ids = self.<from_ids>(input_ids, self.padding_idx[, <cache length>]) else: position_ids =
-    self.<from_embeds>(inputs_embeds, self.padding_idx)``, both methods taking the cache length as an optional third
-    parameter or none; else None."""
+def _own_methods(cls: type) -> tuple[PositionsCall, PositionsCall] | None:
+    """``(from_ids, from_embeds)`` where every assignment of ``position_ids`` in ``cls.forward`` sits under ``if
+    position_ids is None`` and is one call reading ``input_ids`` or ``inputs_embeds`` (one each), ``self.padding_idx``
+    and the cache length (a parameter defaulting to 0), optionally moved ``.to(<tokens>.device)``: RoBERTa's
+    ``if position_ids is None: if input_ids is not None: position_ids = self.<from_ids>(input_ids, self.padding_idx,
+    past_key_values_length) else: ...``, Kosmos-2's ``if input_ids is not None: ... if position_ids is None: ...``
+    (4.x: a function of the module for the ids, the embeddings' method reading its own padding index); else None."""
     fn = _method(cls, "forward")
-    for node in ast.walk(fn) if fn is not None else ():
-        if not (isinstance(node, ast.If) and ast.unparse(node.test) == "position_ids is None" and len(node.body) == 1
-                and isinstance(inner := node.body[0], ast.If) and ast.unparse(inner.test) == "input_ids is not None"
-                and len(inner.body) == 1 and len(inner.orelse) == 1):
-            continue
-        calls = []
-        for statement, source in ((inner.body[0], "input_ids"), (inner.orelse[0], "inputs_embeds")):
-            value = statement.value if isinstance(statement, ast.Assign) else None
-            if not (isinstance(value, ast.Call) and isinstance(statement, ast.Assign)
-                    and [ast.unparse(t) for t in statement.targets] == ["position_ids"] and not value.keywords
-                    and _self_attr(value.func) is not None and not isinstance(value.func, ast.Subscript)
-                    and [ast.unparse(a) for a in value.args[:2]] == [source, "self.padding_idx"]):
-                return None
-            method = getattr(cls, cast(str, _self_attr(value.func)), None)
-            params = list(inspect.signature(method).parameters.values()) if callable(method) else []
-            if len(params) < 2 or any(p.default is p.empty for p in params[2:]):
-                return None
-            calls.append(cast(str, _self_attr(value.func)))
-        return calls[0], calls[1]
-    return None
+    if fn is None:
+        return None
+    params = fn.args.args[1:]
+    defaults = dict(zip([a.arg for a in params][len(params) - len(fn.args.defaults):], fn.args.defaults))
+    caches = {name for name, d in defaults.items() if isinstance(d, ast.Constant) and d.value == 0}
+    guarded = {id(n) for g in ast.walk(fn) if isinstance(g, ast.If) and ast.unparse(g.test) == "position_ids is None"
+               for b in g.body for n in ast.walk(b)}
+    assigns = [n for n in ast.walk(fn) if isinstance(n, ast.Assign)
+               and any(isinstance(t, ast.Name) and t.id == "position_ids" for t in n.targets)]
+    calls: dict[str, PositionsCall] = {}
+    for node in assigns:
+        call = _positions_call(node, caches)
+        if id(node) not in guarded or [ast.unparse(t) for t in node.targets] != ["position_ids"] or call is None:
+            return None
+        source, found = call
+        if source in calls or (found.method and not callable(getattr(cls, found.function, None))):
+            return None
+        calls[source] = found
+    return (calls["input_ids"], calls["inputs_embeds"]) if calls.keys() == {"input_ids", "inputs_embeds"} else None
+
+
+def _positions_call(node: ast.Assign, caches: set[str]) -> tuple[str, PositionsCall] | None:
+    """``(tokens source, call)`` of ``position_ids = <call>(...)[.to(<source>.device)]`` (`_own_methods`), or None."""
+    value = node.value
+    if (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "to"
+            and isinstance(value.func.value, ast.Call)):
+        value = value.func.value  # .to(input_ids.device): the device the sequence's ids are on already
+    if not isinstance(value, ast.Call) or value.keywords:
+        return None
+    method = _self_attr(value.func)
+    function = method if method is not None and not isinstance(value.func, ast.Subscript) else (
+        value.func.id if isinstance(value.func, ast.Name) else None)
+    roles = {"self.padding_idx": "padding", **dict.fromkeys(caches, "cache"),
+             "input_ids": "tokens", "inputs_embeds": "tokens"}
+    args = tuple(roles.get(ast.unparse(a), "") for a in value.args)
+    sources = [ast.unparse(a) for a in value.args if ast.unparse(a) in ("input_ids", "inputs_embeds")]
+    if function is None or "" in args or args.count("tokens") != 1 or len(sources) != 1:
+        return None
+    return sources[0], PositionsCall(function, method is not None, args)
 
 
 def _row_position_guards(fn: ast.FunctionDef) -> tuple[str, ...]:

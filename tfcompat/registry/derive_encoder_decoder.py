@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import PatchError, TfcompatError
 from . import versions
-from .derive import _built_classes, _method
+from .derive import _attention_chains, _built_classes, _layer_classes, _method
 from .records import TEXT_MODULE_ROLES, EncoderDecoderDerivation, Entry, Family
 
 __all__ = ["decoder_call", "derive", "is_encoder_decoder"]
@@ -130,6 +130,13 @@ def derive(model_type: str, version: str, top: type, text_type: str | None,
     if text_type == model_type:  # 5.9's PP-FormulaNet: its text config is of its own type
         raise refuse(f"its decoder's config is of its own type, {text_type}",
                      "the decoder is not built from a separate text family's config")
+    merged = _merged_attention(decoder_cls) if decoder_cls is not None else None
+    if merged is not None:
+        raise refuse(f"its decoder's attention {merged.__name__} is self- and cross-attention in one softmax",
+                     "its keys are the decoder's own causal prefix and the encoder states concatenated (torch.cat "
+                     "of both keys), normalized together; tfcompat's cross-attention core attends to a sequence's "
+                     "encoder states in a softmax of their own, so a packed row would differ",
+                     fix="run it unpatched, one sequence per row (padded batches)")
     try:
         text = text_entry(text_type, decoder_cls)
     except TfcompatError as exc:
@@ -330,3 +337,20 @@ def _labels_loss(top: type) -> str:
         else:
             forms.add("")
     return forms.pop() if len(forms) == 1 else ""
+
+
+def _merged_attention(decoder: type) -> type | None:
+    """The attention class of ``decoder``'s layers whose forward takes ``encoder_hidden_states`` and concatenates
+    keys computed from them onto its own (``key_states = torch.cat([key_states, cross_key_states], dim=2)``,
+    T5Gemma 2's ``T5Gemma2MergedAttention``: one softmax over self and cross keys); None where there is none."""
+    module = importlib.import_module(decoder.__module__)
+    for layer in _layer_classes(module, decoder):
+        for chain in _attention_chains(module, layer):
+            fn = _method(chain[-1], "forward")
+            params = {a.arg for a in fn.args.args + fn.args.kwonlyargs} if fn is not None else set()
+            if fn is not None and "encoder_hidden_states" in params and any(
+                    isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == ["key_states"]
+                    and isinstance(n.value, ast.Call) and ast.unparse(n.value.func) == "torch.cat"
+                    for n in ast.walk(fn)):
+                return chain[-1]
+    return None

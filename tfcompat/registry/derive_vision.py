@@ -27,7 +27,7 @@ import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -230,6 +230,7 @@ def derive(model_type: str, version: str, text_type: str | None,
     config = _default_config(key)
     placeholder = next((a for a in PLACEHOLDER_ATTRS if isinstance(getattr(config, a, None), int)), "")
     extras = _added_at_mask(text_cls)  # the owner hands them over (DeepStack), or the text model never adds them
+    written = _written_at_mask(text_cls)  # Kosmos-2's image_embeds, written into its embeddings by the text model
     inline = _added_inline(text_cls) if set(_added_inline(text_cls)) <= _keywords(owner, lm_attr) else ()
     derivation = VisionDerivation(
         model=top.__name__, hops=tuple((c.__name__, a) for c, a in hops), owner=owner.__name__,
@@ -242,7 +243,8 @@ def derive(model_type: str, version: str, text_type: str | None,
         visual_extras=extras if set(extras) <= _keywords(owner, lm_attr) else (), position_offset=offset,
         positions_locals=_positions_locals(owner, positions_call), inline_extras=inline,
         item_axes=batching.item_axes(key), batch_indices=indices, cross_states=cross,
-        mrope_axes=axes, kwargs_shared=tuple((c.__name__, path) for c, a in hops for path in _kwargs_shared(c, a)))
+        mrope_axes=axes, kwargs_shared=tuple((c.__name__, path) for c, a in hops for path in _kwargs_shared(c, a)),
+        written_at_mask=written if set(written) <= _keywords(owner, lm_attr) else ())
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
@@ -359,8 +361,9 @@ def _forwards_to(cls: type, attr: str, text_model: type | None, cross: CrossStat
     ``**kwargs`` (of a language model, the calls of a decoder-only one: those passing no ``decoder_input_ids``),
     the forward assigns no ``position_ids``, and to a language model (``text_model`` given: its class) passes
     nothing but `LANGUAGE_MODEL_KEYWORDS`, what the text model computes itself (`_text_model_computes`), features
-    it adds at masked tokens (`_added_at_mask`) and the states of its cross-attention layers (``cross``,
-    `_cross_states`)."""
+    it adds at masked tokens (`_added_at_mask`) or writes into its embeddings there (`_written_at_mask`), the states
+    of its cross-attention layers (``cross``, `_cross_states`), and the labels of a causal LM computing its own loss
+    (`_computes_loss`)."""
     fn = _method(cls, "forward")
     if fn is None:
         return f"{cls.__name__}.forward cannot be read"
@@ -388,6 +391,9 @@ def _forwards_to(cls: type, attr: str, text_model: type | None, cross: CrossStat
         # the pixels a text model embeds itself (Chameleon's VQ tokens) are its own inputs
         own = _params(text_model) if text_model is not None else set()
         added += (cross.states, cross.mask, cross.row_mask) if cross is not None and text_model is not None else ()
+        added += _written_at_mask(text_model) if text_model is not None else ()
+        if text_model is not None and keywords.get("labels") == "labels" and _computes_loss(cls, attr):
+            added += ("labels",)  # its causal LM's own shifted loss: `pack` masks each sequence's first label
         extra = sorted(k for k, v in keywords.items() if k not in LANGUAGE_MODEL_KEYWORDS and v != "None"
                        and k not in added and not (k.startswith("pixel_values") and k in own)
                        and not (text_model is not None and _text_model_computes(fn, attr, k, v, text_model)))
@@ -614,6 +620,66 @@ def _added_at_mask(text_model: type) -> tuple[str, str] | tuple[()]:
         if indexed and added:
             return call.args[1].id, call.args[2].value.id
     return ()
+
+
+def _written_at_mask(text_model: type) -> tuple[str, str] | tuple[()]:
+    """``(mask, features)``: the parameters of ``text_model.forward`` whose features it writes into the token
+    embeddings at the masked tokens, flattened in order (``embeds[mask] = features.view(-1, ...)``), itself or in a
+    method or submodule it hands them to by keyword (`_scopes`: Kosmos-2's causal LM hands them to its transformer,
+    whose ``forward_embedding`` reads ``inputs_embeds[img_input_mask.to(dtype=torch.bool)] = image_embeds.to(...)
+    .view(-1, image_embeds.size(-1))``); () where there are none. A packed row's mask and features are its
+    sequences' back to back, so each sequence's features land at its own masked tokens."""
+    for body, names in _scopes(text_model):
+        for node in ast.walk(body):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and isinstance(target := node.targets[0], ast.Subscript) and isinstance(target.value, ast.Name)
+                    and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute)
+                    and node.value.func.attr in ("view", "reshape") and node.value.args
+                    and ast.unparse(node.value.args[0]) == "-1"):
+                continue
+            masks = {names[x.id] for x in ast.walk(target.slice) if isinstance(x, ast.Name) and x.id in names}
+            features = {names[x.id] for x in ast.walk(node.value.func.value) if isinstance(x, ast.Name)
+                        and x.id in names and x.id != target.value.id}  # cast to the embeddings' dtype: not read
+            if len(masks) == 1 and len(features) == 1 and masks != features:
+                return next(iter(masks)), next(iter(features))
+    return ()
+
+
+def _scopes(cls: type, names: dict[str, str] | None = None, depth: int = 3) -> list[tuple[ast.FunctionDef,
+                                                                                          dict[str, str]]]:
+    """``(function, {its parameter: the top forward's parameter handed to it})`` for ``cls.forward`` and, by
+    keyword, each method of ``cls`` it calls and each submodule of one class its ``__init__`` builds, ``depth`` deep.
+    """
+    fn = _method(cls, "forward")
+    if fn is None:
+        return []
+    params = {a.arg for a in fn.args.args[1:] + fn.args.kwonlyargs}
+    names = {p: p for p in params} if names is None else names
+    found = [(fn, names)]
+    module = importlib.import_module(cls.__module__)
+    for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and ast.unparse(n.func.value) == "self"):
+        attr = cast(ast.Attribute, call.func).attr
+        handed = {k.arg: names[k.value.id] for k in call.keywords if k.arg is not None
+                  and isinstance(k.value, ast.Name) and k.value.id in names}
+        method = _method(cls, attr) if inspect.isfunction(getattr(cls, attr, None)) else None
+        built = _built_classes(module, cls, "__init__", attr=attr) if method is None else []
+        if method is not None and attr != "forward":
+            found.append((method, handed))
+        elif len(built) == 1 and depth > 1 and handed:
+            found += _scopes(built[0], handed, depth - 1)
+    return found
+
+
+def _computes_loss(cls: type, attr: str) -> bool:
+    """Whether the one class ``cls.__init__`` builds as ``self.attr`` computes its loss from the labels it is given
+    as a causal LM does (``self.loss_function(logits=..., labels=labels, ...)``: shifted over the row, Kosmos-2's
+    text model)."""
+    built = _built_classes(importlib.import_module(cls.__module__), cls, "__init__", attr=attr)
+    fn = _method(built[0], "forward") if len(built) == 1 else None
+    return fn is not None and any(
+        isinstance(n, ast.Call) and ast.unparse(n.func) == "self.loss_function"
+        and any(k.arg == "labels" and ast.unparse(k.value) == "labels" for k in n.keywords) for n in ast.walk(fn))
 
 
 def _added_inline(text_model: type) -> tuple[str, str] | tuple[()]:

@@ -248,7 +248,11 @@ class VisionDerivation:
     kwargs_shared: ``(class, path)`` of each call ``self.<path>(..., **kwargs)`` that a class of ``hops`` spreads the
     ``**kwargs`` carrying the position ids into besides the next hop (InstructBLIP-Video's ``get_video_features``: a
     method of the class, or a submodule it builds); a packed row's per-token keys are kept from them
-    (`tfcompat.hf.vision.shared_kwargs`), as stock per sequence hands them none.
+    (`tfcompat.hf.vision.shared_kwargs`), as stock per sequence hands them none;
+    written_at_mask: ``(mask, features)``, the parameters of the text model's forward whose features it writes into
+    its own token embeddings at the masked tokens, in order (Kosmos-2's ``image_embeds`` at
+    ``image_embeds_position_mask``): a packed row's mask is its sequences' masks back to back, its features theirs
+    in order, and `tfcompat.embed_inputs` refuses (embeddings computed outside carry no image).
     """
 
     model: str
@@ -274,6 +278,7 @@ class VisionDerivation:
     mrope_axes: str = ""
     cross_states: CrossStates | None = None
     kwargs_shared: tuple[tuple[str, str], ...] = ()
+    written_at_mask: tuple[str, str] | tuple[()] = ()
 
 
 @dataclass(frozen=True)
