@@ -130,6 +130,39 @@ RECIPES: dict[str, Recipe] = {
         image_processor_class="GotOcr2ImageProcessor"),
     "idefics3": _IDEFICS3,
     "smolvlm": _IDEFICS3,
+    "gemma4": Recipe(
+        tokens={"<|image|>": "image_token_id", "<|image>": "boi_token_id", "<image|>": "eoi_token_id",
+                "<|video|>": "video_token_id", "<|audio|>": "audio_token_id", "<|audio>": "boa_token_id",
+                "<audio|>": "eoa_token_index"},
+        # the processor refuses any input while the tokenizer names no audio start / end (its condition's precedence)
+        extra={"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
+               "audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>"}, prompt="<|image|>",
+        # 8 x 8 patches pooled 3 x 3; 70 soft tokens at most, the fewest the image processor takes
+        image={"patch_size": 8, "pooling_kernel_size": 3, "max_soft_tokens": 70},
+        video={"patch_size": 8, "pooling_kernel_size": 3, "max_soft_tokens": 70, "do_sample_frames": False},
+        video_prompt="<|video|>"),
+    "deepseek_vl": Recipe(
+        tokens={"<image_placeholder>": "image_token_id"}, extra={"image_token": "<image_placeholder>"},
+        prompt="<image_placeholder>", image={"size": {"height": 32, "width": 32}, "min_size": 8},
+        processor={"num_image_tokens": 16}),
+    "janus": Recipe(
+        tokens={"<image_placeholder>": "image_token_id", "<begin_of_image>": None, "<end_of_image>": None},
+        extra={"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"},
+        prompt="<image_placeholder>", image={"size": {"height": 32, "width": 32}, "min_size": 8},
+        processor={"num_image_tokens": 16}),
+    "ovis2": Recipe(
+        tokens={"<IMG_ATOM>": "image_token_id", "<image>": None, "<IMG_START>": "visual_indicator_token_ids[0]",
+                "<IMG_GRID>": "visual_indicator_token_ids[1]", "<IMG_COL>": "visual_indicator_token_ids[2]",
+                "<IMG_ROW>": "visual_indicator_token_ids[3]", "<IMG_END>": "visual_indicator_token_ids[4]"},
+        prompt="<image>",
+        # 32 x 32 tiles of 8 x 8 patches (the tiny visual tokenizer's hidden stride 1): 16 tokens a tile, up to 4
+        image={"size": {"height": 32, "width": 32}, "crop_to_patches": True, "max_patches": 4},
+        processor={"image_seq_length": 16}),
+    "paddleocr_vl": Recipe(
+        tokens=_QWEN_TOKENS, prompt="<|vision_start|><|image_pad|><|vision_end|>",
+        extra={"image_token": "<|image_pad|>"},
+        image={"patch_size": 8, "merge_size": 2, "temporal_patch_size": 1,
+               "size": {"shortest_edge": 16 * 16, "longest_edge": 64 * 64}}),
     # torchvision-only image processors on 5.x (`needs_torchvision` in tests/test_processors.py):
     "lfm2_vl": Recipe(
         tokens={"<image>": "image_token_id", "<|image_start|>": None, "<|image_end|>": None,
@@ -178,6 +211,10 @@ def image(height: int, width: int, seed: int) -> Any:
 def token_id(config: Any, attr: str | None) -> int | None:
     """The id ``config`` names ``attr``, on the model config or its text config; None where neither names one (4.53's
     Qwen2.5-VL config names no vision start / end ids: the token then takes a free id)."""
+    if attr is not None and attr.endswith("]"):  # "name[i]": the i-th of a list of ids (Ovis2's visual indicators)
+        name, index = attr[:-1].split("[")
+        ids = token_id(config, name)
+        return None if ids is None else ids[int(index)]
     value = None if attr is None else getattr(config, attr, None)
     return value if value is not None or attr is None else getattr(config.get_text_config(), attr, None)
 
@@ -216,15 +253,12 @@ def _tokenizer_files(config: Any, recipe: Recipe, folder: str) -> None:
 
 
 @contextlib.contextmanager
-def _without_video_processor_check() -> Iterator[None]:
-    """transformers 5.x checks an absent video processor's class by name, which fails when torchvision is missing
-    (the class is then a placeholder): the check is skipped while a processor is built without one."""
+def _absent_parts_unchecked() -> Iterator[None]:
+    """transformers 5.x checks each part of a processor by class, an absent one (None) too: a video processor without
+    torchvision (the class is then a placeholder), the audio feature extractor of a processor built here for images
+    (Gemma 4). The check is skipped for absent parts while a processor is built."""
     from transformers import processing_utils
-    from transformers.utils import is_torchvision_available
 
-    if is_torchvision_available():
-        yield
-        return
     original = processing_utils.ProcessorMixin.check_argument_for_proper_class
 
     def check(self: Any, name: str, argument: Any) -> Any:
@@ -263,7 +297,9 @@ def build(model: torch.nn.Module) -> Any:
     cls = getattr(transformers, PROCESSOR_MAPPING_NAMES[config.model_type])
     takes_videos = "video_processor" in inspect.signature(cls.__init__).parameters
     extra = {"video_processor": video_processor} if takes_videos else {}
-    with _without_video_processor_check():
+    if "feature_extractor" in inspect.signature(cls.__init__).parameters:  # an audio tower's (Gemma 4): none here
+        extra["feature_extractor"] = None
+    with _absent_parts_unchecked():
         return cls(image_processor=image_processor, tokenizer=tokenizer, **extra, **recipe.processor)
 
 
