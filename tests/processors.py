@@ -42,8 +42,11 @@ class Recipe:
     image_processor_class: where ``AutoImageProcessor`` does not know the family (InternVL on 4.x).
     images_required: the processor refuses text alone (PaliGemma): a text-only sample is its tokenizer's output.
     video: video processor arguments where the processor takes videos (its class by ``AutoVideoProcessor``, a
-    torchvision one on 5.x) and the family packs them: `samples` then adds text around a short video; None: none.
+    torchvision one) and the family packs them: `samples` then adds text around a short video where torchvision is
+    installed (the images alone without it); None: none.
     video_prompt: the text that stands for one video.
+    call: processor call arguments (``return_mm_token_type_ids`` where the model needs them and the processor returns
+    none by default: Cosmos3 Edge).
     """
 
     tokens: dict[str, str | None]
@@ -56,6 +59,7 @@ class Recipe:
     images_required: bool = False
     video: dict[str, Any] | None = None
     video_prompt: str = ""
+    call: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 _QWEN_TOKENS: dict[str, str | None] = {"<|image_pad|>": "image_token_id", "<|video_pad|>": "video_token_id",
@@ -86,7 +90,8 @@ RECIPES: dict[str, Recipe] = {
     "llava_onevision": Recipe(
         tokens={"<image>": "image_token_index", "<video>": "video_token_index"}, prompt="<image>",
         image={"size": {"height": 32, "width": 32}, "image_grid_pinpoints": [[32, 32]]},
-        processor={"num_image_tokens": 16, "vision_feature_select_strategy": "full"}),
+        processor={"num_image_tokens": 16, "vision_feature_select_strategy": "full"},
+        video={"size": {"height": 32, "width": 32}, "do_sample_frames": False}, video_prompt="<video>"),
     "llava_next": Recipe(
         tokens={"<image>": "image_token_index"}, prompt="<image>",
         image={"size": {"shortest_edge": 32}, "crop_size": {"height": 32, "width": 32},
@@ -99,7 +104,8 @@ RECIPES: dict[str, Recipe] = {
         prompt="<IMG_CONTEXT>",
         # 32 x 32 tiles, the image cropped into up to 4 of them plus its thumbnail; 4 tokens a tile
         image={"size": {"height": 32, "width": 32}, "crop_to_patches": True, "max_patches": 4},
-        processor={"image_seq_length": 4}, image_processor_class="GotOcr2ImageProcessor"),
+        processor={"image_seq_length": 4}, image_processor_class="GotOcr2ImageProcessor",
+        video={"size": {"height": 32, "width": 32}, "do_sample_frames": False}, video_prompt="<video>"),
     "gemma3": Recipe(
         tokens={"<image_soft_token>": "image_token_index", "<start_of_image>": "boi_token_index",
                 "<end_of_image>": "eoi_token_index"},
@@ -163,6 +169,11 @@ RECIPES: dict[str, Recipe] = {
         extra={"image_token": "<|image_pad|>"},
         image={"patch_size": 8, "merge_size": 2, "temporal_patch_size": 1,
                "size": {"shortest_edge": 16 * 16, "longest_edge": 64 * 64}}),
+    "cosmos3_edge": Recipe(
+        tokens=_QWEN_TOKENS, prompt="<|vision_start|><|image_pad|><|vision_end|>",
+        image={**_QWEN_IMAGE, "temporal_patch_size": 1},  # one frame a patch
+        video={**_QWEN_IMAGE, "temporal_patch_size": 1, "do_sample_frames": False, "return_metadata": True},
+        call={"return_mm_token_type_ids": True}, video_prompt="<|vision_start|><|video_pad|><|vision_end|>"),
     # torchvision-only image processors on 5.x (`needs_torchvision` in tests/test_processors.py):
     "lfm2_vl": Recipe(
         tokens={"<image>": "image_token_id", "<|image_start|>": None, "<|image_end|>": None,
@@ -277,6 +288,7 @@ def build(model: torch.nn.Module) -> Any:
     from tokenizers import AddedToken
     from transformers import AutoImageProcessor, AutoTokenizer
     from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+    from transformers.utils import is_torchvision_available
 
     config: Any = model.config
     recipe = RECIPES[config.model_type]
@@ -284,7 +296,8 @@ def build(model: torch.nn.Module) -> Any:
         _tokenizer_files(config, recipe, folder)
         tokenizer = AutoTokenizer.from_pretrained(folder)
         image_processor = AutoImageProcessor.from_pretrained(folder, **recipe.image)
-        video_processor = None if recipe.video is None else _video_processor(folder, recipe.video)
+        video_processor = (_video_processor(folder, recipe.video)
+                           if recipe.video is not None and is_torchvision_available() else None)
     for key, value in recipe.image.items():  # 4.x image processors drop arguments they have no parameter for
         if not hasattr(image_processor, key):
             setattr(image_processor, key, value)
@@ -304,15 +317,15 @@ def build(model: torch.nn.Module) -> Any:
 
 
 def torchvision_classes(model_type: str) -> list[str]:
-    """The classes of ``model_type``'s recipe that exist only with torchvision on the installed transformers: its image
-    processor where the auto mapping names no PIL one (5.x: ``{"torchvision": ...}`` alone; 4.x maps a slow class
-    first), and its video processor (5.x video processors are torchvision classes)."""
+    """The image processor of ``model_type``'s recipe where it exists only with torchvision on the installed
+    transformers: the auto mapping names no PIL one (5.x: ``{"torchvision": ...}`` alone; 4.x maps a slow class first).
+    (A video processor is a torchvision class too: without torchvision the recipe's video sample is left out.)"""
     from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 
     recipe = RECIPES[model_type]
     names = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
     only = (isinstance(names, dict) and "pil" not in names and recipe.image_processor_class is None)
-    return ([names["torchvision"]] if only else []) + (["its video processor"] if recipe.video is not None else [])
+    return [names["torchvision"]] if only else []
 
 
 def _video_processor(folder: str, arguments: dict[str, Any]) -> Any:
@@ -330,18 +343,18 @@ def video(frames: int, height: int, width: int, seed: int) -> Any:
 
 def samples(processor: Any, model_type: str, seed: int = 0) -> list[Any]:
     """Three samples processed one at a time (``return_tensors='pt'``): text around a 37 x 53 image, text alone,
-    text around a 64 x 48 image and text around the 37 x 53 one again; where the recipe takes videos a fourth, text
-    around a two-frame 40 x 30 video."""
+    text around a 64 x 48 image and text around the 37 x 53 one again; where the processor has a video processor
+    (`build`: the recipe takes videos, torchvision is installed) a fourth, text around a two-frame 40 x 30 video."""
     recipe = RECIPES[model_type]
     prompt = recipe.prompt
     one = processor(text=[f"{text(seed, 3)} {prompt} {text(seed + 1, 2)}"], images=[image(37, 53, seed)],
-                    return_tensors="pt")
+                    return_tensors="pt", **recipe.call)
     alone = (processor.tokenizer if RECIPES[model_type].images_required else processor)(
-        text=[text(seed + 2, 5)], return_tensors="pt")
+        text=[text(seed + 2, 5)], return_tensors="pt", **({} if recipe.images_required else recipe.call))
     two = processor(text=[f"{text(seed + 3, 2)} {prompt} {text(seed + 4, 2)} {prompt} {text(seed + 5, 1)}"],
-                    images=[image(64, 48, seed + 6), image(37, 53, seed + 7)], return_tensors="pt")
-    if recipe.video is None:
+                    images=[image(64, 48, seed + 6), image(37, 53, seed + 7)], return_tensors="pt", **recipe.call)
+    if getattr(processor, "video_processor", None) is None:
         return [one, alone, two]
     clip = processor(text=[f"{text(seed + 8, 2)} {recipe.video_prompt} {text(seed + 9, 3)}"],
-                     videos=[video(2, 40, 30, seed + 10)], return_tensors="pt")
+                     videos=[video(2, 40, 30, seed + 10)], return_tensors="pt", **recipe.call)
     return [one, alone, two, clip]
