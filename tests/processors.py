@@ -174,6 +174,17 @@ RECIPES: dict[str, Recipe] = {
         image={**_QWEN_IMAGE, "temporal_patch_size": 1},  # one frame a patch
         video={**_QWEN_IMAGE, "temporal_patch_size": 1, "do_sample_frames": False, "return_metadata": True},
         call={"return_mm_token_type_ids": True}, video_prompt="<|vision_start|><|video_pad|><|vision_end|>"),
+    "minicpmv4_6": Recipe(
+        tokens={"<|image_pad|>": "image_token_id", "<|video_pad|>": "video_token_id", "<image>": None,
+                "</image>": None, "<slice>": None, "</slice>": None, "<image_id>": None, "</image_id>": None},
+        extra={"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "image_start_token": "<image>",
+               "image_end_token": "</image>", "slice_start_token": "<slice>", "slice_end_token": "</slice>",
+               "image_id_start_token": "<image_id>", "image_id_end_token": "</image_id>"},
+        prompt="<|image_pad|>",
+        # 32 x 32 slices of 8 x 8 patches, 4 x 4 merged ("16x"): one token a slice, up to 4 slices and the overview
+        image={"patch_size": 8, "scale_resolution": 32, "max_slice_nums": 4},
+        video={"patch_size": 8, "scale_resolution": 32, "max_slice_nums": 1, "do_sample_frames": False},
+        video_prompt="<|video_pad|>", tokenizer_class="PreTrainedTokenizerFast"),
     # torchvision-only image processors on 5.x (`needs_torchvision` in tests/test_processors.py):
     "lfm2_vl": Recipe(
         tokens={"<image>": "image_token_id", "<|image_start|>": None, "<|image_end|>": None,
@@ -190,6 +201,16 @@ RECIPES: dict[str, Recipe] = {
         # 32 x 32 tiles of 8 x 8 patches, pixel-shuffled by 0.5: 4 tokens a tile, up to 4 tiles and the global one
         image={"size": {"height": 32, "width": 32}, "max_patches": 4},
         processor={"patch_size": 8, "pixel_shuffle_ratio": 0.5}, tokenizer_class="PreTrainedTokenizerFast"),
+    "kimi_k25": Recipe(
+        tokens={"<|media_pad|>": "image_token_id", "<|kimi_k25_video_placeholder|>": "video_token_id",
+                "<|media_begin|>": "vision_start_token_id", "<|media_end|>": "vision_end_token_id",
+                "<|media_content|>": None},
+        prompt="<|media_begin|>image<|media_content|><|media_pad|><|media_end|>",
+        # 8 x 8 patches merged 2 x 2, at most 64 x 64 pixels
+        image={"patch_size": 8, "merge_size": 2, "size": {"max_height": 64, "max_width": 64}, "max_patches": 64},
+        video={"patch_size": 8, "merge_size": 2, "size": {"max_height": 32, "max_width": 32}, "max_patches": 16,
+               "do_sample_frames": False, "return_metadata": True},
+        video_prompt="<|kimi_k25_video_placeholder|>", tokenizer_class="PreTrainedTokenizerFast"),
     "perception_lm": Recipe(
         tokens={"<|image|>": "image_token_id", "<|video|>": "video_token_id"},
         extra={"image_token": "<|image|>", "video_token": "<|video|>"}, prompt="<|image|>",
