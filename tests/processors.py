@@ -211,6 +211,19 @@ RECIPES: dict[str, Recipe] = {
         video={"patch_size": 8, "merge_size": 2, "size": {"max_height": 32, "max_width": 32}, "max_patches": 16,
                "do_sample_frames": False, "return_metadata": True},
         video_prompt="<|kimi_k25_video_placeholder|>", tokenizer_class="PreTrainedTokenizerFast"),
+    "cohere2_vision": Recipe(
+        tokens={"<|IMG_PATCH|>": "image_token_id", "<|START_OF_IMG|>": None, "<|END_OF_IMG|>": None,
+                "<|IMG_LINE_BREAK|>": None},
+        extra={"image_token": "<|IMG_PATCH|>", "boi_token": "<|START_OF_IMG|>", "eoi_token": "<|END_OF_IMG|>",
+               "img_line_break_token": "<|IMG_LINE_BREAK|>"},
+        prompt="<|IMG_PATCH|>",
+        # 32 x 32 tiles of 8 x 8 patches, pixel-shuffled 2 x 2: 2 x 2 tokens a tile (the processor's `patch_size`)
+        image={"size": {"height": 32, "width": 32}, "max_patches": 4, "patch_size": 2},
+        tokenizer_class="PreTrainedTokenizerFast"),
+    "minimax_m3_vl": Recipe(
+        tokens={"]<]image[>[": "image_token_index", "]<]video[>[": "video_token_index", "]<]start of image[>[": None,
+                "]<]end of image[>[": None},
+        prompt="]<]image[>[", image=_QWEN_IMAGE, tokenizer_class="PreTrainedTokenizerFast"),
     "perception_lm": Recipe(
         tokens={"<|image|>": "image_token_id", "<|video|>": "video_token_id"},
         extra={"image_token": "<|image|>", "video_token": "<|video|>"}, prompt="<|image|>",
