@@ -45,6 +45,7 @@ class Recipe:
     torchvision one) and the family packs them: `samples` then adds text around a short video where torchvision is
     installed (the images alone without it); None: none.
     video_prompt: the text that stands for one video.
+    video_required: the processor reads its video processor when built (MiniCPM-V 4.6): none builds without torchvision.
     call: processor call arguments (``return_mm_token_type_ids`` where the model needs them and the processor returns
     none by default: Cosmos3 Edge).
     """
@@ -59,6 +60,7 @@ class Recipe:
     images_required: bool = False
     video: dict[str, Any] | None = None
     video_prompt: str = ""
+    video_required: bool = False
     call: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -184,7 +186,7 @@ RECIPES: dict[str, Recipe] = {
         # 32 x 32 slices of 8 x 8 patches, 4 x 4 merged ("16x"): one token a slice, up to 4 slices and the overview
         image={"patch_size": 8, "scale_resolution": 32, "max_slice_nums": 4},
         video={"patch_size": 8, "scale_resolution": 32, "max_slice_nums": 1, "do_sample_frames": False},
-        video_prompt="<|video_pad|>", tokenizer_class="PreTrainedTokenizerFast"),
+        video_prompt="<|video_pad|>", video_required=True, tokenizer_class="PreTrainedTokenizerFast"),
     # torchvision-only image processors on 5.x (`needs_torchvision` in tests/test_processors.py):
     "lfm2_vl": Recipe(
         tokens={"<image>": "image_token_id", "<|image_start|>": None, "<|image_end|>": None,
@@ -351,15 +353,16 @@ def build(model: torch.nn.Module) -> Any:
 
 
 def torchvision_classes(model_type: str) -> list[str]:
-    """The image processor of ``model_type``'s recipe where it exists only with torchvision on the installed
-    transformers: the auto mapping names no PIL one (5.x: ``{"torchvision": ...}`` alone; 4.x maps a slow class first).
-    (A video processor is a torchvision class too: without torchvision the recipe's video sample is left out.)"""
+    """The classes of ``model_type``'s recipe that exist only with torchvision on the installed transformers: its image
+    processor where the auto mapping names no PIL one (5.x: ``{"torchvision": ...}`` alone; 4.x maps a slow class
+    first), and its video processor where the processor needs one to be built (`Recipe.video_required`; otherwise
+    the recipe's video sample is left out without torchvision)."""
     from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 
     recipe = RECIPES[model_type]
     names = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
     only = (isinstance(names, dict) and "pil" not in names and recipe.image_processor_class is None)
-    return [names["torchvision"]] if only else []
+    return ([names["torchvision"]] if only else []) + (["its video processor"] if recipe.video_required else [])
 
 
 def _video_processor(folder: str, arguments: dict[str, Any]) -> Any:
