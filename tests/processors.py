@@ -157,7 +157,7 @@ RECIPES: dict[str, Recipe] = {
         tokens={"<image_placeholder>": "image_token_id", "<begin_of_image>": None, "<end_of_image>": None},
         extra={"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"},
         prompt="<image_placeholder>", image={"size": {"height": 32, "width": 32}, "min_size": 8},
-        processor={"num_image_tokens": 16}),
+        processor={"num_image_tokens": 16}, image_processor_class="JanusImageProcessor"),  # 4.53 maps it as "J"
     "ovis2": Recipe(
         tokens={"<IMG_ATOM>": "image_token_id", "<image>": None, "<IMG_START>": "visual_indicator_token_ids[0]",
                 "<IMG_GRID>": "visual_indicator_token_ids[1]", "<IMG_COL>": "visual_indicator_token_ids[2]",
@@ -165,7 +165,7 @@ RECIPES: dict[str, Recipe] = {
         prompt="<image>",
         # 32 x 32 tiles of 8 x 8 patches (the tiny visual tokenizer's hidden stride 1): 16 tokens a tile, up to 4
         image={"size": {"height": 32, "width": 32}, "crop_to_patches": True, "max_patches": 4},
-        processor={"image_seq_length": 16}),
+        processor={"image_seq_length": 16}, tokenizer_class="PreTrainedTokenizerFast"),  # 4.57 maps no tokenizer
     "paddleocr_vl": Recipe(
         tokens=_QWEN_TOKENS, prompt="<|vision_start|><|image_pad|><|vision_end|>",
         extra={"image_token": "<|image_pad|>"},
@@ -357,12 +357,23 @@ def torchvision_classes(model_type: str) -> list[str]:
     processor where the auto mapping names no PIL one (5.x: ``{"torchvision": ...}`` alone; 4.x maps a slow class
     first), and its video processor where the processor needs one to be built (`Recipe.video_required`; otherwise
     the recipe's video sample is left out without torchvision)."""
+    import transformers
     from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 
     recipe = RECIPES[model_type]
     names = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
-    only = (isinstance(names, dict) and "pil" not in names and recipe.image_processor_class is None)
-    return ([names["torchvision"]] if only else []) + (["its video processor"] if recipe.video_required else [])
+    needed = []
+    if recipe.image_processor_class is None and isinstance(names, dict) and "pil" not in names:
+        needed.append(names["torchvision"])
+    elif recipe.image_processor_class is None and isinstance(names, tuple):
+        # 4.x without torchvision: the fast slot emptied, the slow one named after the fast class where none exists
+        try:
+            slow = names[0] and getattr(transformers, names[0])
+        except (AttributeError, ValueError):
+            slow = None
+        if not slow:
+            needed.append(f"{model_type}'s image processor (a fast class)")
+    return needed + (["its video processor"] if recipe.video_required else [])
 
 
 def _video_processor(folder: str, arguments: dict[str, Any]) -> Any:
