@@ -38,6 +38,7 @@ from tfcompat.tiny_models import (
     TinyModelError,
     attention_implementations,
     encoder_decoder_examples,
+    requires_images,
     special_token_ids,
     tiny_image,
     tiny_model,
@@ -447,8 +448,7 @@ def token_types_needed(model: torch.nn.Module) -> tuple[str, ...]:
 
 
 def _requires_images(model: torch.nn.Module) -> bool:
-    param = inspect.signature(model.forward).parameters.get("pixel_values")
-    return param is not None and param.default is inspect.Parameter.empty
+    return requires_images(model)
 
 
 def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> Outcome:

@@ -32,9 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Kind", "TinyImage", "TinyModelError", "attention_implementations", "encoder_decoder_examples", "model_class_name",
-    "model_types",
-    "sample_examples", "shrunk_config", "special_token_ids", "tiny_config", "tiny_copy", "tiny_image", "tiny_model",
-    "tiny_video",
+    "model_types", "requires_images", "sample_examples", "shrunk_config", "special_token_ids", "tiny_config",
+    "tiny_copy", "tiny_image", "tiny_model", "tiny_video",
 ]
 
 Kind = Literal["causal_lm", "image_text_to_text"]
@@ -396,7 +395,54 @@ def _built(model_type: str, cls: Any, config: PretrainedConfig, attn_implementat
                 p.normal_(0.0, 0.02)
     model = model.float().eval()
     _AFTER_BUILD.get(model_type, lambda m: None)(model)
+    _mark_written_images(model)
     return model
+
+
+def requires_images(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s stock forward runs no text alone: it requires ``pixel_values`` by its signature (BLIP-2),
+    or raises asking for them given text alone (Kosmos-2: ``You have to specify either pixel_values or
+    image_embeds``; one forward of two tokens, no gradients)."""
+    import inspect
+
+    import torch
+
+    param = inspect.signature(model.forward).parameters.get("pixel_values")
+    if param is None:
+        return False
+    if param.default is inspect.Parameter.empty:
+        return True
+    config: Any = model.config  # a transformers PreTrainedConfig
+    ids = torch.tensor([[i for i in range(config.get_text_config().vocab_size) if i not in special_token_ids(config)
+                         ][:2]])
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+    except ValueError as exc:
+        return "pixel_values" in str(exc)
+    except Exception:  # noqa: BLE001 -- any other failure is not the forward asking for images
+        return False
+    return False
+
+
+def _mark_written_images(model: torch.nn.Module) -> None:
+    """A model given where to write its images by a mask (Kosmos-2's ``image_embeds_position_mask``, `_image_mask`)
+    names no placeholder id: ``config.image_token_id`` (which such a model does not read) gets a free id of the tiny
+    vocab, so that the zoo's rows mark the image's tokens with it and sampled text avoids it."""
+    config: Any = model.config
+    if _image_mask(model) is None or _image_token_id(config) is not None:
+        return
+    used = special_token_ids(config)
+    config.image_token_id = next(i for i in range(config.get_text_config().vocab_size - 1, -1, -1) if i not in used)
+
+
+def _image_mask(model: torch.nn.Module) -> str | None:
+    """The forward's one ``*_position_mask`` parameter, where the text model writes the image features at the
+    tokens it marks (Kosmos-2's ``image_embeds_position_mask``); None for none."""
+    import inspect
+
+    names = [n for n in inspect.signature(model.forward).parameters if n.endswith("_position_mask")]
+    return names[0] if len(names) == 1 else None
 
 
 def _eager_towers(config: PretrainedConfig, attn_implementation: str) -> dict[str, str] | None:
@@ -429,8 +475,7 @@ def sample_examples(model: torch.nn.Module, lengths: tuple[int, ...], images: bo
         {"input_ids": allowed[torch.randint(len(allowed), (n,), generator=gen)][None]} for n in lengths]
     # a text model the image-text-to-text mapping lists (5.24's Mistral 4) takes text alone
     images = images and (getattr(config, "vision_config", None) is not None or _image_token_id(config) is not None)
-    pixels = inspect.signature(model.forward).parameters.get("pixel_values")
-    required = pixels is not None and pixels.default is inspect.Parameter.empty  # BLIP-2 runs no text alone
+    required = requires_images(model)  # BLIP-2, Kosmos-2 run no text alone
     for i in (range(len(lengths)) if required else sorted({0, len(lengths) - 1})) if images else ():
         image = tiny_image(model, seed=i)
         ids = examples[i]["input_ids"]  # (1, L): text, the image's placeholders, text
@@ -554,8 +599,12 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
             ids = torch.randint(vocab, (1, 5), generator=g)
             mask = {name.removesuffix("input_ids") + "attention_mask": torch.ones_like(ids)}
             layouts = [{**layout, name: ids, **{k: v for k, v in mask.items() if k in params}} for layout in layouts]
-    return _first_fit(config.model_type, kind, features, layouts, hidden, token_id,
-                      lambda layout: _required_from_config(features, config, layout))
+    image = _first_fit(config.model_type, kind, features, layouts, hidden, token_id,
+                       lambda layout: _required_from_config(features, config, layout))
+    written = _image_mask(model)
+    if written is None:
+        return image
+    return image._replace(per_token=lambda ids: {written: (ids == token_id).long()})  # (1, L): 1 at the image's tokens
 
 
 def tiny_video(model: torch.nn.Module, seed: int = 0) -> TinyImage:
