@@ -139,7 +139,12 @@ def vision_placeholder(config: Any, kind: str, grid: tuple[int, int, int]) -> li
 
 
 def _first(config: Any, *names: str) -> int:
-    return next(getattr(config, n) for n in names if getattr(config, n, None) is not None)
+    """The first of the config attributes ``names`` that is set (`ValueError` naming them where none is: 4.53's
+    Qwen2-VL config has no vision start token id, which its own rope index reads)."""
+    for name in names:
+        if getattr(config, name, None) is not None:
+            return getattr(config, name)
+    raise ValueError(f"{type(config).__name__} sets none of {', '.join(names)}")
 
 
 def stock_inputs(r: Resolved, model: torch.nn.Module, seq: Sequence) -> dict[str, Any]:
