@@ -558,6 +558,7 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
     `(1, 1, C, S, S)` (Idefics3 style). The forward's and `get_image_features`' parameters say which apply.
     The placeholder count is what `get_image_features` returns, in rows of the text hidden size.
     """
+    import functools
     import inspect
 
     import torch
@@ -568,8 +569,8 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
     if token_id is None and _video_token_id(config) is not None:  # a video model whose pixel values are frames
         token_id, kind = _video_token_id(config), "video"  # (InstructBLIP-Video): a one-frame video is the image
     vision = _image_tower_config(config)
-    features = getattr(model, f"get_{kind}_features", None) or getattr(getattr(model, "model", None),
-                                                                      f"get_{kind}_features", None)
+    candidates = _feature_functions(model, kind)
+    features = candidates[0] if candidates else None
     if token_id is None and vision is not None and features is None and "pixel_values" in inspect.signature(
             model.forward).parameters:
         return _prepended(model, _layouts(vision, {}, torch.Generator().manual_seed(seed)))
@@ -599,8 +600,17 @@ def tiny_image(model: torch.nn.Module, seed: int = 0) -> TinyImage:
             ids = torch.randint(vocab, (1, 5), generator=g)
             mask = {name.removesuffix("input_ids") + "attention_mask": torch.ones_like(ids)}
             layouts = [{**layout, name: ids, **{k: v for k, v in mask.items() if k in params}} for layout in layouts]
-    image = _first_fit(config.model_type, kind, features, layouts, hidden, token_id,
-                       lambda layout: _required_from_config(features, config, layout))
+    first = _unpacks_features(model, kind)
+    failures: list[TinyModelError] = []
+    for fn in candidates:  # the model's own first; the one its forward reaches where the model's does not run
+        try:
+            image = _first_fit(config.model_type, kind, fn, layouts, hidden, token_id,
+                               functools.partial(_required_from_config, fn, config), first=first)
+            break
+        except TinyModelError as exc:
+            failures.append(exc)
+    else:
+        raise failures[0]
     written = _image_mask(model)
     if written is None:
         return image
@@ -705,9 +715,10 @@ def _cross_image(model: torch.nn.Module, cross: Any, token_id: int, layouts: lis
 
 
 def _first_fit(model_type: str, kind: str, features: Callable[..., Any], layouts: list[dict[str, Any]], hidden: int,
-               token_id: int, extra: Callable[[dict[str, Any]], dict[str, Any]]) -> TinyImage:
+               token_id: int, extra: Callable[[dict[str, Any]], dict[str, Any]], *, first: bool = False) -> TinyImage:
     """The first of ``layouts`` whose ``get_{kind}_features`` output is whole rows of the text hidden size; the
-    placeholder count is the number of rows. Raises `TinyModelError` with every layout's reason."""
+    placeholder count is the number of rows (of the output's first element where ``first``: `_unpacks_features`).
+    Raises `TinyModelError` with every layout's reason."""
     import torch
 
     reasons = []
@@ -718,11 +729,64 @@ def _first_fit(model_type: str, kind: str, features: Callable[..., Any], layouts
         except Exception as exc:  # noqa: BLE001 -- the next layout may fit
             reasons.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:120])
             continue
+        if first and isinstance(out, (tuple, list)) and out:
+            out = out[0]
         numel = sum(t.numel() for t in _tensors(out))
         if numel and numel % hidden == 0:
             return TinyImage(layout, token_id, numel // hidden)
         reasons.append(f"get_{kind}_features gave {numel} values, not rows of {hidden}")
     raise _error(model_type, f"no {kind} layout fits its get_{kind}_features", supported="; ".join(reasons))
+
+
+def _feature_functions(model: torch.nn.Module, kind: str) -> list[Callable[..., Any]]:
+    """The ``get_{kind}_features`` to count an image's placeholders with, in order: the model's own; its inner
+    model's (``model.model``: the one the forward reaches, where the outer one passes it arguments it does not take,
+    as 4.57's GOT-OCR2 does); the base model class's of its type (``AutoModel``'s: 4.57's ``Kosmos2Model``), bound to
+    ``model`` where the model's class has none but holds every attribute that function reads (the same vision tower
+    and projection, which its forward runs inline)."""
+    import inspect
+    import re
+    import types
+
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    name = f"get_{kind}_features"
+    found = [getattr(model, name, None), getattr(getattr(model, "model", None), name, None)]
+    config: Any = model.config
+    base = getattr(transformers, str(modeling_auto.MODEL_MAPPING_NAMES.get(config.model_type)), None)
+    unbound = getattr(base, name, None)
+    if found[0] is None and isinstance(base, type) and not isinstance(model, base) and callable(unbound):
+        try:
+            source = inspect.getsource(unbound)
+        except (OSError, TypeError):
+            source = ""
+        if source and all(hasattr(model, a) for a in set(re.findall(r"\bself\.(\w+)", source))):
+            found.append(types.MethodType(unbound, model))
+    unique: list[Callable[..., Any]] = []
+    for fn in found:
+        if fn is not None and fn not in unique:
+            unique.append(fn)
+    return unique
+
+
+def _unpacks_features(model: torch.nn.Module, kind: str) -> bool:
+    """Whether the forward (the model's, or its inner model's) unpacks ``get_{kind}_features`` into several names
+    (4.57's Ovis2 ``image_features, visual_indicator_features = ...``, Qwen3-VL's DeepStack features): only the
+    first of them fills the placeholders, the rest go elsewhere."""
+    import inspect
+    import re
+
+    pattern = re.compile(rf"^\s*\w+(\s*,\s*\w+)+\s*=\s*self\.(model\.)?get_{kind}_features\(", re.MULTILINE)
+    for owner in (model, getattr(model, "model", None)):
+        forward = getattr(type(owner), "forward", None) if owner is not None else None
+        try:
+            source = inspect.getsource(forward) if forward is not None else ""
+        except (OSError, TypeError):
+            continue
+        if pattern.search(source):
+            return True
+    return False
 
 
 def _required_from_config(fn: Any, config: Any, given: dict[str, Any]) -> dict[str, Any]:

@@ -446,14 +446,21 @@ def _counted_by(module: Any, owner: type, layers: list[type], holders: list[type
               for n in ast.walk(a)}  # cut per sequence where it is passed
     passed = {id(n) for c in ast.walk(fn) if isinstance(c, ast.Call)
               for a in [*c.args, *(k.value for k in c.keywords)] for n in ast.walk(a)}  # checked at the call below
-    loads: dict[str, list[int]] = {}
+    loads: dict[str, list[ast.Name]] = {}
     for n in ast.walk(fn):
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
-            loads.setdefault(n.id, []).append(id(n))
+            loads.setdefault(n.id, []).append(n)
+    looped = {id(n) for loop in ast.walk(fn) if isinstance(loop, (ast.For, ast.While)) for n in ast.walk(loop)}
+
+    def read_after(n: ast.Assign, name: str) -> list[ast.Name]:  # the loads that may read what ``n`` assigns: those
+        end = (n.end_lineno or n.lineno, n.end_col_offset or 0)  # after it (every load where it is in a loop)
+        return [x for x in loads.get(name, []) if id(n) in looped or (x.lineno, x.col_offset) >= end]
+
     # a call whose value only ever reaches the layers cut per sequence (4.x: causal_mask = self._update_causal_mask(
-    # attention_mask, inputs_embeds, cache_position, ...), passed as attention_mask=causal_mask)
+    # attention_mask, inputs_embeds, cache_position, ...), passed as attention_mask=causal_mask; 4.57 Bart's decoder
+    # reassigns attention_mask itself, read before only as the call's input)
     to_cut = {id(c) for n in ast.walk(fn) if isinstance(n, ast.Assign) and all(
-        isinstance(t, ast.Name) and all(i in handed for i in loads.get(t.id, [])) for t in n.targets)
+        isinstance(t, ast.Name) and all(id(x) in handed for x in read_after(n, t.id)) for t in n.targets)
         for c in ast.walk(n.value) if isinstance(c, ast.Call)}
     # names that may hold something of the row: the forward's parameters and what is computed from them (a value of
     # constants and the module's attributes alone, MVP's prompt ids ``torch.arange(self.prompt_length)``, is not)

@@ -188,7 +188,9 @@ def derive(model_type: str, version: str, text_type: str | None,
                          "per-sequence positions of a packed row would differ from the stock model's"
                          if "own position_ids" in gap else "the stock model drops the images it is given, and "
                          "embeddings computed with them (tfcompat.embed_inputs) would differ" if "pixel_values" in gap
-                         else "a packed row's position ids and forward context must reach the text model unchanged")
+                         else "a packed row's position ids and forward context must reach the text model unchanged",
+                         fix="run it unpatched (one sequence per row, padded batches), or on a transformers release "
+                         f"whose {gap.split('.forward')[0]}.forward hands its **kwargs on" if "**kwargs" in gap else "")
     positions_call = _positions_call(owner)
     layout = text.text_model_positions
     axes = _rows_required(text_cls) if positions_call and layout != "text" else ""
