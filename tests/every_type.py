@@ -472,9 +472,11 @@ def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0)
                     logits_of(model, **examples[3])
             except Exception as exc:  # noqa: BLE001
                 examples, video_note = examples[:3], f"; video not run: {_reason(exc)}"
-        if len(examples) > 3 and _derived_vision(model):  # a stock forward that rejects images and videos in one
-            try:  # row (GLM-OCR's placeholder mask counts video frames as images) rejects them unpacked too: images
-                with torch.no_grad():  # only then, said
+        shared = _derived_vision(model) and resolve_model(model).entry.derived_vision.kinds_share_placeholder
+        if len(examples) > 3 and _derived_vision(model) and not shared:  # a stock forward that rejects images and
+            try:  # videos in one row rejects them unpacked too: images only then, said (where its placeholder mask
+                # counts video frames as images, GLM-OCR's, pack embeds each sequence alone: the video stays)
+                with torch.no_grad():
                     logits_of(model, **{k: v for k, v in tfcompat.pack(model, examples).model_inputs.items()
                                         if not k.startswith("tfcompat")})
             except Exception as exc:  # noqa: BLE001

@@ -507,3 +507,48 @@ def test_a_text_model_that_embeds_its_images_itself(swin_norm):
             assert compare(model(**inputs).logits[0], expected) <= 1e-5
             with pytest.raises(InvalidInputError, match="cannot take embeddings computed outside"):
                 tfcompat.embed_inputs(model, inputs["input_ids"], pixel_values=inputs["pixel_values"])
+
+
+def _sharing_placeholder() -> list[str]:
+    """Derived types whose owner finds images and videos at one token id (GLM-OCR's), on the installed release."""
+    found = []
+    for model_type in ("glm_ocr", "glmga"):
+        try:
+            v = tfcompat.resolve(model_type).entry.derived_vision
+        except (PatchError, tfcompat.UnknownFamilyError, tfcompat.UnsupportedVersionError):
+            continue
+        if v is not None and v.kinds_share_placeholder:
+            found.append(model_type)
+    return found
+
+
+@pytest.mark.parametrize("model_type", _sharing_placeholder() or [pytest.param(
+    "", marks=pytest.mark.skip(reason="no derived type finds images and videos at one token id on this release"))])
+def test_images_and_a_video_share_a_row_where_the_owner_rejects_the_mix(model_type):
+    """GLM-OCR's placeholder mask counts a video's frames as image tokens, so its stock forward rejects a row holding
+    images and a video (the control: it raises on the packed ids). `tfcompat.pack` embeds each sequence alone, as
+    stock does, and the packed row of embeddings equals stock per sequence, forward and backward."""
+    model = build(model_type, "sdpa", kind="image_text_to_text")
+    examples = vlm_examples(model)
+    assert any("pixel_values_videos" in ex for ex in examples) and any("pixel_values" in ex for ex in examples)
+    with torch.no_grad():
+        expected = [model(**ex, use_cache=False).logits[0] for ex in examples]
+    w = torch.randn(expected[0].shape[-1], generator=torch.Generator().manual_seed(3))
+    model.zero_grad()
+    sum((model(**ex, use_cache=False).logits[0] @ w).sum() for ex in examples).backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    with tfcompat.patch(model):
+        packed = tfcompat.pack(model, examples).model_inputs
+        assert "inputs_embeds" in packed and "input_ids" not in packed and "pixel_values" not in packed
+        with torch.no_grad():
+            assert compare(model(**packed, use_cache=False).logits[0], expected) <= 1e-5
+        (model(**packed, use_cache=False).logits[0] @ w).sum().backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert got.keys() == want.keys()
+    assert max(float((got[n] - g).abs().max()) / max(1.0, float(g.abs().max())) for n, g in want.items()) <= 2e-5
+    ids = torch.cat([ex["input_ids"] for ex in examples], dim=1)
+    vision = {k: torch.cat([ex[k] for ex in examples if k in ex]) for k in ("pixel_values", "image_grid_thw",
+                                                                            "pixel_values_videos", "video_grid_thw")}
+    with pytest.raises(Exception, match="do not match"), torch.no_grad():  # the control: stock rejects the mix
+        model(input_ids=ids, **vision, use_cache=False)

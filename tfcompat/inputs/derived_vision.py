@@ -158,13 +158,15 @@ def _token_types(config: Any, input_ids: torch.Tensor) -> torch.Tensor:
     return types
 
 
-def embed_derived(r: Resolved, model: torch.nn.Module, input_ids: Any, vision: dict[str, Any]) -> Embedded:
+def embed_derived(r: Resolved, model: torch.nn.Module, input_ids: Any, vision: dict[str, Any], *,
+                  dummy: bool = True) -> Embedded:
     """The ``(B, L, H)`` embeddings the model's owner hands its language model for ``input_ids`` and ``vision``
     (its own forward's vision keyword arguments: pixel values, image sizes, patch masks, ...), with the features it
     hands it for the visual tokens (`VisionDerivation.visual_extras`: DeepStack's) as `VisualExtras`.
 
     Without vision inputs the tower still runs, on a dummy image (`dummy_features`), and ``0 * its mean`` is added:
-    the tower gets zero gradients rather than none, and every rank runs the same collectives.
+    the tower gets zero gradients rather than none, and every rank runs the same collectives (``dummy=False``: not,
+    for one sequence of a row whose others hold images).
     """
     check_token_ids(r, input_ids, "embed_inputs")
     v = r.entry.derived_vision
@@ -225,7 +227,7 @@ def embed_derived(r: Resolved, model: torch.nn.Module, input_ids: Any, vision: d
     if not isinstance(embeds, torch.Tensor):
         raise r.error(PatchError, f"{type(owner).__name__} handed its language model no inputs_embeds",
                       why=f"it passed {sorted(captured)}", fix="report it: this release changed the owner's forward")
-    if all(v is None for v in vision.values()):
+    if dummy and all(v is None for v in vision.values()):
         for x in dummy_features(r, owner):
             embeds = embeds + 0 * x.float().mean().to(embeds.dtype)
     visual = None
@@ -412,12 +414,39 @@ def pack_derived(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping
         cross_mask, cross = _cross_items(r, v.cross_states.items, examples, ids_list)
         if cross_mask is not None:
             inputs[v.cross_states.items] = cross_mask.to(ids.device)
+    if v is not None and v.kinds_share_placeholder and len({k for ex in examples for k in _kinds(ex, vision_keys)}) > 1:
+        inputs = _embedded_per_sequence(r, model, examples, ids_list, vision_keys, inputs)
     shifted = None
     if all(has_labels):
         labels = torch.cat([ex["labels"].reshape(-1) for ex in examples])[None].to(ids.device)  # (T,) -> (1, T)
         inputs["labels"] = mask_starts(labels, seqs, ignore_index)
         shifted = shift_labels(labels, seqs, ignore_index)
     return inputs, shifted, seqs, cross
+
+
+def _kinds(ex: Mapping[str, Any], vision_keys: set[str]) -> set[str]:
+    """The kinds of vision item ``ex`` holds: "video" for inputs named so, "image" for its other pixel inputs."""
+    return {"video" if "video" in k else "image" for k in vision_keys
+            if ex.get(k) is not None and "pixel_values" in k}
+
+
+def _embedded_per_sequence(r: Resolved, model: torch.nn.Module, examples: Sequence[Mapping[str, Any]],
+                           ids_list: list[torch.Tensor], vision_keys: set[str], inputs: dict[str, Any]
+                           ) -> dict[str, Any]:
+    """A row holding images and videos the owner cannot take together (`VisionDerivation.kinds_share_placeholder`):
+    each sequence embedded alone, as its owner embeds it stock (`embed_derived`), the row's ``inputs_embeds
+    (1, T, H)`` those back to back; the ids and vision inputs are left out, the per-token inputs kept."""
+    parts = [embed_derived(r, model, x[None], {k: ex[k] for k in vision_keys if ex.get(k) is not None
+                                               and not k.endswith("token_type_ids")}, dummy=False)
+             for ex, x in zip(examples, ids_list)]
+    if any(p.visual is not None for p in parts):
+        raise r.error(InvalidInputError, f"tfcompat.pack: {r.family} takes no images and videos in one row",
+                      why="its owner finds both at one token id, and the features it hands its text model besides "
+                      "the embeddings (DeepStack's) cannot be joined per sequence here",
+                      fix="pack images and videos in separate rows")
+    kept = {k: x for k, x in inputs.items() if k != "input_ids" and (k not in vision_keys or k.endswith(
+        "token_type_ids"))}
+    return {**kept, "inputs_embeds": torch.cat([p.inputs_embeds for p in parts], dim=1)}  # (1, L_i, H) -> (1, T, H)
 
 
 def _cross_items(r: Resolved, name: str, examples: Sequence[Mapping[str, Any]], ids_list: list[torch.Tensor]

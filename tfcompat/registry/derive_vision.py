@@ -246,7 +246,8 @@ def derive(model_type: str, version: str, text_type: str | None,
         positions_locals=_positions_locals(owner, positions_call), inline_extras=inline,
         item_axes=batching.item_axes(key), batch_indices=indices, cross_states=cross,
         mrope_axes=axes, kwargs_shared=tuple((c.__name__, path) for c, a in hops for path in _kwargs_shared(c, a)),
-        written_at_mask=written if set(written) <= _keywords(owner, lm_attr) else ())
+        written_at_mask=written if set(written) <= _keywords(owner, lm_attr) else (),
+        kinds_share_placeholder=_kinds_share_placeholder(owner))
     release = versions.parse(version).release
     entry = replace(
         text, family=model_type,
@@ -851,3 +852,18 @@ def _cross_states(owner: type, attr: str | None, text_model: type) -> CrossState
                 prepare=node.value.func.id, layers=tuple(c.__name__ for c in holding),
                 attentions=tuple(dict.fromkeys(c.__name__ for cs in holding.values() for c in cs)))
     return None
+
+
+def _kinds_share_placeholder(owner: type) -> bool:
+    """Whether ``owner.get_placeholder_mask`` finds images and videos in the ids at the same config attribute
+    (``special_image_mask = input_ids == self.config.image_token_id`` and ``special_video_mask = input_ids ==
+    self.config.image_token_id``: GLM-OCR's, GLM-4.1V's)."""
+    fn = _method(owner, "get_placeholder_mask")
+    found: dict[str, set[str]] = {}
+    for n in ast.walk(fn) if fn is not None else ():
+        if (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+                and isinstance(n.value, ast.Compare) and len(n.value.ops) == 1 and isinstance(n.value.ops[0], ast.Eq)
+                and ast.unparse(n.value.left) == "input_ids"):
+            found.setdefault(n.targets[0].id, set()).add(ast.unparse(n.value.comparators[0]))
+    image, video = found.get("special_image_mask", set()), found.get("special_video_mask", set())
+    return len(image) == 1 and image == video

@@ -252,7 +252,10 @@ class VisionDerivation:
     written_at_mask: ``(mask, features)``, the parameters of the text model's forward whose features it writes into
     its own token embeddings at the masked tokens, in order (Kosmos-2's ``image_embeds`` at
     ``image_embeds_position_mask``): a packed row's mask is its sequences' masks back to back, its features theirs
-    in order, and `tfcompat.embed_inputs` refuses (embeddings computed outside carry no image).
+    in order, and `tfcompat.embed_inputs` refuses (embeddings computed outside carry no image);
+    kinds_share_placeholder: the owner's ``get_placeholder_mask`` finds images and videos at the same token id
+    (GLM-OCR, as GLM-4.1V: video frames are image tokens), so its forward rejects a row holding both kinds (it counts
+    the video's tokens as the images'); `tfcompat.pack` embeds such a row's sequences each alone, as stock does.
     """
 
     model: str
@@ -279,6 +282,7 @@ class VisionDerivation:
     cross_states: CrossStates | None = None
     kwargs_shared: tuple[tuple[str, str], ...] = ()
     written_at_mask: tuple[str, str] | tuple[()] = ()
+    kinds_share_placeholder: bool = False
 
 
 @dataclass(frozen=True)
