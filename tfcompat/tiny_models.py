@@ -335,7 +335,8 @@ def tiny_config(model_type: str, kind: Kind = "causal_lm") -> PretrainedConfig:
             default = config_cls(**{"vision_config": vision_cls()})  # an optional tower (Gemma 4): an image needs one
     except Exception as exc:  # noqa: BLE001 -- any failure of a foreign constructor is the reason to report
         raise _error(model_type, f"{config_cls.__name__} does not build from its own defaults", cause=exc) from None
-    return _with_vocabulary_map(_with_placeholders(_shrunk(model_type, default, _token_map(default), base={})))
+    tiny = _shrunk(model_type, default, _token_map(default), base={})
+    return _with_vocabulary_map(_with_placeholders(tiny, read=True))
 
 
 def shrunk_config(config: PretrainedConfig) -> PretrainedConfig:
@@ -993,16 +994,37 @@ def _token_map(config: PretrainedConfig) -> dict[int, int]:
     return {i: next(free) for i in sorted(found - kept)}
 
 
-def _with_placeholders(config: PretrainedConfig) -> PretrainedConfig:
+def _with_placeholders(config: PretrainedConfig, read: bool = False) -> PretrainedConfig:
     """``config`` with a free id of the tiny vocab for each image / video placeholder id it leaves None (MiniCPM-V,
-    BLIP-2: the processor's tokenizer names them); without one the model has no placeholder to scatter features at."""
+    BLIP-2: the processor's tokenizer names them), and where ``read``, each its model reads and it does not declare
+    (`_read_token_ids`); without one the model has no placeholder to scatter features at."""
     missing = [k for k, v in config.to_dict().items() if v is None and _is_token_key(k, config.attribute_map) and
                any(kind in k for kind in ("image", "video"))]
+    # a class's defaults (not a given config, whose copy keeps its semantics): the ids its model reads undeclared
+    missing += [k for k in _read_token_ids(config) if not hasattr(config, k)] if read else []
     used = special_token_ids(config)
     free = (i for i in range(VOCAB - 1, -1, -1) if i not in used)
     for key in missing:
         setattr(config, key, next(free))
     return config
+
+
+def _read_token_ids(config: PretrainedConfig) -> list[str]:
+    """The vision placeholder ids (``vision_start_token_id``, ...) the type's modeling module reads off its config
+    (``self.config.<name>``), and the end marker of each start one, which checkpoints' config files carry and some
+    config classes do not declare (4.53's Qwen2-VL: its rope index reads ``vision_start_token_id``)."""
+    import importlib
+    import inspect
+    import re
+
+    from .registry.derive import module_name
+
+    try:
+        source = inspect.getsource(importlib.import_module(module_name(config.model_type)))
+    except (ImportError, OSError, TypeError, ValueError):
+        return []
+    names = set(re.findall(r"config\.(\w*(?:image|video|vision)\w*_token_id)\b", source))
+    return sorted(names | {n.replace("_start_", "_end_") for n in names if "_start_" in n})  # the run's end marker
 
 
 def _with_vocabulary_map(config: PretrainedConfig) -> PretrainedConfig:
