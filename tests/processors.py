@@ -197,8 +197,9 @@ RECIPES: dict[str, Recipe] = {
                "max_image_tokens": 16, "min_tiles": 2, "max_tiles": 4, "size": {"height": 32, "width": 32}},
         tokenizer_class="PreTrainedTokenizerFast"),
     "llama4": Recipe(
-        tokens={"<|image|>": "image_token_index", "<|image_start|>": None, "<|image_end|>": None,
-                "<|patch|>": None, "<|tile_x_separator|>": None, "<|tile_y_separator|>": None},
+        # the prompt's <|image|> becomes the image's <|patch|> run: its tokens are the config's image_token_index
+        tokens={"<|patch|>": "image_token_index", "<|image_start|>": None, "<|image_end|>": None,
+                "<|image|>": None, "<|tile_x_separator|>": None, "<|tile_y_separator|>": None},
         prompt="<|image|>",
         # 32 x 32 tiles of 8 x 8 patches, pixel-shuffled by 0.5: 4 tokens a tile, up to 4 tiles and the global one
         image={"size": {"height": 32, "width": 32}, "max_patches": 4},

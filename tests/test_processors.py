@@ -47,7 +47,9 @@ def test_processor_outputs_pack_as_they_come(model_type: str) -> None:
         processor = processors.build(model)
     except ImportError as exc:  # transformers' own requirement of the processor class (torchvision, num2words)
         pytest.skip(f"{model_type}: {str(exc).strip().splitlines()[0]}")
-    samples = processors.samples(processor, model_type)
+    # in the model's dtype, as users move a processor's output (Llama 4's returns bfloat16 pixel values)
+    samples = [{k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in s.items()}
+               for s in processors.samples(processor, model_type)]
     if any("labels" not in s for s in samples):  # PaliGemma's BC labels (all -100 without a suffix) come with its
         samples = [{k: v for k, v in s.items() if k != "labels"} for s in samples]  # images only: logits compared
     if any("token_type_ids" in s for s in samples):  # the text alone comes from the tokenizer (images required):
