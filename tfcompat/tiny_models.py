@@ -1010,9 +1010,9 @@ def _with_placeholders(config: PretrainedConfig, read: bool = False) -> Pretrain
 
 
 def _read_token_ids(config: PretrainedConfig) -> list[str]:
-    """The vision placeholder ids (``vision_start_token_id``, ...) the type's modeling module reads off its config
-    (``self.config.<name>``), and the end marker of each start one, which checkpoints' config files carry and some
-    config classes do not declare (4.53's Qwen2-VL: its rope index reads ``vision_start_token_id``)."""
+    """The ids of the markers opening a vision item's run (``vision_start_token_id``, ...) the type's modeling
+    module reads off its config (``self.config.<name>``), and the end marker of each, which checkpoints' config files
+    carry and some config classes do not declare (4.53's Qwen2-VL: its rope index reads ``vision_start_token_id``)."""
     import importlib
     import inspect
     import re
@@ -1023,7 +1023,9 @@ def _read_token_ids(config: PretrainedConfig) -> list[str]:
         source = inspect.getsource(importlib.import_module(module_name(config.model_type)))
     except (ImportError, OSError, TypeError, ValueError):
         return []
-    names = set(re.findall(r"config\.(\w*(?:image|video|vision)\w*_token_id)\b", source))
+    # the markers around a vision item's run only: a placeholder id the module reads in a method its forward does not
+    # call (InstructBLIP-Video's copied image mask) would turn the zoo's video model into an image one
+    names = set(re.findall(r"config\.(\w*(?:image|video|vision)_start_token_id)\b", source))
     return sorted(names | {n.replace("_start_", "_end_") for n in names if "_start_" in n})  # the run's end marker
 
 
