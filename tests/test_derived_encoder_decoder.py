@@ -356,3 +356,21 @@ def test_cross_attention_core_is_per_sequence() -> None:
     assert torch.allclose(got, torch.cat(outs), atol=1e-6)
     with pytest.raises(InvalidInputError, match="do not match the tokens"):
         cross_attention(q, k, v, from_lengths(q_lens), from_lengths((4, 7)))
+
+
+def test_labels_under_a_loss_form_tfcompat_does_not_know_are_refused(monkeypatch):
+    """Where the derivation could not read how the forward's loss takes its labels, `pack` given labels raises a typed
+    error naming the way out (decoder ids, and the loss from the logits), rather than a loss read across sequences."""
+    if not _installed("vision-encoder-decoder"):
+        pytest.skip("no VisionEncoderDecoder on this release")
+    from dataclasses import replace
+
+    model = _ved("bert", "eager")
+    examples = [{"pixel_values": ex["pixel_values"], "labels": ex["decoder_input_ids"]}
+                for ex in encoder_decoder_examples(model, LENGTHS)]
+    r = tfcompat.registry.resolve_model(model)
+    unknown = replace(r, entry=replace(r.entry, encoder_decoder=replace(r.entry.encoder_decoder, labels_loss="")))
+    monkeypatch.setattr("tfcompat.inputs.pack.family_of", lambda m: unknown)
+    with pytest.raises(InvalidInputError, match="loss reads them in a form tfcompat does not know(.|\n)*fix: pass "
+                       "decoder_input_ids without labels"):
+        tfcompat.pack(model, examples)
