@@ -196,8 +196,25 @@ def test_counts_and_fractions_select_the_last_layers():
         assert "kept through gradient checkpointing" not in nothing.explain()
 
 
+def test_a_range_selects_those_layers():
+    """Rule: a range keeps a kind in the layers of those indices among the layers holding it (model order), here
+    the first and the middle one; an empty range keeps it nowhere; the handle's options hold the range."""
+    model = _model("qwen2")
+    handle = tfcompat.patch(model, checkpoint_keep={"mlp_in": range(2), "attention": range(1, 2), "mlp": range(0)})
+    layers = model.model.layers
+    assert [("forward" in vars(layer.mlp.gate_proj)) for layer in layers] == [True, True, False]
+    assert [("forward" in vars(layer.self_attn)) for layer in layers] == [False, True, False]
+    assert not any("forward" in vars(layer.mlp) for layer in layers)
+    assert dict(handle.options["checkpoint_keep"])["mlp_in"] == range(2)
+    assert tfcompat.patch(model, checkpoint_keep=handle.options["checkpoint_keep"]) is handle
+    handle.undo()
+
+
 @pytest.mark.parametrize(("keep", "match"), [
     ({"attention": True}, r"checkpoint_keep\['attention'\] = True"),
+    ({"mlp": range(-1, 2)}, r"checkpoint_keep\['mlp'\] = range\(-1, 2\)"),
+    ({"mlp": range(2, 0, -1)}, r"checkpoint_keep\['mlp'\] = range\(2, 0, -1\)"),
+    ({"mlp": range(1, 4)}, r"checkpoint_keep\['mlp'\] = range\(1, 4\) but 3 checkpointed layers hold it"),
     ({"mlp": -1}, r"checkpoint_keep\['mlp'\] = -1"),
     ({"mlp": 1.5}, r"checkpoint_keep\['mlp'\] = 1.5"),
     ({"mlp": float("nan")}, r"checkpoint_keep\['mlp'\] = nan"),
@@ -207,8 +224,8 @@ def test_counts_and_fractions_select_the_last_layers():
     ({"attention": 4}, r"checkpoint_keep\['attention'\] = 4 but 3 checkpointed layers hold it"),
 ])
 def test_bad_layer_selections_are_refused_at_patch_time(keep, match):
-    """Rule: a kind's layers are a count 0..layers or a fraction in [0, 1] (not a bool, a string or NaN); anything
-    else is a PatchError at patch() that names the value, and nothing is changed."""
+    """Rule: a kind's layers are a count 0..layers, a fraction in [0, 1] (not a bool, a string or NaN) or an upward
+    range of indices from 0 within the layers; anything else is a PatchError at patch() that names the value, and nothing is changed."""
     model = _model("qwen2")
     with pytest.raises(tfcompat.PatchError, match=match):
         tfcompat.patch(model, checkpoint_keep=keep)

@@ -116,6 +116,31 @@ def test_views_share_one_copy_and_parameters_stay():
     assert back[0].untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
 
 
+def test_the_next_layers_come_back_ahead_within_the_largest_layer():
+    """Rule: a layer's fetch brings back its own copies and, ahead, those of the layers next in the backward: the
+    next that offloads whatever its size, then more while the bytes ahead stay within the largest layer's; layers
+    that offload nothing are passed over."""
+    offloader = offload.Offloader(min_bytes=1)
+    sizes = [4, 1, 1, 0, 2, 1, 3]  # float32 elements each layer offloads, in forward order: the largest 16 bytes
+    stashes = []
+    for n in sizes:
+        stash = offloader.stash(bool(n))
+        stash.pack(torch.randn(max(n, 1)))
+        stash.close()
+        stashes.append(stash)
+    assert offloader.largest == 16
+
+    def back() -> list[bool]:
+        return [not s._copies for s in stashes]  # fetched (or nothing to fetch)
+
+    stashes[6].fetch()  # ahead, in elements: layer 5 (1), 4 (+2), 3 passed over, 2 (+1 = 4 <= 4); 1 would make 5
+    assert back() == [False, False, True, True, True, True, True]
+    stashes[2].fetch()  # layer 1 (1); layer 0 would make 5
+    assert back() == [False, True, True, True, True, True, True]
+    stashes[1].fetch()  # the next that offloads comes ahead whatever its size
+    assert back() == [True] * 7
+
+
 def test_options_and_the_layers_offloaded():
     """Rule: the handle's options hold checkpoint_offload, patching again with them returns the handle, and the
     offloading layers' checkpoint functions say so in explain()."""

@@ -14,12 +14,15 @@ outputs of the named modules of each checkpointed layer out of that recompute:
   saves, and non-reentrant checkpointing stops the recompute there), so little of the MLP is left to recompute.
 
 Per layer: a mapping ``{kind: layers}`` keeps a kind in some checkpointed layers only, ``layers`` a count
-(``int``, the last that many of the layers holding that kind's module) or a fraction (``float`` in [0, 1], of
-those layers, rounded to the nearest count), e.g. ``{"attention": 1.0, "mlp": 8, "mlp_in": 1.0}``: attention
-in every layer, the whole MLP in the last 8, the MLP's input projections in the others (``"mlp"`` takes
-precedence over ``"mlp_in"`` in a layer that both select). The last layers, because their kept outputs are freed
-first in the backward, before the parameter gradients have grown: the peak memory rises least. A kind named
-alone (``"attention"``, ``("attention", "mlp")``) is every layer.
+(``int``, the last that many of the layers holding that kind's module), a fraction (``float`` in [0, 1], of
+those layers, rounded to the nearest count) or a ``range`` of their indices (in model order), e.g.
+``{"attention": 1.0, "mlp": 8, "mlp_in": 1.0}``: attention in every layer, the whole MLP in the last 8, the MLP's
+input projections in the others (``"mlp"`` takes precedence over ``"mlp_in"`` in a layer that both select). Counts
+and fractions take the last layers, because their kept outputs are freed first in the backward, before the
+parameter gradients have grown: the peak memory rises least. A ``range`` places what is offloaded
+(``{"attention": 1.0, "mlp_in": range(8, 16)}`` with ``checkpoint_offload=16``): early layers' copies have the
+longest to go out and come back, and layers whose backward runs before the gradients have grown hold their fetched
+copies when memory is lowest. A kind named alone (``"attention"``, ``("attention", "mlp")``) is every layer.
 
 The recompute still runs everything else of the layer (norms, residual adds, the modules not kept). Gradients
 are those of full checkpointing: the backward runs the same graph; only where the saved tensors come from changes.
@@ -41,7 +44,7 @@ layers of ``"attention"`` add no peak memory (the peak comes late in the backwar
 
 Offload: ``patch(checkpoint_keep=..., checkpoint_offload=...)`` moves what the kept modules of the chosen layers
 save (and their outputs) to pinned host memory during the forward, on a side stream, and brings it back during the
-backward, one layer ahead (`tfcompat.hf.offload`): kept outputs at about full checkpointing's GPU memory, the same
+backward, ahead of its layer (`tfcompat.hf.offload`): kept outputs at about full checkpointing's GPU memory, the same
 gradients bit for bit. ``True`` offloads every layer keeping a module, a count (``int``) the first that many of those
 layers, a fraction (``float`` in [0, 1]) that share of them: the first, because their kept tensors live through the
 step's peak (late in the backward) and their copies have the rest of the forward to go out and the backward of the
@@ -78,9 +81,11 @@ __all__ = ["KEEP", "CheckpointKeep", "KeepPlan", "Kept", "Offload", "Policy", "a
            "policy_of"]
 
 KEEP: tuple[str, ...] = ("attention", "mlp", "mlp_in")
-Policy = tuple[tuple[str, int | float], ...]
-"""``checkpoint_keep`` normalized: ``(kind, layers)`` pairs sorted by kind, ``layers`` a count or a fraction."""
-CheckpointKeep = str | Collection[str] | Mapping[str, int | float] | Policy
+Layers = int | float | range
+"""A kind's layers: a count (the last), a fraction (the last, rounded) or a range of indices (model order)."""
+Policy = tuple[tuple[str, Layers], ...]
+"""``checkpoint_keep`` normalized: ``(kind, layers)`` pairs sorted by kind."""
+CheckpointKeep = str | Collection[str] | Mapping[str, Layers] | Policy
 Offload = bool | int | float
 """``checkpoint_offload``: False, True (every layer keeping a module), a count or a fraction of those layers (the
 first)."""
@@ -127,11 +132,12 @@ def policy_of(keep: CheckpointKeep) -> Policy:
     for kind, layers in pairs.items():
         count = isinstance(layers, int) and not isinstance(layers, bool) and layers >= 0
         fraction = isinstance(layers, float) and 0.0 <= layers <= 1.0
-        if not (count or fraction):
+        indices = isinstance(layers, range) and layers.step > 0 and layers.start >= 0
+        if not (count or fraction or indices):
             raise PatchError(f"checkpoint_keep[{kind!r}] = {layers!r}",
-                             why="a kind's layers are a count (int >= 0: the last that many layers holding it) or a "
-                                 "fraction of them (float in [0, 1])",
-                             supported="int >= 0, float in [0.0, 1.0]", fix=_FIX)
+                             why="a kind's layers are a count (int >= 0: the last that many layers holding it), a "
+                                 "fraction of them (float in [0, 1]) or a range of their indices (from 0, upwards)",
+                             supported="int >= 0, float in [0.0, 1.0], range(start >= 0, stop, step > 0)", fix=_FIX)
     return tuple(sorted(pairs.items()))
 
 
@@ -203,7 +209,11 @@ def plan(model: torch.nn.Module, keep: Policy, attention_cls: type, error: Calla
             raise error(PatchError, f"checkpoint_keep[{kind!r}] = {n} but {len(holding)} checkpointed layers hold it",
                         why="a count selects the last that many layers holding the kind's module",
                         fix=f"pass a count up to {len(holding)}, or 1.0 for every layer")
-        chosen[kind] = set(_last(holding, n))
+        if isinstance(n, range) and n[-1] >= len(holding):
+            raise error(PatchError, f"checkpoint_keep[{kind!r}] = {n} but {len(holding)} checkpointed layers hold it",
+                        why="a range selects the layers holding the kind's module by index, 0 the first",
+                        fix=f"pass a range within range({len(holding)})")
+        chosen[kind] = {holding[i] for i in n} if isinstance(n, range) else set(_last(holding, n))
     kept: list[Kept] = []
     for layer in layers:
         for kind in KEEP:
@@ -235,7 +245,7 @@ def apply(handle: Any, plan: KeepPlan) -> None:
     for m in holders:
         fn = cast(functools.partial, m._gradient_checkpointing_func)  # plan checked it
         to_host = any(m is x for x in offloaded)
-        keeping = any(m is k.layer for k in kept)  # its recompute fetches the previous layer's copies ahead
+        keeping = any(m is k.layer for k in kept)  # its recompute fetches the next layers' copies ahead
         handle._set("instance", m, "_gradient_checkpointing_func",
                     _with_context(fn, offloader if keeping else None, to_host),
                     "checkpoint with tfcompat's context_fn (kept module outputs are not recomputed"
@@ -265,7 +275,7 @@ def _scope(outputs: _Outputs, recompute: bool) -> Iterator[None]:
     if recompute:
         outputs.taken = 0  # a second backward (retain_graph) recomputes again
         if outputs.stash is not None:
-            outputs.stash.fetch()  # this layer's tensors back, and the next layer's of the backward ahead
+            outputs.stash.fetch()  # this layer's tensors back, and the next layers' of the backward ahead
     token = _SCOPE.set((outputs, recompute))
     try:
         yield

@@ -1,12 +1,15 @@
-"""Host offload of what `checkpoint_keep` keeps: to pinned host memory in the forward, back one layer ahead.
+"""Host offload of what `checkpoint_keep` keeps: to pinned host memory in the forward, back ahead of its layer.
 
 A kept module (`tfcompat.hf.checkpointing`) holds its saved tensors and its outputs from the forward to its layer's
 backward: the GPU memory that buys the skipped recompute. Under ``patch(checkpoint_offload=...)`` those tensors of
 the chosen layers are copied to pinned host memory as they are saved, on a side stream that waits for the compute
 stream (an event, not the host); their GPU blocks are freed once the copy is done (the caching allocator's
 ``record_stream``), so the compute stream never waits for the copy. When a layer's recompute starts, its tensors
-and the previous layer's (the next in the backward) are copied back on a second side stream, and the backward waits
-for them on an event. No host sync in the forward or the backward. The bytes come back as they left, so the
+and those of the next layers of the backward are copied back on a second side stream, and the backward waits for
+them on an event. Ahead goes at least the next offloading layer, and more while the bytes ahead stay within the
+largest layer's: the link stays busy through layers that offload little (a light layer's backward is the time a
+heavy one's copy needs), and the memory held ahead is at most one layer's, as with one layer ahead. No host sync in
+the forward or the backward. The bytes come back as they left, so the
 gradients are those of the kept path without offload, bit for bit.
 
 Per storage: the views of one storage saved in a layer (q/k/v projections' common input, an output and its
@@ -113,13 +116,14 @@ def _fetch(copies: list[_Copy]) -> None:
 class Stash:
     """One checkpointed layer call's offloaded storages (`Offloader.stash`): `pack` in the forward, `close` at its
     end, `fetch` when its recompute starts. A layer keeping modules without offloading has one that offloads
-    nothing (``offloads=False``): its recompute still fetches the previous layer's ahead."""
+    nothing (``offloads=False``): its recompute still fetches the next layers' ahead."""
 
     def __init__(self, offloader: Offloader, offloads: bool) -> None:
         self._offloader = offloader
         self._offloads = offloads
         self._copies: list[weakref.ref[_Copy]] = []  # a copy lives as long as a saved tensor or kept output uses it
         self._open: dict[int, tuple[torch.Tensor, _Copy]] = {}  # storage address -> (its bytes, its copy)
+        self.nbytes = 0  # copied to the host
 
     def pack(self, t: torch.Tensor) -> Any:
         """A saved tensor or kept output: its storage's copy (the same for every view of it), or the tensor itself
@@ -137,6 +141,7 @@ class Stash:
         return _Packed(found[1], t.dtype, tuple(t.shape), t.stride(), int(t.storage_offset()))
 
     def _save(self, src: torch.Tensor) -> _Copy:
+        self.nbytes += src.numel()
         if src.device.type != "cuda":
             return _Copy(src.clone(), src.device, None, None)
         streams = self._offloader.streams(src.device)
@@ -153,13 +158,20 @@ class Stash:
     def close(self) -> None:
         """The forward of the layer is done: its blocks are the allocator's once copied."""
         self._open.clear()
+        self._offloader.largest = max(self._offloader.largest, self.nbytes)
 
     def fetch(self) -> None:
-        """Copy this layer's storages back, and the previous layer's (the next in the backward) ahead."""
+        """Copy this layer's storages back, and ahead those of the layers next in the backward: the next that
+        offloads, and more while the bytes ahead stay within the largest layer's."""
         self._fetch()
-        previous = self._offloader.previous(self)
-        if previous is not None:
-            previous._fetch()
+        ahead = 0
+        for stash in self._offloader.before(self):
+            if not stash.nbytes:
+                continue
+            if ahead and ahead + stash.nbytes > self._offloader.largest:
+                break
+            ahead += stash.nbytes
+            stash._fetch()
 
     def _fetch(self) -> None:
         copies = [c for r in self._copies if (c := r()) is not None and c.back is None]
@@ -175,6 +187,7 @@ class Offloader:
         self.min_bytes = MIN_BYTES if min_bytes is None else min_bytes
         self._streams: dict[torch.device, tuple[torch.cuda.Stream, torch.cuda.Stream]] = {}
         self._stashes: list[weakref.ref[Stash]] = []
+        self.largest = 0  # the most bytes one layer call has offloaded
 
     def stash(self, offloads: bool) -> Stash:
         """A new stash, for one checkpointed call of a layer keeping modules (``offloads``: whether it offloads)."""
@@ -182,11 +195,11 @@ class Offloader:
         self._stashes = [r for r in self._stashes if r() is not None] + [weakref.ref(s)]
         return s
 
-    def previous(self, stash: Stash) -> Stash | None:
-        """The live stash made before ``stash`` (None for the first)."""
+    def before(self, stash: Stash) -> list[Stash]:
+        """The live stashes made before ``stash``, the nearest first (the order the backward reaches them)."""
         live = [s for r in self._stashes if (s := r()) is not None]
         i = next(i for i, s in enumerate(live) if s is stash)
-        return live[i - 1] if i else None
+        return live[:i][::-1]
 
     def streams(self, device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
         """The device's two side streams: copies to the host, copies back."""

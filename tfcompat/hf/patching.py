@@ -157,10 +157,10 @@ def patch(
     checkpoint_keep: under gradient checkpointing (on, non-reentrant, before `patch`), the modules of each
         checkpointed layer whose outputs are kept rather than recomputed in the backward: ``"attention"``
         (projections, rotary, attention call), ``"mlp"``, ``"mlp_in"`` (the MLP's gate / up projections), or
-        several; per layer with ``{kind: count or fraction}`` (the last layers), e.g. ``{"attention": 1.0,
-        "mlp_in": 8}`` (`tfcompat.hf.checkpointing`).
+        several; per layer with ``{kind: count or fraction}`` (the last layers) or ``{kind: range}`` (those
+        layers), e.g. ``{"attention": 1.0, "mlp_in": 8}`` (`tfcompat.hf.checkpointing`).
     checkpoint_offload: what ``checkpoint_keep`` keeps goes to pinned host memory in the forward and comes back in
-        the backward, one layer ahead, overlapped on side streams (`tfcompat.hf.offload`; the same gradients):
+        the backward, ahead of its layer, overlapped on side streams (`tfcompat.hf.offload`; the same gradients):
         False (default), True (every layer keeping a module), a count or fraction of those layers (the first).
     prove: for a type without a written table (derived from its modeling module), check the patch first on a tiny
         copy of the model's own config, CPU float32: stock per sequence against patched packed (`tfcompat.hf.proof`,
