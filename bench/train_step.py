@@ -29,8 +29,9 @@ Liger's monkey patch cannot be undone: the three liger variants run last, on the
 A suffix sets a variant's gradient checkpointing: ``@none`` turns it off for the variant; ``@attention``,
 ``@mlp``, ``@mlp_in``, ``@attention+mlp`` keep those modules' outputs out of the recompute
 (``patch(checkpoint_keep=...)``; a stock variant gets the same through `tfcompat.hf.checkpointing` alone), e.g.
-``liger_flex_tfhead@attention+mlp``; ``kind:N`` keeps a kind in the last N layers only (``kind:0.5``: a fraction),
-e.g. ``@attention+mlp_in:8`` (``checkpoint_keep={"attention": 1.0, "mlp_in": 8}``);
+``liger_flex_tfhead@attention+mlp``; ``kind:N`` keeps a kind in the last N layers only (``kind:0.5``: a fraction,
+``kind:A..B[..S]``: the layers ``range(A, B, S)``), e.g. ``@attention+mlp_in:8`` (``checkpoint_keep={"attention":
+1.0, "mlp_in": 8}``);
 ``offload`` among them moves what those modules keep to host memory (``patch(checkpoint_offload=True)``;
 ``offload:N`` the first N layers keeping a module, ``offload:0.5`` a fraction), e.g. ``@attention+mlp_in+offload:20``;
 ``logits`` among them (``@logits``, ``@attention+logits``, ``@none+logits``) keeps the head's logits for its
@@ -319,14 +320,16 @@ class _Changes:
         self.undo.append(lambda: setattr(target, attr, old) if had else delattr(target, attr))
 
 
-def keep_policy(mode: str) -> tuple[dict[str, int | float], bool | int | float]:
+def keep_policy(mode: str) -> tuple[dict[str, int | float | range], bool | int | float]:
     """``checkpoint_keep`` and ``checkpoint_offload`` of a suffix: "attention+mlp_in:8+offload:4" ->
-    ({"attention": 1.0, "mlp_in": 8}, 4) ("kind:0.5": a fraction of the layers; "offload" alone: True)."""
-    policy: dict[str, int | float] = {}
+    ({"attention": 1.0, "mlp_in": 8}, 4) ("kind:0.5": a fraction of the layers; "kind:1..17..2": range(1, 17, 2);
+    "offload" alone: True)."""
+    policy: dict[str, int | float | range] = {}
     offload: bool | int | float = False
     for token in mode.split("+") if mode else []:
         kind, _, n = token.partition(":")
-        layers = float(n) if "." in n else int(n) if n else 1.0
+        layers: int | float | range = (range(*map(int, n.split(".."))) if ".." in n else float(n) if "." in n
+                                       else int(n) if n else 1.0)
         if kind == "offload":
             offload = layers if n else True
         else:
@@ -336,7 +339,7 @@ def keep_policy(mode: str) -> tuple[dict[str, int | float], bool | int | float]:
 
 @contextlib.contextmanager
 def checkpointing(model: torch.nn.Module, mode: str, stock: bool
-                  ) -> Iterator[tuple[dict[str, int | float], bool | int | float]]:
+                  ) -> Iterator[tuple[dict[str, int | float | range], bool | int | float]]:
     """A variant's checkpointing (the part of its name after ``@``): "" = full (as built), "none" = off for the
     variant, else kinds kept out of the recompute joined by ``+`` ("attention+mlp", "attention+mlp_in:8", with
     "offload[:N]"); yields ``checkpoint_keep`` and ``checkpoint_offload`` for `tfcompat.patch`, or applies them
