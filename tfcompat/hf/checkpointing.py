@@ -184,7 +184,8 @@ def plan(model: torch.nn.Module, keep: Policy, attention_cls: type, error: Calla
         raise error(PatchError, f"checkpoint_keep={dict(keep)!r} but gradient checkpointing is off",
                     why="checkpoint_keep keeps module outputs out of gradient checkpointing's recompute",
                     fix="call model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': "
-                        "False}) before patch(), or leave checkpoint_keep out")
+                        "False}) (activation_checkpointing_enable() from transformers 5.25) before patch(), or leave "
+                        "checkpoint_keep out")
     for m in holders:
         fn = m._gradient_checkpointing_func
         kw = fn.keywords if isinstance(fn, functools.partial) else None
@@ -193,7 +194,8 @@ def plan(model: torch.nn.Module, keep: Policy, attention_cls: type, error: Calla
                         f"{type(m).__name__} has {fn!r}",
                         why="the kept outputs come back through torch.utils.checkpoint's context_fn, which only the "
                             "non-reentrant checkpoint takes (and takes once)",
-                        fix="gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})")
+                        fix="gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False}), "
+                            "or activation_checkpointing_enable() from transformers 5.25")
     names = {id(m): n for n, m in model.named_modules()}
     found = {layer: _modules(layer, attention_cls) for layer in layers}
     chosen: dict[str, set[torch.nn.Module]] = {}
