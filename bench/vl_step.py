@@ -38,11 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from train_step import QWEN25_7B, checkpointing, head_loss  # noqa: E402
 
 import _common as C  # noqa: E402
 import tfcompat  # noqa: E402
 from tfcompat.heads import IGNORE_INDEX  # noqa: E402
-from train_step import QWEN25_7B, checkpointing, head_loss  # noqa: E402
 
 VISION_7B = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
                  patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
