@@ -11,6 +11,7 @@ import copy
 
 import pytest
 import torch
+import transformers
 
 import tfcompat
 from tests.helpers import pack
@@ -144,6 +145,31 @@ def test_equal_to_full_checkpointing_on_ordinary_calls_moe_and_sinks(family, att
     assert kept.keys() == full.keys()
     for name in full:
         torch.testing.assert_close(kept[name], full[name], rtol=1e-6, atol=1e-7 * float(full[name].abs().max()),
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_activation_checkpointing_every_n_layers():
+    """Rule: transformers' activation_checkpointing_enable (5.25+) with every_n_layers is the checkpointing
+    checkpoint_keep extends: only the checkpointed layers keep (counted) and the gradients are full checkpointing's.
+    (Its offload=True pins host memory, which a CPU-only torch refuses in transformers' own code.)"""
+    if not hasattr(transformers.PreTrainedModel, "activation_checkpointing_enable"):
+        pytest.skip(f"transformers {installed_transformers()} has no activation_checkpointing_enable")
+    inputs = None
+
+    def grads(keep):
+        nonlocal inputs
+        model = _model("qwen2", checkpointing=False)
+        model.activation_checkpointing_enable(every_n_layers=2, offload=torch.cuda.is_available())
+        inputs = inputs or pack(model, sample_sequences(model, LENGTHS, [None] * 3, seed=4))
+        with tfcompat.patch(model, checkpoint_keep=keep):
+            kept = [layer for layer in model.model.layers if "forward" in vars(layer.self_attn)]
+            model(**inputs, use_cache=False).logits.float().pow(2).mean().backward()
+        return kept, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    (_, full), (kept, got) = grads(()), grads("attention")
+    assert len(kept) == 2  # layers 0 and 2 checkpointed
+    for name in full:
+        torch.testing.assert_close(got[name], full[name], rtol=1e-6, atol=1e-7 * float(full[name].abs().max()),
                                    msg=lambda m, name=name: f"{name}: {m}")
 
 
