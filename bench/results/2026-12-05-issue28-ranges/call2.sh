@@ -6,9 +6,9 @@ date
 source $D/setup.sh || exit 3
 t0=$(date +%s)
 T="tfcompat_fused[auto]"
-timeout 320 python3 bench/train_step.py --variants "$T@logits,$T@attention+offload:18+logits,$T@attention+offload:14+logits,$T@attention+mlp_in:2+offload:26+logits,$T@attention+mlp_in:1..17..2+offload:18+logits,$T@attention+mlp_in:0..24..3+offload:24+logits,$T@attention+mlp_in:1..23..2+offload:24+logits,liger_flex" --out $OUT/call2_train_step.json 2>&1 | tee $OUT/call2_train_step.txt | grep -v "^speed-up" | tail -12
+timeout 290 python3 bench/train_step.py --variants "$T@logits,$T@attention+offload:18+logits,$T@attention+mlp_in:2+offload:26+logits,$T@attention+mlp_in:1..17..2+offload:18+logits,$T@attention+mlp_in:0..24..3+offload:24+logits,liger_flex" --out $OUT/call2_train_step.json 2>&1 | tee $OUT/call2_train_step.txt | grep -v "^speed-up" | tail -10
 grep "^speed-up" $OUT/call2_train_step.txt | grep -E "/ liger_flex$"
 echo "28 layers took $(( $(date +%s) - t0 )) s"; free -g | head -2
-timeout $(( 575 - ($(date +%s) - t0) )) python3 bench/train_step.py --long --variants "$T,$T@logits,$T@attention+offload,$T@attention+mlp_in:0..1+offload,$T@attention+mlp_in:0..3..2+offload,$T@attention+mlp_in:0..2+offload,liger_flex" --out $OUT/call2_train_step_long.json 2>&1 | tee $OUT/call2_train_step_long.txt | grep -v "^speed-up" | tail -11
+timeout $(( 500 - ($(date +%s) - t0) )) python3 bench/train_step.py --long --variants "$T,$T@attention+offload,$T@attention+mlp_in:0..1+offload,$T@attention+mlp_in:0..2+offload,liger_flex" --out $OUT/call2_train_step_long.json 2>&1 | tee $OUT/call2_train_step_long.txt | grep -v "^speed-up" | tail -9
 grep "^speed-up" $OUT/call2_train_step_long.txt | grep -E "/ liger_flex$"
 echo "all took $(( $(date +%s) - t0 )) s"; date
