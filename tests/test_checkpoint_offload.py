@@ -128,7 +128,7 @@ def test_the_next_layers_come_back_ahead_within_the_largest_layer():
         stash.pack(torch.randn(max(n, 1)))
         stash.close()
         stashes.append(stash)
-    assert offloader.largest == 16
+    assert offloader.largest() == 16
 
     def back() -> list[bool]:
         return [not s._copies for s in stashes]  # fetched (or nothing to fetch)

@@ -158,17 +158,16 @@ class Stash:
     def close(self) -> None:
         """The forward of the layer is done: its blocks are the allocator's once copied."""
         self._open.clear()
-        self._offloader.largest = max(self._offloader.largest, self.nbytes)
 
     def fetch(self) -> None:
         """Copy this layer's storages back, and ahead those of the layers next in the backward: the next that
         offloads, and more while the bytes ahead stay within the largest layer's."""
         self._fetch()
-        ahead = 0
+        ahead, largest = 0, self._offloader.largest()
         for stash in self._offloader.before(self):
             if not stash.nbytes:
                 continue
-            if ahead and ahead + stash.nbytes > self._offloader.largest:
+            if ahead and ahead + stash.nbytes > largest:
                 break
             ahead += stash.nbytes
             stash._fetch()
@@ -187,13 +186,16 @@ class Offloader:
         self.min_bytes = MIN_BYTES if min_bytes is None else min_bytes
         self._streams: dict[torch.device, tuple[torch.cuda.Stream, torch.cuda.Stream]] = {}
         self._stashes: list[weakref.ref[Stash]] = []
-        self.largest = 0  # the most bytes one layer call has offloaded
 
     def stash(self, offloads: bool) -> Stash:
         """A new stash, for one checkpointed call of a layer keeping modules (``offloads``: whether it offloads)."""
         s = Stash(self, offloads)
         self._stashes = [r for r in self._stashes if r() is not None] + [weakref.ref(s)]
         return s
+
+    def largest(self) -> int:
+        """The most bytes one live stash (a layer call of this step) has offloaded."""
+        return max((s.nbytes for r in self._stashes if (s := r()) is not None), default=0)
 
     def before(self, stash: Stash) -> list[Stash]:
         """The live stashes made before ``stash``, the nearest first (the order the backward reaches them)."""
