@@ -85,7 +85,7 @@ def test_offload_gives_the_kept_gradients_at_less_memory(setup):
     """Rule: the gradients are the kept path's (bf16: within twice the difference of two kept runs + 1e-2 of the
     scale, the bound of test_checkpoint_keep_cuda: the attention backward's kernels are not deterministic; the
     bits are checked above); the peak below the kept path's, by at least 40% of what keeping added over full
-    recompute (the copies back run one layer ahead, and a forward faster than the link holds blocks until their
+    recompute (the copies back run ahead of their layer, and a forward faster than the link holds blocks until their
     copies are done); measured warm (a second step: the pinned host blocks cached)."""
     model, inputs = setup
     _, _, peak_full = _step(model, inputs, (), False)

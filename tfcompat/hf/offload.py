@@ -9,8 +9,8 @@ and those of the next layers of the backward are copied back on a second side st
 them on an event. Ahead goes at least the next offloading layer, and more while the bytes ahead stay within the
 largest layer's: the link stays busy through layers that offload little (a light layer's backward is the time a
 heavy one's copy needs), and the memory held ahead is at most one layer's, as with one layer ahead. No host sync in
-the forward or the backward. The bytes come back as they left, so the
-gradients are those of the kept path without offload, bit for bit.
+the forward or the backward. The bytes come back as they left, so the gradients are those of the kept path without
+offload, bit for bit.
 
 Per storage: the views of one storage saved in a layer (q/k/v projections' common input, an output and its
 reshape) share one copy and come back as views of one block. Offloaded: strided plain tensors of at least
