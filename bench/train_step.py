@@ -131,23 +131,28 @@ TEMPERATURE = 0.7
 ENTROPY_COEF = 0.01
 
 
+def instantiate(make: Callable[[], torch.nn.Module], dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """``make()`` under seed 0, built in ``dtype`` on ``device``; in train mode, without the cache."""
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = make()
+    finally:
+        torch.set_default_dtype(default)
+    model = model.to(dtype).train()
+    model.config.use_cache = False
+    return model
+
+
 def build_model(dims: dict[str, Any], layers: int, max_len: int, dtype: torch.dtype,
                 device: torch.device) -> torch.nn.Module:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(**{**dims, "num_hidden_layers": layers}, max_position_embeddings=max(32768, max_len))
     cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = Qwen2ForCausalLM(cfg)
-    finally:
-        torch.set_default_dtype(default)
-    model = model.to(dtype).train()
-    model.config.use_cache = False
-    return model
+    return instantiate(lambda: Qwen2ForCausalLM(cfg), dtype, device)
 
 
 def build_moe(dims: dict[str, Any], layers: int, max_len: int, dtype: torch.dtype, device: torch.device,
@@ -164,20 +169,11 @@ def build_moe(dims: dict[str, Any], layers: int, max_len: int, dtype: torch.dtyp
     cfg._attn_implementation = "sdpa"
     if experts and hasattr(cfg.text_config, "_experts_implementation"):
         cfg.text_config._experts_implementation = experts
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = Qwen3VLMoeForConditionalGeneration(cfg)
-    finally:
-        torch.set_default_dtype(default)
+    model = instantiate(lambda: Qwen3VLMoeForConditionalGeneration(cfg), dtype, device)
     with torch.no_grad():  # the constructor leaves the 3-d expert weights uninitialized
         for name, p in model.named_parameters():
             if "experts" in name:
                 p.normal_(0.0, 0.02)
-    model = model.to(dtype).train()
-    model.config.use_cache = False
     return model
 
 
@@ -190,20 +186,12 @@ def build_derived(family: str, dims: dict[str, Any], layers: int, max_len: int, 
                                max_position_embeddings=max(131072 if family == "gpt_oss" else 32768, max_len))
     if experts and hasattr(cfg, "_experts_implementation"):
         cfg._experts_implementation = experts
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(cfg, attn_implementation=STOCK_ATTENTION.get(family, "sdpa"))
-    finally:
-        torch.set_default_dtype(default)
+    model = instantiate(lambda: AutoModelForCausalLM.from_config(
+        cfg, attn_implementation=STOCK_ATTENTION.get(family, "sdpa")), dtype, device)
     with torch.no_grad():  # the constructor may leave 3-d expert weights (and gpt-oss' sinks) uninitialized
         for name, p in model.named_parameters():
             if "experts" in name or "sinks" in name:
                 p.normal_(0.0, 0.02)
-    model = model.to(dtype).train()
-    model.config.use_cache = False
     return model
 
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from train_step import QWEN25_7B, checkpointing, head_loss  # noqa: E402
+from train_step import QWEN25_7B, checkpointing, head_loss, instantiate  # noqa: E402
 
 import _common as C  # noqa: E402
 import tfcompat  # noqa: E402
@@ -64,17 +64,7 @@ def build(text: dict[str, Any], vision: dict[str, Any], layers: int, dtype: torc
              rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": mrope})
     cfg = Qwen2_5_VLConfig(text_config=t, vision_config=vision, tie_word_embeddings=False)
     cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = Qwen2_5_VLForConditionalGeneration(cfg)
-    finally:
-        torch.set_default_dtype(default)
-    model = model.to(dtype).train()
-    model.config.use_cache = False
-    return model
+    return instantiate(lambda: Qwen2_5_VLForConditionalGeneration(cfg), dtype, device)
 
 
 class Batch:
