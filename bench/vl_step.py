@@ -14,7 +14,9 @@ backward. Variants, in one run on the same weights and sequences:
   tfcompat_fused  ``tfcompat.pack`` of the sequences (one row, 3-row M-RoPE position ids per sequence) and
                   ``tfcompat.patch(model, fused=True)``: the shared varlen core (FA4 where installed), Liger's
                   RMSNorm / SwiGLU / RoPE kernels where exact; ``@...`` suffixes as in `bench/train_step.py`
-                  (``@logits``, ``@attention+offload:18+logits``)
+                  (``@logits``, ``@attention+offload:18+logits``), and ``vision``: ``vision_attention=True``, the
+                  tower's attention one varlen call per block (``@vision+logits``) instead of one SDPA call per
+                  window after a host sync (stock without flash-attn 2; every other variant)
   padded          stock, attn "sdpa", the sequences right-padded with an attention mask
   liger_padded    Liger-Kernel's ``apply_liger_kernel_to_qwen2_5_vl`` (rope, rms_norm, swiglu) on the instance +
                   stock padded sdpa, with Liger's fused linear cross entropy as the head (what its users run; stock
@@ -134,7 +136,8 @@ def main() -> None:
     p.add_argument("--seqs", type=int, default=8)
     p.add_argument("--min-len", type=int, default=512)
     p.add_argument("--max-len", type=int, default=4096)
-    p.add_argument("--variants", default="tfcompat_fused[auto],tfcompat_fused[auto]@logits,padded,liger_padded")
+    p.add_argument("--variants", default="tfcompat_fused[auto],tfcompat_fused[auto]@logits,"
+                   "tfcompat_fused[auto]@vision+logits,padded,liger_padded")
     p.add_argument("--head", default="auto", help="tfcompat.heads backend (default auto)")
     p.add_argument("--peak-tflops", type=float, default=989.0)
     p.add_argument("--seed", type=int, default=0)
@@ -172,7 +175,9 @@ def main() -> None:
                                              fused_linear_cross_entropy=False, model=model)
             liger = version("liger-kernel")
         keep_logits = "logits" in mode.split("+")
-        mode = "+".join(k for k in mode.split("+") if k != "logits")  # the head's, not the checkpointing's
+        vision = "vision" in mode.split("+")
+        # the head's and the tower's, not the checkpointing's
+        mode = "+".join(k for k in mode.split("+") if k not in ("logits", "vision"))
         tf = base.startswith("tfcompat")
         gc.collect()
         if device.type == "cuda":
@@ -183,7 +188,7 @@ def main() -> None:
                 if tf:
                     backend = base[base.index("[") + 1:-1] if "[" in base else "auto"
                     with tfcompat.patch(model, backend=backend, fused=base.startswith("tfcompat_fused"),
-                                        checkpoint_keep=keep, checkpoint_offload=offload):
+                                        checkpoint_keep=keep, checkpoint_offload=offload, vision_attention=vision):
                         packed = tfcompat.pack(model, batch.examples).model_inputs
                         step = make_step(model, batch, packed, args.head, keep_logits)
                         loss = float(step())

@@ -214,10 +214,11 @@ def _unbuildable(model_type: str, exc: BaseException) -> Outcome:
     return Outcome(model_type, "unbuildable", _reason(exc))
 
 
-def _patch(model_type: str, model: torch.nn.Module) -> Any:
-    """`tfcompat.patch(model)`'s handle, or the `Outcome` of a refusal (a typed error) or a defect (an untyped one)."""
+def _patch(model_type: str, model: torch.nn.Module, **options: Any) -> Any:
+    """`tfcompat.patch(model, **options)`'s handle, or the `Outcome` of a refusal (a typed error) or a defect (an
+    untyped one)."""
     try:
-        return tfcompat.patch(model)
+        return tfcompat.patch(model, **options)
     except REFUSALS as exc:
         return Outcome(model_type, "refused", _reason(exc))
     except Exception as exc:  # noqa: BLE001 -- an untyped error at patch() is a defect
@@ -451,11 +452,11 @@ def _requires_images(model: torch.nn.Module) -> bool:
     return requires_images(model)
 
 
-def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> Outcome:
-    """A vision-language type: `tfcompat.pack` of `vlm_examples` through `tfcompat.patch` vs stock per sequence (each
-    with its own image), forward and backward; and the same row through `tfcompat.embed_inputs` (the vision tower run
-    before the forward, as for Ulysses). Statuses as `check`; a pass records the largest diff, and fails when the
-    control (the unpatched packed row, positions running on) does not differ."""
+def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0, **options: Any) -> Outcome:
+    """A vision-language type: `tfcompat.pack` of `vlm_examples` through `tfcompat.patch(model, **options)` vs stock per
+    sequence (each with its own image), forward and backward; and the same row through `tfcompat.embed_inputs` (the
+    vision tower run before the forward, as for Ulysses). Statuses as `check`; a pass records the largest diff, and
+    fails when the control (the unpatched packed row, positions running on) does not differ."""
     if attn_implementation not in attention_implementations(model_type, "image_text_to_text"):
         return Outcome(model_type, "skipped", f"the model class offers no {attn_implementation} attention")
     try:
@@ -488,12 +489,12 @@ def vlm_check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0)
         expected_grads = gradients(model, lambda: sum((logits_of(model, **ex) @ w).sum() for ex in examples))
     except Exception as exc:  # noqa: BLE001
         # no fake image for it: patch() still says whether tfcompat takes the model at all (a refusal needs no image)
-        refusal = _patch(model_type, model)
+        refusal = _patch(model_type, model, **options)
         if isinstance(refusal, Outcome):
             return refusal
         refusal.undo()
         return Outcome(model_type, "unbuildable", _reason(exc))
-    handle = _patch(model_type, model)
+    handle = _patch(model_type, model, **options)
     if isinstance(handle, Outcome):
         return handle
     with handle:

@@ -34,8 +34,8 @@ from ..core.packing import PackedSeqs, chunked
 from ..errors import PatchedModelError
 from ..registry.lookup import ATTENTION_KEY
 
-__all__ = ["ATTENTION_KEY", "CROSS_ATTR", "FEATURES_ATTR", "TEMPERATURE_ATTR", "packed_attention", "rank_heads",
-           "register", "stock_function", "unregister"]
+__all__ = ["ATTENTION_KEY", "CROSS_ATTR", "FEATURES_ATTR", "HARMLESS_KWARGS", "TEMPERATURE_ATTR", "names_read",
+           "packed_attention", "rank_heads", "register", "stock_function", "unregister"]
 
 FEATURES_ATTR = "_tfcompat_features"  # on each patched attention module: its AttentionFeatures (absent: none)
 # on an attention module whose stock forward scales its queries by their row index (llama4's NoPE temperature
@@ -52,7 +52,7 @@ CROSS_ATTR = "_tfcompat_cross"
 # (stock eager and sdpa ignore them too; the boundaries here come from the position ids) and the trainer's
 # num_items_in_batch; ``logits_to_keep``, which some vision-language forwards (LLaVA-OneVision) hand their owner, whose
 # **kwargs carry it down to the attention.
-_HARMLESS = frozenset({
+HARMLESS_KWARGS = frozenset({
     CONTEXT_KWARG, "position_ids", "cache_position", "position_embeddings", "use_cache", "past_key_value",
     "past_key_values", "cache", "output_attentions", "output_hidden_states", "output_router_logits",
     "num_items_in_batch", "logits_to_keep", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx",
@@ -139,9 +139,9 @@ def _cross(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, valu
     if dropout:
         raise refuse(f"asked for attention dropout {dropout!r}", why="tfcompat's packed attention has no dropout",
                      fix="set the config's attention dropout to 0.0, or undo() the patch")
-    unknown = sorted(n for n in kwargs.keys() - _HARMLESS - _CHECKED if kwargs[n] is not None)
+    unknown = sorted(n for n in kwargs.keys() - HARMLESS_KWARGS - _CHECKED if kwargs[n] is not None)
     if unknown and kwargs.get("is_causal") is not True:
-        read = _names_read(type(module).__module__)
+        read = names_read(type(module).__module__)
         unknown = [n for n in unknown if read is None or n in read]
     if unknown or kwargs.get("is_causal") is True:
         raise refuse(f"passed {', '.join(unknown) or 'is_causal=True'} to the packed cross-attention",
@@ -193,7 +193,7 @@ def _layer_sinks(module: torch.nn.Module, features: AttentionFeatures, dropout: 
         return PatchedModelError(f"{type(module).__name__} {what}", why=why, fix=fix)
 
     refit = "patch() the model again after changing its config or modules, or undo() the patch"
-    extra = kwargs.keys() - _HARMLESS  # usually none, or sliding_window: this runs per layer call
+    extra = kwargs.keys() - HARMLESS_KWARGS  # usually none, or sliding_window: this runs per layer call
     for name in extra:
         value = kwargs[name]
         recorded = features.window if name == "sliding_window" else features.softcap if name == "softcap" else None
@@ -210,7 +210,7 @@ def _layer_sinks(module: torch.nn.Module, features: AttentionFeatures, dropout: 
                      fix="set the config's attention_dropout to 0.0, or undo() the patch")
     unknown = sorted(name for name in extra - _CHECKED if kwargs[name] is not None)
     if unknown:  # read only then: usually nothing is unknown (and a compiled graph calls no import)
-        read = _names_read(type(module).__module__)
+        read = names_read(type(module).__module__)
         unknown = [name for name in unknown if read is None or name in read]
     if unknown:
         raise refuse(f"passed {', '.join(unknown)} to the packed attention, which does not implement "
@@ -231,7 +231,7 @@ def _layer_sinks(module: torch.nn.Module, features: AttentionFeatures, dropout: 
 
 
 @functools.cache
-def _names_read(modeling: str) -> frozenset[str] | None:
+def names_read(modeling: str) -> frozenset[str] | None:
     """Every name the attention functions of the installed transformers could read a keyword by: the identifiers,
     attribute names and string constants in the modules of `ALL_ATTENTION_FUNCTIONS`' functions (ours aside), in
     `_ATTENTION_HELPERS`, and in the ``*attention_forward`` functions that ``modeling`` (the attention class's
@@ -241,7 +241,8 @@ def _names_read(modeling: str) -> frozenset[str] | None:
     where a source cannot be read (a compiled hub kernel): then every keyword counts as read, none is ignored on a
     guess."""
     functions = importlib.import_module("transformers.modeling_utils").ALL_ATTENTION_FUNCTIONS._global_mapping
-    sources: set[Any] = {inspect.getmodule(fn) for fn in functions.values() if fn is not packed_attention}
+    sources: set[Any] = {inspect.getmodule(fn) for fn in functions.values()
+                         if not (getattr(fn, "__module__", None) or "").startswith("tfcompat.")}
     sources.update(importlib.import_module(name) for name in _ATTENTION_HELPERS)
     own = sys.modules.get(modeling)
     eager = [fn for name, fn in vars(own).items()

@@ -60,6 +60,7 @@ from . import fused as hf_fused
 from . import linear_attention as hf_linear_attention
 from . import mixers as hf_mixers
 from . import proof as hf_proof
+from . import vision_attention as hf_vision_attention
 from .changes import Record
 from .features import ModuleFeatures, module_features, unsupported
 from .forward import Router, to_text_model_layout
@@ -138,6 +139,7 @@ def patch(
     fused: hf_fused.Fused = False,
     checkpoint_keep: hf_checkpointing.CheckpointKeep = (),
     checkpoint_offload: hf_checkpointing.Offload = False,
+    vision_attention: bool = False,
     prove: bool | None = None,
 ) -> PatchHandle:
     """Make a stock transformers model accept packed batches; returns a `PatchHandle`.
@@ -162,6 +164,10 @@ def patch(
     checkpoint_offload: what ``checkpoint_keep`` keeps goes to pinned host memory in the forward and comes back in
         the backward, ahead of its layer, overlapped on side streams (`tfcompat.hf.offload`; the same gradients):
         False (default), True (every layer keeping a module), a count or fraction of those layers (the first).
+    vision_attention: the vision (or audio) towers that split their patches at boundaries (``cu_seqlens``: per
+        image, or per window) run their attention as one varlen call per block on ``backend``, rather than one
+        call per image or window after a host sync (`tfcompat.hf.vision_attention`; transformers 5.x's Qwen2-VL,
+        Qwen2.5-VL, Qwen3-VL, GLM-4V, Pixtral, ...). `PatchError` for a model without such a tower.
     prove: for a type without a written table (derived from its modeling module), check the patch first on a tiny
         copy of the model's own config, CPU float32: stock per sequence against patched packed (`tfcompat.hf.proof`,
         cached per type, release and config; `PatchHandle.proof` says what it found). None (default): prove unless
@@ -179,11 +185,14 @@ def patch(
         raise PatchError(f"unknown attention backend {backend!r}", supported=", ".join(get_args(Backend)),
                          fix="pass one of the supported backends")
     ulysses_group = _check_group(ulysses_group)
+    if not isinstance(vision_attention, bool):
+        raise PatchError(f"vision_attention must be True or False, got {vision_attention!r}",
+                         fix="pass vision_attention=True to route the vision towers' attention, else leave it out")
     keep = hf_checkpointing.policy_of(checkpoint_keep)
     offload = hf_checkpointing.offload_of(checkpoint_offload)
     options = {"remove_padding": remove_padding, "ulysses_group": ulysses_group, "backend": backend,
                "linear_backend": linear_backend, "fused": fused, "checkpoint_keep": keep,
-               "checkpoint_offload": offload}
+               "checkpoint_offload": offload, "vision_attention": vision_attention}
     existing = vars(model).get(_HANDLE_ATTR)
     if existing is not None and existing.active:
         if existing.options != options:
@@ -217,6 +226,7 @@ def patch(
                              "modules kept from recomputation are the packed path's", supported="checkpoint_keep=()",
                              fix="patch without checkpoint_keep")
     keep_plan = hf_checkpointing.plan(model, keep, resolved.attention_cls, resolved.error, offload)
+    towers = hf_vision_attention.plan(model, plan.configs, resolved) if vision_attention else []
     is_derived = resolved.entry.derived is not None or resolved.entry.derived_vision is not None
     proof = hf_proof.prove(model, resolved, functools.partial(patch, prove=False)) \
         if is_derived and hf_proof.is_wanted(prove) else None  # the copy's own patch proves nothing again
@@ -239,6 +249,19 @@ def patch(
     for config in plan.configs:
         handle._set("config", config, "_attn_implementation", hf_attention.ATTENTION_KEY,
                     f"{config._attn_implementation!r} -> {hf_attention.ATTENTION_KEY!r}")
+    if towers:
+        hf_vision_attention.register()
+        release_vision = weakref.finalize(model, hf_vision_attention.unregister)
+        release_vision.atexit = False
+        handle._add(Record("process", hf_vision_attention, "AttentionInterface", None, hf_vision_attention.VISION_KEY,
+                           True, f"registered attention key {hf_vision_attention.VISION_KEY!r} (reference counted)"),
+                    release_vision)
+    for config, modules in towers:
+        handle._set("config", config, "_attn_implementation", hf_vision_attention.VISION_KEY,
+                    f"tower: {config._attn_implementation!r} -> {hf_vision_attention.VISION_KEY!r}")
+        for module in modules:
+            handle._set("instance", module, hf_vision_attention.BACKEND_ATTR, backend,
+                        "the tower's attention backend (one varlen call per block)")
     own = own_positions(resolved.text_model_cls) if resolved.entry.derived is not None else None
     derived = resolved.entry.derived
     from_row = positions_from_row(resolved.text_model_cls) if derived is not None else None
