@@ -58,10 +58,13 @@ def doctor(types: str | Sequence[str] = "all") -> dict[str, Any]:
                 r = resolve(key)
             row.update(status="resolved", entry=str(entry.versions), why=entry.why,
                        warnings=[str(w.message) for w in caught])
-            checks = [run_check(key, impl) for impl in ("eager", "sdpa")]
+            # and, where the family's tower routes its boundaries (5.x), sdpa with the tower through tfcompat
+            found = [run_check(key, "eager"), run_check(key, "sdpa"), run_check(key, "sdpa", vision_attention=True)]
+            checks = [c for c in found if c is not None]
             row["selfcheck"] = [
                 {"attn_implementation": c.attn_implementation, "max_abs_diff": c.max_abs_diff, "tokens": c.tokens,
-                 "vision": list(c.vision), "ok": c.ok, "seconds": round(c.seconds, 3)} for c in checks
+                 "vision": list(c.vision), "vision_attention": c.vision_attention, "ok": c.ok,
+                 "seconds": round(c.seconds, 3)} for c in checks
             ]
             row["ok"] = all(c.ok for c in checks)
             row["explain"] = r.explain()
@@ -130,8 +133,9 @@ def _print(report: dict[str, Any]) -> None:
             for c in row["selfcheck"]:
                 seen = f" ({', '.join(c['vision'])})" if c["vision"] else ""
                 verdict = "pass" if c["ok"] else "FAIL"
+                tower = ", tower through tfcompat" if c.get("vision_attention") else ""
                 print(f"       self-check {c['attn_implementation']:<5} packed vs stock per-sequence: max abs diff "
-                      f"{c['max_abs_diff']:.2e} over {c['tokens']} tokens{seen} ({verdict}, {c['seconds']} s)")
+                      f"{c['max_abs_diff']:.2e} over {c['tokens']} tokens{seen}{tower} ({verdict}, {c['seconds']} s)")
         else:
             print(f"[{mark}] {row['family']:<16} {row['status']}: " + row["why"].replace("\n", "\n       "))
     _print_types(report)

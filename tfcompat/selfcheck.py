@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 
@@ -18,6 +18,7 @@ from .errors import TfcompatError
 from .hf.patching import patch
 from .hf.proof import REFUSAL as PROOF_REFUSAL
 from .hf.rounding import NEAR_MISS, is_rounding, to_float64
+from .hf.vision_attention import towers
 from .inputs.derived_vision import owner_of
 from .inputs.pack import pack
 from .inputs.token_types import required, with_prefix_suffix
@@ -49,7 +50,8 @@ class Sequence:
 @dataclass
 class CheckResult:
     """One self-check: the max per-token logit difference over ``tokens`` packed tokens; vision: the kinds of
-    the vision items in the packed row, in order (e.g. ``("image", "image", "video")``)."""
+    the vision items in the packed row, in order (e.g. ``("image", "image", "video")``); vision_attention: the
+    tower's attention ran through tfcompat (``patch(vision_attention=True)``)."""
 
     family: str
     attn_implementation: str
@@ -58,6 +60,7 @@ class CheckResult:
     seconds: float
     tolerance: float
     vision: tuple[str, ...] = ()
+    vision_attention: bool = False
 
     @property
     def ok(self) -> bool:
@@ -160,23 +163,28 @@ def stock_inputs(r: Resolved, model: torch.nn.Module, seq: Sequence) -> dict[str
 
 
 @torch.no_grad()
-def run_check(key: str, attn_implementation: str = "sdpa", tolerance: float = 1e-5) -> CheckResult:
+def run_check(key: str, attn_implementation: str = "sdpa", tolerance: float = 1e-5, *,
+              vision_attention: bool = False) -> CheckResult | None:
     """Packed patched logits against stock per-sequence logits on a tiny model: the family's packed sample
-    (text, and the images and videos of `tfcompat.records.Family.sample_vision`)."""
+    (text, and the images and videos of `tfcompat.records.Family.sample_vision`). vision_attention: patch with it
+    (`tfcompat.hf.vision_attention`); None where the family's tower does not route so on this transformers."""
     start = time.perf_counter()
     r = resolve(key)
     model = tiny_model(key, attn_implementation)
+    if vision_attention and not towers(model, [cast(Any, model.config).get_text_config()]):
+        return None
     lengths, items = sample_case(key)
     if "videos_rejected" in r.entry.known_issues:  # the stock forward cannot be the oracle for videos here
         items = [None if isinstance(i, tuple) and i[0] == "video" else i for i in items]
     seqs = sample_sequences(model, lengths, items)
     expected = [model(**stock_inputs(r, model, s), use_cache=False).logits[0] for s in seqs]
     packed = pack(model, [{"input_ids": s.input_ids, **s.vision_inputs()} for s in seqs]).model_inputs
-    with patch(model, remove_padding=True):
+    with patch(model, remove_padding=True, vision_attention=vision_attention):
         got = model(**packed, use_cache=False).logits[0]
     diff = max(float((g - e).abs().max()) for g, e in zip(got.split([e.shape[0] for e in expected]), expected))
     kinds = tuple(i[0] if isinstance(i[0], str) else "image" for i in items if i is not None)
-    return CheckResult(key, attn_implementation, diff, got.shape[0], time.perf_counter() - start, tolerance, kinds)
+    return CheckResult(key, attn_implementation, diff, got.shape[0], time.perf_counter() - start, tolerance, kinds,
+                       vision_attention)
 
 
 @dataclass(frozen=True)

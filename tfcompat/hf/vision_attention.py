@@ -35,7 +35,7 @@ from ..errors import PatchedModelError, PatchError
 from ..registry import Resolved
 from .attention import HARMLESS_KWARGS, names_read
 
-__all__ = ["BACKEND_ATTR", "VISION_KEY", "plan", "register", "unregister", "vision_attention"]
+__all__ = ["BACKEND_ATTR", "VISION_KEY", "plan", "register", "towers", "unregister", "vision_attention"]
 
 # "flash" in the name: transformers hands a tower's boundaries only to such implementations (module docstring)
 VISION_KEY = "tfcompat_flash_varlen"
@@ -51,24 +51,16 @@ def plan(model: torch.nn.Module, text_configs: list[Any], resolved: Resolved
     """The towers of ``model`` whose attention `VISION_KEY` can run: ``(config, its modules)`` per tower config
     outside ``text_configs``. `PatchError` where there is none (a text model, or a release whose towers hand their
     boundaries to ``"flash_attention_2"`` alone, as 4.x's), or a tower has attention dropout."""
-    flash_named = _flash_named()
-    by_config: dict[int, tuple[Any, list[torch.nn.Module]]] = {}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is None or not hasattr(config, "_attn_implementation") or any(config is c for c in text_configs):
-            continue
-        by_config.setdefault(id(config), (config, []))[1].append(module)
-    towers = [(config, modules) for config, modules in by_config.values()
-              if any(_routes(cast(Any, type(m))) for m in modules)]
-    if not towers or not flash_named:
+    found = towers(model, text_configs)
+    if not found:
         raise resolved.error(
             PatchError, f"no tower of {type(model).__name__} hands its attention boundaries to a varlen function",
             why="vision_attention=True routes a tower whose attention passes cu_seq_lens_q where its implementation "
             "is named like flash attention (transformers.utils.generic.is_flash_attention_requested); "
-            + ("this transformers has no such rule" if not flash_named else "no module here does"),
+            + ("no module here does" if _flash_named() else "this transformers has no such rule"),
             supported="the vision and audio towers of transformers 5.x that split their patches at cu_seqlens "
             "(Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V, Pixtral, ...)", fix="patch without vision_attention")
-    for config, modules in towers:
+    for config, modules in found:
         dropout = max((float(getattr(m, "attention_dropout", 0.0) or 0.0) for m in modules), default=0.0)
         if dropout:
             raise resolved.error(
@@ -76,7 +68,22 @@ def plan(model: torch.nn.Module, text_configs: list[Any], resolved: Resolved
                 why="tfcompat's varlen attention has no dropout (it would be silently skipped in training)",
                 supported="attention_dropout=0.0", fix="set the tower config's attention_dropout to 0.0, or patch "
                 "without vision_attention")
-    return towers
+    return found
+
+
+def towers(model: torch.nn.Module, text_configs: list[Any]) -> list[tuple[Any, list[torch.nn.Module]]]:
+    """``(config, its modules)`` for each config of ``model`` outside ``text_configs`` (the text model's) that a
+    routing module uses (`_ROUTE` in its forward); none where this transformers routes by no flash name."""
+    if not _flash_named():
+        return []
+    by_config: dict[int, tuple[Any, list[torch.nn.Module]]] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is None or not hasattr(config, "_attn_implementation") or any(config is c for c in text_configs):
+            continue
+        by_config.setdefault(id(config), (config, []))[1].append(module)
+    return [(config, modules) for config, modules in by_config.values()
+            if any(_routes(cast(Any, type(m))) for m in modules)]
 
 
 def _flash_named() -> bool:
