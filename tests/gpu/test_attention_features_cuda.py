@@ -70,7 +70,7 @@ def _run(q, k, v, sinks, grad, features, backend, grads=True):
     return [out.detach().float(), *(g.float() for g in torch.autograd.grad(out, leaves, grad.to(out.dtype)))]
 
 
-def _compare(got, ref, low, backend):
+def _compare(got, ref, low, backend, softcap=False):
     for name, r, lo, g in zip(("out", "dq", "dk", "dv", "dsinks"), ref, low, got):
         err, err_sdpa = float((g - r).abs().max()), float((lo - r).abs().max())
         bound = TOL if name == "out" else GRAD_TOL
@@ -80,8 +80,10 @@ def _compare(got, ref, low, backend):
             limit = bound * max(1.0, float(r.abs().max()))
             assert err <= limit, f"{name}: max error {err:.3e} > {limit:.3e} vs fp32 sdpa"
         # the sinks' gradient sums over every token; a backend that rounds its output to bf16 before the fp32 sink
-        # correction (flex) rounds once more than the sdpa path (H200, torch 2.11: 2.25x)
-        factor = 3 if name == "dsinks" else 2
+        # correction (flex) rounds once more than the sdpa path (H200, torch 2.11: 2.25x). With a softcap the sdpa
+        # path is the explicit fp32 softmax (one rounding, of the output), while flex rounds the capped scores'
+        # gradient to bf16 before its dq / dk matmuls (H200, torch 2.11: dk 2.47x)
+        factor = 3 if name == "dsinks" or (softcap and backend == "flex" and name in ("dq", "dk")) else 2
         assert err <= factor * err_sdpa + bound / 4, (
             f"{name}: {backend} error {err:.3e} is over {factor}x the bf16 sdpa backend's {err_sdpa:.3e}")
 
@@ -105,7 +107,7 @@ def test_backend_runs_features_exactly(backend, name, features, dqk, dv):
     low = _run(q, k, v, sinks, grad, features, "sdpa", grads)
     got = _run(q, k, v, sinks, grad, features, backend, grads)
     assert got[0].shape == (sum(LENGTHS), 8, dv)
-    _compare(got, ref, low, backend)
+    _compare(got, ref, low, backend, softcap=features.softcap is not None)
 
 
 @pytest.mark.parametrize(("name", "features", "dqk", "dv"), CASES, ids=[c[0] for c in CASES])
@@ -117,7 +119,7 @@ def test_auto_picks_a_backend_that_can(name, features, dqk, dv):
     assert unsupported(chosen, features, qk_dim=dqk, v_dim=dv, device=q.device) == ""
     _compare(_run(q, k, v, sinks, grad, features, "auto"), _run(q.float(), k.float(), v.float(), sinks, grad,
                                                                   features, "sdpa"),
-             _run(q, k, v, sinks, grad, features, "sdpa"), chosen)
+             _run(q, k, v, sinks, grad, features, "sdpa"), chosen, softcap=features.softcap is not None)
 
 
 def test_features_change_the_output():
