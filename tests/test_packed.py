@@ -153,29 +153,30 @@ class TestPatchLifecycle:
 
     def test_two_models_share_the_key_until_the_last_undo(self, resolved):
         interface = __import__("transformers.modeling_utils", fromlist=["x"]).AttentionInterface
-        users = hf_attention._users  # models another test of this process keeps patched (module fixtures)
+        # models another test of this process keeps patched (module fixtures)
+        users = hf_attention._users.get(ATTENTION_KEY, 0)
         a, b = tiny_model(FAMILY, "sdpa"), tiny_model(FAMILY, "eager")
         ha, hb = tfcompat.patch(a), tfcompat.patch(b)
-        assert hf_attention._users == users + 2
+        assert hf_attention._users.get(ATTENTION_KEY, 0) == users + 2
         ha.undo()
         assert ATTENTION_KEY in interface._global_mapping
         hb.undo()
-        assert hf_attention._users == users
+        assert hf_attention._users.get(ATTENTION_KEY, 0) == users
         assert (ATTENTION_KEY in interface._global_mapping) == (users > 0)
 
     def test_a_dropped_copy_releases_its_use_of_the_key(self):
-        users = hf_attention._users
+        users = hf_attention._users.get(ATTENTION_KEY, 0)
         model = tiny_model(FAMILY, "sdpa")
         handle = tfcompat.patch(model)
         clone = copy.deepcopy(model)
-        assert tfcompat.is_patched(clone) and hf_attention._users == users + 2
+        assert tfcompat.is_patched(clone) and hf_attention._users.get(ATTENTION_KEY, 0) == users + 2
         del clone
         gc.collect()  # the copy and its handle hold each other
-        assert hf_attention._users == users + 1
+        assert hf_attention._users.get(ATTENTION_KEY, 0) == users + 1
         handle.undo()
         del model, handle
         gc.collect()  # undone: collecting the model releases nothing twice
-        assert hf_attention._users == users
+        assert hf_attention._users.get(ATTENTION_KEY, 0) == users
 
     def test_unknown_backend_fails_at_patch_time(self):
         model = tiny_model(FAMILY, "sdpa")

@@ -25,13 +25,23 @@ The varlen kernels need no host sync; per-sequence SDPA splits on the host lengt
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import InvalidInputError
-from .attention import Backend, _auto_order, _can_flash, _can_torch, _flash_varlen, _pad_dims, _torch_varlen
+from .attention import (
+    Backend,
+    _auto_order,
+    _can_flash,
+    _can_torch,
+    _flash_varlen,
+    _pad_dims,
+    _torch_varlen,
+    _TorchVarlen,
+    _VarlenFn,
+)
 from .packing import PackedSeqs
 
 __all__ = ["cross_attention"]
@@ -65,15 +75,12 @@ def cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_seqs: P
     v_dim = v.shape[-1]
     q, k, v = _pad_dims(q, k, v)
     if name == "flash":
-        flash = _flash_varlen(q.device)
-        assert flash is not None  # _backend: found
+        flash = cast(_VarlenFn, _flash_varlen(q.device))  # _backend: found
         out = flash(q, k, v, cu_seqlens_q=q_seqs.cu_seqlens, cu_seqlens_k=k_seqs.cu_seqlens,
                     max_seqlen_q=q_seqs.max_seqlen, max_seqlen_k=k_seqs.max_seqlen, softmax_scale=scale, causal=False)
         out = out[0] if isinstance(out, tuple) else out  # FA3/FA4 releases that also return the log-sum-exp
     else:
-        found = _torch_varlen()
-        assert found is not None  # _backend: found
-        fn, params = found
+        fn, params = cast(_TorchVarlen, _torch_varlen())  # _backend: found
         kwargs: dict[str, Any] = {"is_causal": False} if "is_causal" in params else {"window_size": (-1, -1)}
         if "enable_gqa" in params:  # torch 2.11: GQA is native, no flag
             kwargs["enable_gqa"] = q.shape[1] != k.shape[1]

@@ -275,19 +275,18 @@ def _interface() -> Any:
     return importlib.import_module("transformers.modeling_utils").AttentionInterface
 
 
-_users = 0
+_users: dict[str, int] = {}
 
 
-def register() -> None:
-    """Add `ATTENTION_KEY` to transformers' AttentionInterface (process-wide; reference counted)."""
-    global _users
-    _interface().register(ATTENTION_KEY, packed_attention)
-    _users += 1
+def register(key: str = ATTENTION_KEY, function: Any = None) -> None:
+    """Add ``key`` -> ``function`` (default `packed_attention`) to transformers' AttentionInterface (process-wide;
+    reference counted per key)."""
+    _interface().register(key, packed_attention if function is None else function)
+    _users[key] = _users.get(key, 0) + 1
 
 
-def unregister() -> None:
-    """Drop one use of `ATTENTION_KEY`; the last one removes it from the AttentionInterface."""
-    global _users
-    _users -= 1
-    if _users == 0:
-        _interface()._global_mapping.pop(ATTENTION_KEY, None)
+def unregister(key: str = ATTENTION_KEY) -> None:
+    """Drop one use of ``key``; the last one removes it from the AttentionInterface."""
+    _users[key] -= 1
+    if _users[key] == 0:
+        _interface()._global_mapping.pop(key, None)

@@ -250,8 +250,8 @@ def patch(
         handle._set("config", config, "_attn_implementation", hf_attention.ATTENTION_KEY,
                     f"{config._attn_implementation!r} -> {hf_attention.ATTENTION_KEY!r}")
     if towers:
-        hf_vision_attention.register()
-        release_vision = weakref.finalize(model, hf_vision_attention.unregister)
+        hf_attention.register(hf_vision_attention.VISION_KEY, hf_vision_attention.vision_attention)
+        release_vision = weakref.finalize(model, hf_attention.unregister, hf_vision_attention.VISION_KEY)
         release_vision.atexit = False
         handle._add(Record("process", hf_vision_attention, "AttentionInterface", None, hf_vision_attention.VISION_KEY,
                            True, f"registered attention key {hf_vision_attention.VISION_KEY!r} (reference counted)"),

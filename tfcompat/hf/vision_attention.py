@@ -35,7 +35,7 @@ from ..errors import PatchedModelError, PatchError
 from ..registry import Resolved
 from .attention import HARMLESS_KWARGS, names_read
 
-__all__ = ["BACKEND_ATTR", "VISION_KEY", "plan", "register", "towers", "unregister", "vision_attention"]
+__all__ = ["BACKEND_ATTR", "VISION_KEY", "plan", "towers", "vision_attention"]
 
 # "flash" in the name: transformers hands a tower's boundaries only to such implementations (module docstring)
 VISION_KEY = "tfcompat_flash_varlen"
@@ -170,25 +170,3 @@ def _seqs(cu: torch.Tensor, max_length: Any) -> PackedSeqs:
         longest = int(max_length) if isinstance(max_length, int) else max(lengths, default=0)
         seqs = _seqs_of[cu] = PackedSeqs(cu32, longest, lengths)
     return seqs
-
-
-def _interface() -> Any:
-    return importlib.import_module("transformers.modeling_utils").AttentionInterface
-
-
-_users = 0
-
-
-def register() -> None:
-    """Add `VISION_KEY` to transformers' AttentionInterface (process-wide; reference counted)."""
-    global _users
-    _interface().register(VISION_KEY, vision_attention)
-    _users += 1
-
-
-def unregister() -> None:
-    """Drop one use of `VISION_KEY`; the last one removes it from the AttentionInterface."""
-    global _users
-    _users -= 1
-    if _users == 0:
-        _interface()._global_mapping.pop(VISION_KEY, None)

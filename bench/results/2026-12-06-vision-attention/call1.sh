@@ -4,7 +4,7 @@
 # images, with and without vision_attention; long context (4 layers, 70,703 tokens) with attention offloaded
 D=bench/results/2026-12-06-vision-attention
 nvidia-smi -L; date; free -g | head -2
-source $D/setup.sh || exit 3
+source bench/results/2026-12-05-issue28-ranges/setup.sh || exit 3  # liger-kernel (and FA4 where its runtime travelled) from the carried wheels
 t0=$(date +%s)
 timeout 150 python3 -m pytest tests/gpu/test_vision_attention_cuda.py tests/gpu/test_checkpoint_offload_cuda.py tests/gpu/test_checkpoint_keep_cuda.py -q -rs -p no:cacheprovider 2>&1 | tee $OUT/gpu_tests.txt | grep -v Warning | tail -6
 echo "tests done at $(( $(date +%s) - t0 )) s"

@@ -2,7 +2,7 @@
 # against a bound the test now states), the tower alone (bench/vision_tower.py), then the VL step with the tower routed under the kept-output policies
 D=bench/results/2026-12-06-vision-attention
 nvidia-smi -L; date
-source $D/setup.sh || exit 3
+source bench/results/2026-12-05-issue28-ranges/setup.sh || exit 3  # liger-kernel (and FA4 where its runtime travelled) from the carried wheels
 t0=$(date +%s)
 timeout 240 python3 -m pytest tests/gpu -q -rs -p no:cacheprovider 2>&1 | tee $OUT/gpu_all.txt | grep -v Warning | tail -4
 echo "tests done at $(( $(date +%s) - t0 )) s"
