@@ -192,3 +192,22 @@ def test_a_call_without_boundaries_is_refused():
         with pytest.raises(tfcompat.PatchedModelError, match="an attention mask"):
             va.vision_attention(attention, q, q, q, torch.ones(1, 1, 4, 4, dtype=torch.bool),
                                 cu_seq_lens_q=torch.tensor([0, 4], dtype=torch.int32))
+
+
+def test_non_causal_core_backends_on_cpu():
+    """`cross_attention`'s backend: "flex" and "cudnn" (a text model's choice) run per-sequence SDPA, exactly; "torch"
+    and "flash" cannot run on CPU and say so; q/k/v of different dtypes are refused."""
+    from tfcompat.core.cross_attention import cross_attention
+    from tfcompat.core.packing import from_lengths
+
+    g = torch.Generator().manual_seed(0)
+    seqs = from_lengths((5, 9, 3))
+    q, k, v = (torch.randn(17, 4, 16, generator=g) for _ in range(3))
+    reference = cross_attention(q, k, v, seqs, seqs, backend="sdpa")
+    for backend in ("auto", "flex", "cudnn"):
+        assert torch.equal(cross_attention(q, k, v, seqs, seqs, backend=backend), reference)
+    for backend in ("torch", "flash"):
+        with pytest.raises(tfcompat.InvalidInputError, match=f"'{backend}' cannot run this non-causal attention"):
+            cross_attention(q, k, v, seqs, seqs, backend=backend)
+    with pytest.raises(tfcompat.InvalidInputError, match="one floating dtype"):
+        cross_attention(q, k.double(), v, seqs, seqs)

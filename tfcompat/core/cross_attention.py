@@ -62,6 +62,8 @@ def cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_seqs: P
     if q.shape[1] % k.shape[1]:
         raise InvalidInputError("the query heads are not a multiple of the key heads",
                                 why=f"q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if q.dtype != k.dtype or q.dtype != v.dtype or not q.is_floating_point():
+        raise InvalidInputError("q, k and v must share one floating dtype", why=f"got {q.dtype}, {k.dtype}, {v.dtype}")
     if len(q_seqs.lengths) != len(k_seqs.lengths) or q.shape[0] != q_seqs.total or k.shape[0] != k_seqs.total:
         raise InvalidInputError(
             "the packed boundaries of the queries and of the keys do not match the tokens",
