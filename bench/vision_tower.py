@@ -95,7 +95,7 @@ def main() -> None:
 
     variants: list[tuple[str, Any]] = [("stock_sdpa", None)]
     try:
-        import flash_attn  # noqa: F401
+        from flash_attn import flash_attn_varlen_func  # noqa: F401 -- the flash-attn 2 package (FA4 has no such name)
 
         variants.append(("stock_flash", "flash_attention_2"))
     except ImportError:
