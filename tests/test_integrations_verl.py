@@ -23,6 +23,7 @@ def model() -> torch.nn.Module:
     ({"use_fused_kernels": True, "fused_kernels_backend": "cuda"}, "unknown fused_kernels_backend 'cuda'"),
     ({"ulysses_sp_size": 0}, "positive int"),
     ({"keep_logits": True}, "keep_logits=True keeps the fused head's logits"),
+    ({"vision_attention": True}, "no tower of Qwen2ForCausalLM hands its attention boundaries"),
 ])
 def test_bad_options_raise_patch_error(model, kwargs, match):
     with pytest.raises(tfcompat.PatchError, match=match):
@@ -100,3 +101,17 @@ def test_a_derived_vision_language_model_takes_its_own_vision_inputs():
         control = model(input_ids=inputs["input_ids"], pixel_values=inputs["pixel_values"]).logits[0]
     assert float((got - expected).abs().max()) <= 1e-5 * max(1.0, float(expected.abs().max()))
     assert float((control - expected).abs().max()) > 1e-3
+
+
+def test_vision_attention_routes_the_tower_and_undoes():
+    from packaging.version import Version
+
+    from tfcompat.registry.versions import installed_transformers
+
+    if Version(installed_transformers()) < Version("5.0"):
+        pytest.skip("the towers of 4.x hand boundaries only to flash_attention_2")
+    vlm = tiny_model("qwen2_5_vl", "sdpa")
+    with apply_monkey_patch(vlm, vision_attention=True) as vp:
+        assert vp.options["vision_attention"]
+        assert vlm.config.vision_config._attn_implementation == "tfcompat_flash_varlen"
+    assert vlm.config.vision_config._attn_implementation == "sdpa"

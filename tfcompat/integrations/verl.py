@@ -90,6 +90,7 @@ def apply_monkey_patch(
     fused_kernels_backend: str | None = None,
     *,
     keep_logits: bool = False,
+    vision_attention: bool = False,
 ) -> VerlPatch:
     """Patch ``model`` (this instance only) to take verl's remove-padding inputs; returns a `VerlPatch`.
 
@@ -102,6 +103,9 @@ def apply_monkey_patch(
     keep_logits: tfcompat's own option (verl has none): with fused kernels, the head keeps its forward's ``(T, V)``
         logits for the backward instead of recomputing them (`tfcompat.heads.model_logprobs`): three lm-head
         matmuls instead of four, for ``2 * T * V`` bytes in bf16.
+    vision_attention: tfcompat's own option too: the vision tower's attention as one varlen call per block
+        (`tfcompat.patch`'s ``vision_attention``), for a model verl built without the flash-attn 2 package, whose
+        tower otherwise calls SDPA once per image or window.
 
     Everything that cannot apply raises here: unknown family or release, verl not importable while
     ``ulysses_sp_size > 1``, a fused backend verl would skip, heads not divisible by ``ulysses_sp_size``
@@ -110,7 +114,7 @@ def apply_monkey_patch(
     """
     options = {"ulysses_sp_size": ulysses_sp_size, "use_remove_padding": use_remove_padding,
                "use_fused_kernels": use_fused_kernels, "fused_kernels_backend": fused_kernels_backend,
-               "keep_logits": keep_logits}
+               "keep_logits": keep_logits, "vision_attention": vision_attention}
     existing = vars(model).get(_ATTR)
     if existing is not None and existing.active:
         if existing.options != options:
@@ -145,7 +149,7 @@ def apply_monkey_patch(
         raise r.error(PatchError, exc.what, why=exc.why, supported=exc.supported, fix=exc.fix) from None
     if ulysses_sp_size > 1:
         _verl_ulysses(r.family, r.transformers_version)  # fail now, not in the first forward
-    vp = VerlPatch(model, options, patch(model, remove_padding=True))
+    vp = VerlPatch(model, options, patch(model, remove_padding=True, vision_attention=vision_attention))
     model.__dict__[_ATTR] = vp
     return vp
 
@@ -221,7 +225,8 @@ class VerlPatch:
     def _follow(self, group: dist.ProcessGroup | None) -> None:
         if self.handle.options["ulysses_group"] is not group:
             self._uninstall()
-            self._install(patch(self.model, remove_padding=True, ulysses_group=group))
+            self._install(patch(self.model, remove_padding=True, ulysses_group=group,
+                                vision_attention=self.options["vision_attention"]))
 
     def _forward(
         self,
