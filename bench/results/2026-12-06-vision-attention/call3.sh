@@ -4,5 +4,5 @@
 nvidia-smi -L; date
 source bench/results/2026-12-05-issue28-ranges/setup.sh || exit 3  # liger-kernel, FA4's parts as they travel
 t0=$(date +%s)
-timeout 100 python3 -m pytest tests/gpu/test_attention_features_cuda.py -k softcap -q -rs -p no:cacheprovider 2>&1 | tee $OUT/gpu_all.txt | grep -v Warning | tail -4
+timeout 60 python3 -m pytest tests/gpu/test_attention_features_cuda.py -k softcap -q -rs -p no:cacheprovider 2>&1 | tee $OUT/gpu_all.txt | grep -v Warning | tail -4
 echo "call took $(( $(date +%s) - t0 )) s"; date
