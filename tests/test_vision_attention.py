@@ -211,3 +211,29 @@ def test_non_causal_core_backends_on_cpu():
             cross_attention(q, k, v, seqs, seqs, backend=backend)
     with pytest.raises(tfcompat.InvalidInputError, match="one floating dtype"):
         cross_attention(q, k.double(), v, seqs, seqs)
+
+
+@pytest.mark.parametrize("kind", ["fa2", "fa3", "fa4", "torch"])
+@pytest.mark.parametrize("v_dim", [16, 8])
+def test_non_causal_kernel_plumbing(kind, v_dim, monkeypatch):
+    """Rule: the flash and torch backends hand each kernel non-causal attention, the boundaries, the scale and one
+    head dim (v padded and the output sliced back), with grouped key heads; checked on CPU against emulators of the
+    kernels' documented semantics (tests/test_attention_features.py; the kernels run in tests/gpu)."""
+    import tfcompat.core.cross_attention as ca
+    from tests.test_attention_features import _fa2, _fa3, _fa4, _torch_varlen_fake
+    from tfcompat.core.packing import from_lengths
+
+    if kind == "torch":
+        found = (_torch_varlen_fake, frozenset(inspect.signature(_torch_varlen_fake).parameters))
+        monkeypatch.setattr(ca, "_can_torch", lambda q, k: True)
+        monkeypatch.setattr(ca, "_torch_varlen", lambda: found)
+    else:
+        monkeypatch.setattr(ca, "_can_flash", lambda q, k: True)
+        monkeypatch.setattr(ca, "_flash_varlen", lambda device: {"fa2": _fa2, "fa3": _fa3, "fa4": _fa4}[kind])
+    g = torch.Generator().manual_seed(3)
+    seqs = from_lengths((9, 1, 20, 14))
+    q, k = torch.randn(44, 6, 16, generator=g), torch.randn(44, 2, 16, generator=g)
+    v = torch.randn(44, 2, v_dim, generator=g)
+    got = ca.cross_attention(q, k, v, seqs, seqs, scale=0.3, backend="torch" if kind == "torch" else "flash")
+    torch.testing.assert_close(got, ca.cross_attention(q, k, v, seqs, seqs, scale=0.3, backend="sdpa"),
+                               atol=1e-5, rtol=1e-5)
