@@ -20,6 +20,7 @@ import torch
 import tfcompat
 from tests.every_type import TOLERANCE, build, compare, vlm_examples
 from tfcompat.errors import TfcompatError
+from tfcompat.hf.vision_attention import towers
 from tfcompat.inputs.derived_vision import owner_of
 from tfcompat.registry import derive
 from tfcompat.tiny_models import model_types
@@ -84,10 +85,14 @@ def _tower_pads_alike(model: torch.nn.Module, clips: list[dict[str, torch.Tensor
 
 
 @pytest.mark.skipif(not TYPES, reason="no derived vision-language family takes audio on this transformers")
+@pytest.mark.parametrize("vision_attention", [False, True], ids=["stock_towers", "vision_attention"])
 @pytest.mark.parametrize("model_type", TYPES)
-def test_images_and_audio_of_other_lengths_pack_exactly(model_type):
-    """Clips of 37 and 50 frames; of 50 each where the stock tower pads them otherwise than alone."""
+def test_images_and_audio_of_other_lengths_pack_exactly(model_type, vision_attention):
+    """Clips of 37 and 50 frames; of 50 each where the stock tower pads them otherwise than alone. With
+    ``vision_attention=True`` where the towers route their boundaries (transformers 5.x; the audio tower too)."""
     model = build(model_type, "sdpa", kind="image_text_to_text")
+    if vision_attention and not towers(model, [model.config.get_text_config()]):
+        pytest.skip(f"no tower of {model_type} routes its boundaries on this transformers")
     images = vlm_examples(model)[:3]
     text = images[1]["input_ids"]
     clips = [_with_audio(model, text, 37, 1), _with_audio(model, text, 50, 2)]
@@ -96,7 +101,7 @@ def test_images_and_audio_of_other_lengths_pack_exactly(model_type):
     examples = [images[0], clips[0], images[2], clips[1]]
     with torch.no_grad():
         expected = [model(**ex).logits[0] for ex in examples]
-        with tfcompat.patch(model):
+        with tfcompat.patch(model, vision_attention=vision_attention):
             inputs = tfcompat.pack(model, examples).model_inputs
             assert inputs["input_features"].shape[0] == 2
             got = model(**inputs).logits[0]
