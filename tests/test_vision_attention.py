@@ -237,3 +237,16 @@ def test_non_causal_kernel_plumbing(kind, v_dim, monkeypatch):
     got = ca.cross_attention(q, k, v, seqs, seqs, scale=0.3, backend="torch" if kind == "torch" else "flash")
     torch.testing.assert_close(got, ca.cross_attention(q, k, v, seqs, seqs, scale=0.3, backend="sdpa"),
                                atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not ROUTES, reason="the towers of 4.x hand boundaries only to flash_attention_2")
+def test_the_patch_time_proof_routes_the_copys_tower(calls, monkeypatch):
+    """A derived type's proof (a tiny copy, packed with images against stock) patches the copy as the model is patched:
+    with vision_attention, its tower's attention reaches tfcompat before the model's first forward."""
+    import tfcompat.hf.proof as hf_proof
+
+    monkeypatch.setenv("TFCOMPAT_PROVE", "1")
+    monkeypatch.setattr(hf_proof, "_CACHE", {})  # proven by an earlier test of this process: proven again here
+    model = _model("mistral3")
+    with tfcompat.patch(model, vision_attention=True) as handle:
+        assert handle.proof is not None and handle.proof.status.startswith("proven") and calls

@@ -228,8 +228,9 @@ def patch(
     keep_plan = hf_checkpointing.plan(model, keep, resolved.attention_cls, resolved.error, offload)
     towers = hf_vision_attention.plan(model, plan.configs, resolved) if vision_attention else []
     is_derived = resolved.entry.derived is not None or resolved.entry.derived_vision is not None
-    proof = hf_proof.prove(model, resolved, functools.partial(patch, prove=False)) \
-        if is_derived and hf_proof.is_wanted(prove) else None  # the copy's own patch proves nothing again
+    # the copy's own patch proves nothing again; it routes its towers as this one does
+    copy_patch = functools.partial(patch, prove=False, vision_attention=vision_attention)
+    proof = hf_proof.prove(model, resolved, copy_patch) if is_derived and hf_proof.is_wanted(prove) else None
 
     handle = PatchHandle(model, resolved, options, proof)
     hf_attention.register()

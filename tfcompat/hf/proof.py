@@ -77,7 +77,7 @@ class Proof(NamedTuple):
                 f"{self.max_rel_diff:.1e}, {self.seconds:.2f} s)" + (f"; {self.reason}" if self.reason else ""))
 
 
-_CACHE: dict[tuple[str, str, str, str, str], Proof | PatchError] = {}
+_CACHE: dict[tuple[Any, ...], Proof | PatchError] = {}
 
 
 class _Unbuildable(Exception):
@@ -99,8 +99,9 @@ def prove(model: torch.nn.Module, resolved: Resolved, apply: Apply) -> Proof:
     except TinyModelError as exc:
         own, why_not = None, _first_line(exc)
     fingerprint = "" if own is None else hashlib.sha256(own.to_json_string().encode()).hexdigest()
+    options = tuple(sorted(getattr(apply, "keywords", {}).items()))  # the patch's options the copy takes too
     key = (config.model_type, resolved.transformers_version, f"{type(model).__module__}.{type(model).__qualname__}",
-           fingerprint, _implementation(model))
+           fingerprint, _implementation(model), options)
     if key in _CACHE:
         found = _CACHE[key]
         if isinstance(found, PatchError):
