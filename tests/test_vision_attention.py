@@ -241,7 +241,7 @@ def test_non_causal_kernel_plumbing(kind, v_dim, monkeypatch):
 
 def _derived_routed_model() -> torch.nn.Module:
     """A tiny model of the first derived vision-language type whose tower routes on this transformers (Mistral 3's
-    Pixtral tower from 5.18 on, ...): picked by the property, not by name."""
+    Pixtral tower on 5.25, not on 5.18, ...): picked by the property, not by name."""
     for model_type in _routed_types():
         try:
             if tfcompat.resolve(model_type).entry.derived_vision is None:
