@@ -265,3 +265,32 @@ def test_the_patch_time_proof_routes_the_copys_tower(calls, monkeypatch):
     model = _derived_routed_model()
     with tfcompat.patch(model, vision_attention=True) as handle:
         assert handle.proof is not None and handle.proof.status.startswith("proven") and calls
+
+
+@pytest.mark.skipif(not ROUTES, reason="the towers of 4.x hand boundaries only to flash_attention_2")
+@pytest.mark.parametrize(("window", "full"), [(28, [0]), (56, [1, 3]), (112, []), (224, [2])])
+def test_other_tower_configs_route_exactly(window, full, calls):
+    """Configs other than the zoo's: windows smaller and larger than the images, full-attention blocks anywhere or
+    none, images of several window counts; the routed tower equals the stock one (fp32, CPU: SDPA per window)."""
+    from tfcompat.tiny_models import tiny_config
+
+    if "qwen2_5_vl" not in model_types("image_text_to_text"):
+        pytest.skip(f"transformers {installed_transformers()} ships no qwen2_5_vl")
+    config = tiny_config("qwen2_5_vl", "image_text_to_text")
+    config.vision_config.update({"depth": 4, "window_size": window, "fullatt_block_indexes": full})
+    model = tiny_model("qwen2_5_vl", "image_text_to_text", config=config)
+    vision = model.config.vision_config
+    grid = torch.tensor([[1, 16, 12], [1, 8, 20], [2, 4, 4]])
+    patch = getattr(vision, "in_channels", 3) * vision.temporal_patch_size * vision.patch_size ** 2
+    pixels = torch.randn(int(grid.prod(-1).sum()), patch, generator=torch.Generator().manual_seed(0))
+
+    def features() -> torch.Tensor:
+        out = model.model.visual(pixels, grid_thw=grid)
+        return out.pooler_output if hasattr(out, "pooler_output") else out
+
+    with torch.no_grad():
+        expected = features()
+        with tfcompat.patch(model, vision_attention=True):
+            got = features()
+    assert len(calls) == 4  # one per block
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
