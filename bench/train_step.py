@@ -35,7 +35,9 @@ A suffix sets a variant's gradient checkpointing: ``@none`` turns it off for the
 ``offload`` among them moves what those modules keep to host memory (``patch(checkpoint_offload=True)``;
 ``offload:N`` the first N layers keeping a module, ``offload:0.5`` a fraction), e.g. ``@attention+mlp_in+offload:20``;
 ``logits`` among them (``@logits``, ``@attention+logits``, ``@none+logits``) keeps the head's logits for its
-backward (tfcompat's head, ``keep_logits=True``: one lm-head matmul less, ``2 * T * V`` bytes more).
+backward (tfcompat's head, ``keep_logits=True``: one lm-head matmul less, ``2 * T * V`` bytes more); ``loss``
+(``@loss``, ``@attention+offload+loss``) runs the step's loss inside the head (`tfcompat.heads.fused_loss`: its
+gradients in the head's forward, the same matmul less, no logits kept).
 
 Reported per variant: ms per step (median of ``--reps`` after ``--warmup``, CUDA events), real tokens/s, peak
 memory, loss (a check: the variants agree to bf16 rounding), speed-up over padded, and model FLOPs utilization
@@ -92,7 +94,7 @@ import tfcompat  # noqa: E402
 from tfcompat import heads  # noqa: E402
 from tfcompat.core.attention import select_backend  # noqa: E402
 from tfcompat.core.packing import from_lengths  # noqa: E402
-from tfcompat.heads import IGNORE_INDEX, logprobs_entropy  # noqa: E402
+from tfcompat.heads import IGNORE_INDEX, fused_loss, logprobs_entropy  # noqa: E402
 
 QWEN25_7B = dict(hidden_size=3584, num_attention_heads=28, num_key_value_heads=4, intermediate_size=18944,
                  vocab_size=152064, num_hidden_layers=28, tie_word_embeddings=False, rms_norm_eps=1e-6,
@@ -129,6 +131,7 @@ SMOKE_DERIVED = {
 STOCK_ATTENTION = {"gpt_oss": "eager"}  # gpt-oss has no sdpa path in transformers (its sinks)
 TEMPERATURE = 0.7
 ENTROPY_COEF = 0.01
+HEAD_MODES = ("logits", "loss")  # suffix tokens that choose the head: kept logits, the loss inside the head
 
 
 def instantiate(make: Callable[[], torch.nn.Module], dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
@@ -261,24 +264,34 @@ class Batch:
         self.n_labels = int((labels != IGNORE_INDEX).sum())
 
 
+def token_loss(logprobs: torch.Tensor, entropy: torch.Tensor, advantage: torch.Tensor, scale: float
+               ) -> torch.Tensor:
+    """The step's loss per token, for `fused_loss`: ``-(logprobs * advantage) - ENTROPY_COEF * entropy``, over
+    the count of labelled tokens (``scale``)."""
+    return (-(logprobs * advantage) - ENTROPY_COEF * entropy) * scale
+
+
 def head_loss(hidden: torch.Tensor, model: torch.nn.Module, batch: Batch, head: str,
-              keep_logits: bool = False) -> torch.Tensor:
+              keep_logits: bool = False, fused: bool = False) -> torch.Tensor:
     """hidden: ``(T, H)`` last hidden states of the real tokens in packed order. Returns the scalar loss.
     head "liger": Liger-Kernel's fused linear cross entropy (mean over labelled tokens), else a tfcompat backend
-    (``keep_logits``: keep its logits for backward)."""
+    (``keep_logits``: keep its logits for backward; ``fused``: the loss inside the head, `fused_loss`)."""
     with torch.profiler.record_function("bench_head"):
         if head == "liger":
             from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
             return liger_fused_linear_cross_entropy(hidden, model.lm_head.weight, batch.labels,
                                                     ignore_index=IGNORE_INDEX, reduction="mean")
+        if fused:
+            return fused_loss(hidden, model.lm_head.weight, batch.labels, token_loss, batch.advantage,
+                              1.0 / batch.n_labels, temperature=TEMPERATURE, backend=head).loss
         lp, ent = logprobs_entropy(hidden, model.lm_head.weight, batch.labels, TEMPERATURE, backend=head,
                                    keep_logits=keep_logits)
     return -(lp * batch.advantage).sum() / batch.n_labels - ENTROPY_COEF * ent.sum() / batch.n_labels
 
 
 def make_step(model: torch.nn.Module, batch: Batch, kind: str, head: str,
-              keep_logits: bool = False) -> Callable[[], torch.Tensor]:
+              keep_logits: bool = False, fused: bool = False) -> Callable[[], torch.Tensor]:
     def step() -> torch.Tensor:
         model.zero_grad(set_to_none=True)
         stack = stack_of(model)
@@ -288,7 +301,7 @@ def make_step(model: torch.nn.Module, batch: Batch, kind: str, head: str,
         else:
             hidden = stack(input_ids=batch.packed_ids, position_ids=batch.packed_pos, use_cache=False)
             hidden = hidden.last_hidden_state[0]  # (1, T, H) -> (T, H)
-        loss = head_loss(hidden, model, batch, head, keep_logits)
+        loss = head_loss(hidden, model, batch, head, keep_logits, fused)
         loss.backward()
         return loss.detach()
 
@@ -364,7 +377,7 @@ def variant(model: torch.nn.Module, name: str, stock_attention: str, fused: Any)
     """Put the model in the variant's configuration, and back to stock attention afterwards (Liger's monkey patch,
     applied before the first liger variant, stays)."""
     base, _, mode = name.partition("@")
-    mode = "+".join(k for k in mode.split("+") if k != "logits")  # the head's, not the checkpointing's
+    mode = "+".join(k for k in mode.split("+") if k not in HEAD_MODES)  # the head's, not the checkpointing's
     tf = base.startswith(("tfcompat", "liger_tfcompat"))
     with checkpointing(model, mode, stock=not tf) as (keep, offload):
         if tf:
@@ -534,12 +547,15 @@ def main() -> None:
     for full in names:
         n, at, mode = full.partition("@")  # @none: no checkpointing; @attention+mlp: kept out of the recompute
         suffix = at + mode
-        kinds = {k.partition(":")[0] for k in mode.split("+")} - {"logits", "offload"} if mode else set()
+        kinds = {k.partition(":")[0] for k in mode.split("+")} - {*HEAD_MODES, "offload"} if mode else set()
         if kinds and kinds != {"none"} and not kinds <= {"attention", "mlp", "mlp_in"}:
             raise SystemExit(f"unknown checkpointing {mode!r} in {full!r}: none, attention, mlp, mlp_in, "
-                             "attention+mlp, kind:N (the last N layers), each with +logits, +offload[:N]")
-        if n == "liger_flex" and "logits" in mode:
-            raise SystemExit(f"{full!r}: Liger's own head keeps no logits (+logits is for tfcompat's head)")
+                             "attention+mlp, kind:N (the last N layers), each with +logits or +loss, +offload[:N]")
+        if n == "liger_flex" and set(mode.split("+")) & set(HEAD_MODES):
+            raise SystemExit(f"{full!r}: +logits and +loss are tfcompat's head's (Liger's keeps no logits and is "
+                             "a fused loss already)")
+        if set(HEAD_MODES) <= set(mode.split("+")):
+            raise SystemExit(f"{full!r}: +logits or +loss, not both")
         if n.endswith("]") and n[:n.index("[")] in ("tfcompat", "tfcompat_fused", "liger_tfcompat"):
             variants.append(n + suffix)  # one backend named: tfcompat_fused[sdpa]
         elif n in ("tfcompat", "tfcompat_fused", "liger_tfcompat"):
@@ -616,8 +632,9 @@ def main() -> None:
         kind = "padded" if base == "padded" else "packed"
         if base.startswith("liger") and liger_version is None:
             liger_version = apply_liger(model, args.moe)
-        keep_logits = "logits" in name.partition("@")[2].split("+")
-        step = make_step(model, batch, kind, "liger" if base == "liger_flex" else args.head, keep_logits)
+        head_modes = name.partition("@")[2].split("+")
+        step = make_step(model, batch, kind, "liger" if base == "liger_flex" else args.head, "logits" in head_modes,
+                         "loss" in head_modes)
         with variant(model, name, stock_attention, fused):
             gc.collect()
             if device.type == "cuda":

@@ -14,7 +14,7 @@ backward. Variants, in one run on the same weights and sequences:
   tfcompat_fused  ``tfcompat.pack`` of the sequences (one row, 3-row M-RoPE position ids per sequence) and
                   ``tfcompat.patch(model, fused=True)``: the shared varlen core (FA4 where installed), Liger's
                   RMSNorm / SwiGLU / RoPE kernels where exact; ``@...`` suffixes as in `bench/train_step.py`
-                  (``@logits``, ``@attention+offload:18+logits``), and ``vision``: ``vision_attention=True``, the
+                  (``@logits``, ``@loss``, ``@attention+offload:18+logits``), and ``vision``: ``vision_attention=True``, the
                   tower's attention one varlen call per block (``@vision+logits``) instead of one SDPA call per
                   window after a host sync (stock without flash-attn 2; every other variant)
   padded          stock, attn "sdpa", the sequences right-padded with an attention mask
@@ -116,14 +116,15 @@ class Batch:
         self.n_labels = int((self.labels != IGNORE_INDEX).sum())
 
 
-def make_step(model: torch.nn.Module, batch: Batch, packed: dict[str, Any] | None, head: str, keep_logits: bool):
+def make_step(model: torch.nn.Module, batch: Batch, packed: dict[str, Any] | None, head: str, keep_logits: bool,
+              fused: bool = False):
     def step() -> torch.Tensor:
         model.zero_grad(set_to_none=True)
         if packed is None:
             hidden = model.model(**batch.padded, use_cache=False).last_hidden_state[batch.keep]  # (T, H)
         else:
             hidden = model.model(**packed, use_cache=False).last_hidden_state[0]  # (1, T, H) -> (T, H)
-        loss = head_loss(hidden, model, batch, head, keep_logits)  # type: ignore[arg-type]
+        loss = head_loss(hidden, model, batch, head, keep_logits, fused)  # type: ignore[arg-type]
         loss.backward()
         return loss.detach()
 
@@ -174,10 +175,10 @@ def main() -> None:
             apply_liger_kernel_to_qwen2_5_vl(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                                              fused_linear_cross_entropy=False, model=model)
             liger = version("liger-kernel")
-        keep_logits = "logits" in mode.split("+")
+        keep_logits, fused = "logits" in mode.split("+"), "loss" in mode.split("+")
         vision = "vision" in mode.split("+")
         # the head's and the tower's, not the checkpointing's
-        mode = "+".join(k for k in mode.split("+") if k not in ("logits", "vision"))
+        mode = "+".join(k for k in mode.split("+") if k not in ("logits", "loss", "vision"))
         tf = base.startswith("tfcompat")
         gc.collect()
         if device.type == "cuda":
@@ -190,7 +191,7 @@ def main() -> None:
                     with tfcompat.patch(model, backend=backend, fused=base.startswith("tfcompat_fused"),
                                         checkpoint_keep=keep, checkpoint_offload=offload, vision_attention=vision):
                         packed = tfcompat.pack(model, batch.examples).model_inputs
-                        step = make_step(model, batch, packed, args.head, keep_logits)
+                        step = make_step(model, batch, packed, args.head, keep_logits, fused)
                         loss = float(step())
                         ms = C.time_ms(step, device, warmup, reps)
                 else:

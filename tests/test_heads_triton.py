@@ -217,3 +217,34 @@ class TestAuto:
         with pytest.raises(InvalidInputError, match=r"(?s)needs the triton package.*tfcompat\[triton\]"):
             logprobs_entropy(torch.randn(4, 8), torch.randn(10, 8), torch.tensor([1, 2, 3, 4]), backend="triton")
         assert heads._resolve_backend("auto", torch.zeros(1, device=DEVICE)) == "torch"
+
+
+@pytest.mark.usefixtures("unaligned_tiles")
+class TestTritonFusedLoss:
+    """`fused_loss` through the two kernels (whole rows per block, the gradient written in the forward): the
+    reference's loss, metrics and gradients, in float32 (and bf16 on CUDA)."""
+
+    @pytest.mark.parametrize(
+        ("shape", "vocab", "chunk_size"),
+        [((37,), 301, 5), ((2, 19), 300, 7), ((150,), 97, 150), ((1,), 3000, 1)],
+        ids=["blocks-of-5", "batched", "one-block", "long-row"],
+    )
+    @pytest.mark.parametrize("transform", [{}, {"softcap": 2.0, "logit_scale": 3.0}], ids=["plain", "cap-and-scale"])
+    def test_values_and_gradients(self, shape, vocab, chunk_size, transform) -> None:
+        from tests.test_fused_loss import Result, ppo_args
+
+        case = make_case(shape, vocab, 12, seed=vocab, ignored=0.3)
+        args = ppo_args(case, seed=vocab)
+        case, args = on_device(case), tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
+        got = Result(case, args, "triton", 0.5, chunk_size=chunk_size, **transform)
+        got.assert_close_to(Result(case, args, "logits", 0.5, **transform), FP32_TOL, FP32_TOL)
+
+    @pytest.mark.skipif(not CUDA, reason="bf16 matmuls of the interpreter's CPU tensors are not the GPU's")
+    def test_bf16(self) -> None:
+        from tests.test_fused_loss import Result, ppo_args
+
+        case = make_case((4, 300), 1000, 64, seed=2, dtype=torch.bfloat16)
+        args = ppo_args(case, seed=2)
+        case, args = on_device(case), tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
+        got = Result(case, args, "triton", chunk_size=256)
+        got.assert_close_to(Result(case, args, "logits"), BF16_FORWARD_TOL, BF16_GRAD_TOL)

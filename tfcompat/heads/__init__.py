@@ -38,10 +38,12 @@ import torch.nn.functional as F
 
 from ..errors import InvalidInputError
 from ._final_logits import FinalLogits, final_logits
+from ._fused_loss import FusedLossFunction, TokenLoss, default_rows, token_total
 from ._tiles import IGNORE_INDEX
 from ._torch import _TORCH_CHUNK_SIZE, _ChunkedLogprobsEntropy
 
-__all__ = ["IGNORE_INDEX", "BACKENDS", "FinalLogits", "LogprobsEntropy", "final_logits", "logprobs_entropy",
+__all__ = ["IGNORE_INDEX", "BACKENDS", "FinalLogits", "FusedLoss", "LogprobsEntropy", "final_logits", "fused_loss",
+           "logprobs_entropy", "model_fused_loss",
            "model_logprobs"]
 
 BACKENDS = ("auto", "torch", "triton", "logits")
@@ -107,33 +109,47 @@ def logprobs_entropy(
     _check_positive("softcap", softcap, "pass the model's config.final_logit_softcapping, or None")
     _check_positive("logit_scale", logit_scale, "pass 1.0 for none")
     backend = _resolve_backend(backend, hidden)
-    tokens = hidden.reshape(-1, hidden.shape[-1])  # (B, L, H) -> (T, H)
-    flat_labels = labels.reshape(-1).long()  # (B, L) -> (T,)
-    # (T, 1) float32 column: one temperature per token, constant for autograd
-    column = torch.as_tensor(temperature, dtype=torch.float32, device=hidden.device).detach()
-    column = column.reshape(-1, 1).expand(tokens.shape[0], 1)
-    if backend == "logits":
-        logprobs, entropy = _reference(tokens, lm_head_weight, lm_head_bias, flat_labels, column, softcap,
-                                       logit_scale)
-        return LogprobsEntropy(logprobs.view(labels.shape), entropy.view(labels.shape))
-    # the chunked backends see z = g(pre * x) / tau', g = tanh with a softcap (pre = s / c, tau' = tau / c),
-    # else the identity (no pre, tau' = tau / s): their arithmetic is the plain one on g's output
-    pre = None if softcap is None else logit_scale / softcap
-    column = column / (logit_scale if softcap is None else softcap)  # (T, 1)
-    if backend == "torch":
-        logprobs, entropy = _ChunkedLogprobsEntropy.apply(
-            tokens, lm_head_weight, lm_head_bias, flat_labels, column, chunk_size or _TORCH_CHUNK_SIZE, pre,
-            keep_logits,
-        )
-    else:
-        from ._triton import TritonLogprobsEntropy, _triton_tiles
-
-        token_count, hidden_size = tokens.shape
-        tile_rows, tile_columns = _triton_tiles(token_count, hidden_size, lm_head_weight.shape[0], chunk_size)
-        logprobs, entropy = TritonLogprobsEntropy.apply(
-            tokens, lm_head_weight, lm_head_bias, flat_labels, column, tile_rows, tile_columns, pre, keep_logits
-        )
+    tokens, flat_labels, column = _flatten(hidden, labels, temperature)
+    logprobs, entropy = _logprobs_entropy(tokens, lm_head_weight, lm_head_bias, flat_labels, column, backend,
+                                          chunk_size, softcap, logit_scale, keep_logits)
     return LogprobsEntropy(logprobs.view(labels.shape), entropy.view(labels.shape))
+
+
+def _flatten(hidden: torch.Tensor, labels: torch.Tensor, temperature: float | torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """hidden ``(T, H)``, labels ``(T,)`` int64 and the temperature as a ``(T, 1)`` float32 column, constant for
+    autograd, from a validated call."""
+    tokens = hidden.reshape(-1, hidden.shape[-1])  # (B, L, H) -> (T, H)
+    column = torch.as_tensor(temperature, dtype=torch.float32, device=hidden.device).detach()
+    return tokens, labels.reshape(-1).long(), column.reshape(-1, 1).expand(tokens.shape[0], 1)
+
+
+def _chunked_transform(column: torch.Tensor, softcap: float | None, logit_scale: float
+                       ) -> tuple[float | None, torch.Tensor]:
+    """The chunked backends see ``z = g(pre * x) / tau'``, g = tanh with a softcap (``pre = s / c``, ``tau' = tau /
+    c``), else the identity (no pre, ``tau' = tau / s``): their arithmetic is the plain one on g's output. Returns
+    ``pre`` and the ``(T, 1)`` column ``tau'``."""
+    pre = None if softcap is None else logit_scale / softcap
+    return pre, column / (logit_scale if softcap is None else softcap)
+
+
+def _logprobs_entropy(
+    tokens: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+    column: torch.Tensor, backend: str, chunk_size: int | None, softcap: float | None, logit_scale: float,
+    keep_logits: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`logprobs_entropy` on `_flatten`'s tensors with a resolved backend: ``(T,)`` logprobs and entropy."""
+    if backend == "logits":
+        return _reference(tokens, weight, bias, labels, column, softcap, logit_scale)
+    pre, column = _chunked_transform(column, softcap, logit_scale)
+    if backend == "torch":
+        return _ChunkedLogprobsEntropy.apply(tokens, weight, bias, labels, column, chunk_size or _TORCH_CHUNK_SIZE,
+                                             pre, keep_logits)
+    from ._triton import TritonLogprobsEntropy, _triton_tiles
+
+    tile_rows, tile_columns = _triton_tiles(tokens.shape[0], tokens.shape[1], weight.shape[0], chunk_size)
+    return TritonLogprobsEntropy.apply(tokens, weight, bias, labels, column, tile_rows, tile_columns, pre,
+                                       keep_logits)
 
 
 def model_logprobs(
@@ -164,6 +180,135 @@ def model_logprobs(
     return logprobs_entropy(hidden, head.weight, labels, temperature, backend=backend, chunk_size=chunk_size,
                             lm_head_bias=head.bias, softcap=applied.softcap, logit_scale=applied.logit_scale,
                             keep_logits=keep_logits)
+
+
+class FusedLoss(NamedTuple):
+    """What `fused_loss` returns.
+
+    loss: ``()`` float32, the sum of the per-token losses over the tokens with a label; differentiable with
+      respect to the hidden states and the lm head (its gradients were computed in the forward).
+    logprobs, entropy: float32, shaped like ``labels``, 0 where ignored: for metrics (ratios, clip fractions,
+      KL); a gradient through them raises in backward.
+    """
+
+    loss: torch.Tensor
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+
+
+def fused_loss(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    labels: torch.Tensor,
+    token_loss: TokenLoss,
+    *token_args: Any,
+    temperature: float | torch.Tensor = 1.0,
+    backend: str = "auto",
+    chunk_size: int | None = None,
+    lm_head_bias: torch.Tensor | None = None,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+) -> FusedLoss:
+    """A loss that sums per-token terms of the log-probabilities and entropy, with its gradients computed in the
+    head's forward: three lm-head matmuls and no kept logits (`logprobs_entropy` needs four, or three with
+    ``keep_logits=True`` and ``2 * T * V`` bytes kept until backward).
+
+    ``loss = sum over tokens t with a label of token_loss(logprobs, entropy, *token_args)[t]``, where token_loss
+    is called on blocks of tokens: ``logprobs``, ``entropy`` ``(R,)`` float32 (0 at ignored tokens, which the sum
+    leaves out), each argument shaped like ``labels`` as the block's ``(R,)`` slice (flattened), any other
+    argument (a number, a 0-d tensor) as given. It returns the block's ``(R,)`` per-token losses and must be
+    elementwise: token t's term may read only token t's values (a PPO / GRPO clipped ratio, an entropy bonus, a
+    per-token KL against reference log-probs, a mean's ``1 / count`` as a per-token weight). A term over several
+    tokens (a sequence-level ratio, a mean inside token_loss) needs `logprobs_entropy`.
+
+        adv, old, weight = advantages, old_logprobs, mask / mask.sum()   # each shaped like labels
+        def ppo(logp, ent, adv, old, weight):
+            ratio = torch.exp(logp - old)
+            clipped = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+            return (clipped - 0.01 * ent) * weight
+        out = fused_loss(hidden, lm_head.weight, labels, ppo, adv, old, weight, temperature=1.0)
+        out.loss.backward()
+
+    hidden, lm_head_weight, labels, temperature, backend, lm_head_bias, softcap, logit_scale: as in
+    `logprobs_entropy`. chunk_size: tokens per block (``"triton"``: about 2**30 logits by default, 7,168 tokens at
+    V = 152,064, at most 16,384; ``"torch"``: 2048); the block's ``(R, V)`` logits are the head's largest temporary.
+    Under Ulysses sequence parallelism each rank sums its own shard's terms: normalize with the global count.
+
+    Raises `InvalidInputError` as `logprobs_entropy` does, for a token_loss that is not callable or does not
+    return one floating value per token, an argument that is neither shaped like labels nor a scalar, or one
+    that requires grad (the loss's gradient flows to the hidden states and the lm head only: detach it).
+    """
+    temperature = _validate(hidden, lm_head_weight, labels, temperature, backend, chunk_size, lm_head_bias)
+    if not callable(token_loss):
+        raise InvalidInputError("token_loss must be callable", why=f"got {type(token_loss).__name__}",
+                                fix="pass a function (logprobs, entropy, *token_args) -> per-token losses")
+    _check_positive("softcap", softcap, "pass the model's config.final_logit_softcapping, or None")
+    _check_positive("logit_scale", logit_scale, "pass 1.0 for none")
+    per_token = tuple(_check_token_arg(i, arg, labels) for i, arg in enumerate(token_args))
+    args = tuple(arg.reshape(-1) if sliced else arg for arg, sliced in zip(token_args, per_token, strict=True))
+    backend = _resolve_backend(backend, hidden)
+    tokens, flat_labels, column = _flatten(hidden, labels, temperature)
+    trained = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                              for t in (hidden, lm_head_weight, lm_head_bias))
+    if backend == "logits" or not trained:  # the reference (autograd), or no gradient to compute
+        logprobs, entropy = _logprobs_entropy(tokens, lm_head_weight, lm_head_bias, flat_labels, column, backend,
+                                              chunk_size, softcap, logit_scale, False)
+        loss = token_total(token_loss, logprobs, entropy, args, flat_labels != IGNORE_INDEX)
+        return FusedLoss(loss, logprobs.view(labels.shape), entropy.view(labels.shape))
+    pre, column = _chunked_transform(column, softcap, logit_scale)
+    rows = default_rows(tokens.shape[0], lm_head_weight.shape[0], backend, chunk_size)
+    loss, logprobs, entropy = FusedLossFunction.apply(
+        tokens, lm_head_weight, lm_head_bias, flat_labels, column, rows, pre, backend, token_loss, args, per_token
+    )
+    return FusedLoss(loss, logprobs.view(labels.shape), entropy.view(labels.shape))
+
+
+def model_fused_loss(
+    model: torch.nn.Module,
+    labels: torch.Tensor,
+    token_loss: TokenLoss,
+    *token_args: Any,
+    temperature: float | torch.Tensor = 1.0,
+    backend: str = "auto",
+    chunk_size: int | None = None,
+    **inputs: Any,
+) -> FusedLoss:
+    """`fused_loss` of a causal LM, as `model_logprobs` is `logprobs_entropy` of one: the backbone runs on
+    ``inputs``, the lm head never does; the model's logit scale and final-logit softcap are read from it."""
+    applied = final_logits(model)
+    head = cast(torch.nn.Linear, model.lm_head)
+    out = cast(torch.nn.Module, getattr(model, applied.backbone))(**inputs)
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    return fused_loss(hidden, head.weight, labels, token_loss, *token_args, temperature=temperature,
+                      backend=backend, chunk_size=chunk_size, lm_head_bias=head.bias, softcap=applied.softcap,
+                      logit_scale=applied.logit_scale)
+
+
+def _check_token_arg(index: int, arg: Any, labels: torch.Tensor) -> bool:
+    """Whether ``token_args[index]`` is per token (a tensor shaped like labels) rather than passed whole."""
+    if isinstance(arg, torch.Tensor):
+        if arg.requires_grad:
+            raise InvalidInputError(
+                f"token_args[{index}] requires grad", why="fused_loss sends the loss's gradient to the hidden "
+                "states and the lm head only: a gradient to this argument would be lost",
+                fix="pass it detached (e.g. advantages.detach()), or use logprobs_entropy for a loss that trains it",
+            )
+        if arg.shape == labels.shape and arg.device == labels.device:
+            return True
+        if arg.ndim == 0:
+            return False
+        raise InvalidInputError(
+            f"token_args[{index}] must be shaped like labels or be a scalar",
+            why=f"labels {tuple(labels.shape)} on {labels.device} vs token_args[{index}] {tuple(arg.shape)} on "
+            f"{arg.device}",
+            fix="pass one value per token, shaped like labels and on their device (the head slices it per block)",
+        )
+    if isinstance(arg, (bool, int, float)):
+        return False
+    raise InvalidInputError(
+        f"token_args[{index}] must be a tensor shaped like labels or a number", why=f"got {type(arg).__name__}",
+        fix="bind other values in token_loss itself (a closure or functools.partial)",
+    )
 
 
 # ------------------------------------------------------------------------------------------- validation
