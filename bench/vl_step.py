@@ -14,9 +14,10 @@ backward. Variants, in one run on the same weights and sequences:
   tfcompat_fused  ``tfcompat.pack`` of the sequences (one row, 3-row M-RoPE position ids per sequence) and
                   ``tfcompat.patch(model, fused=True)``: the shared varlen core (FA4 where installed), Liger's
                   RMSNorm / SwiGLU / RoPE kernels where exact; ``@...`` suffixes as in `bench/train_step.py`
-                  (``@logits``, ``@loss``, ``@attention+offload:18+logits``), and ``vision``: ``vision_attention=True``, the
-                  tower's attention one varlen call per block (``@vision+logits``) instead of one SDPA call per
-                  window after a host sync (stock without flash-attn 2; every other variant)
+                  (``@logits``, ``@loss``, ``@attention+offload:18+logits``), and ``vision``:
+                  ``vision_attention=True``, the tower's attention one varlen call per block (``@vision+logits``)
+                  instead of one SDPA call per window after a host sync (stock without flash-attn 2; every other
+                  variant)
   padded          stock, attn "sdpa", the sequences right-padded with an attention mask
   liger_padded    Liger-Kernel's ``apply_liger_kernel_to_qwen2_5_vl`` (rope, rms_norm, swiglu) on the instance +
                   stock padded sdpa, with Liger's fused linear cross entropy as the head (what its users run; stock
