@@ -14,6 +14,8 @@ Variants (each peer optional: skipped with a note when its package is absent):
   8192 / 32768 rows (default 16384);
 - ``triton-keep``, ``torch-keep``: those backends with ``keep_logits=True`` (the forward's (T, V) bf16 logits
   kept for backward: three lm-head matmuls instead of four, ``2 * T * V`` bytes more);
+- ``triton-loss``, ``torch-loss``: `tfcompat.heads.fused_loss` with the step's loss as its per-token loss
+  (``a * logprob + b * entropy``): the gradients computed in the forward, three lm-head matmuls, no logits kept;
 - ``liger``: Liger-Kernel's ``LigerFusedLinearCrossEntropyFunction`` with ``reduction="none"`` on
   ``hidden / temperature``: per-token loss = -logprob, no entropy (it computes less); a per-token upstream
   gradient is known only in backward, so Liger recomputes the logits there, as tfcompat does;
@@ -64,7 +66,7 @@ from tfcompat.heads import IGNORE_INDEX, logprobs_entropy
 
 TOKENS = (1024, 4095, 8191, 8192, 16383, 20205, 32768, 65535)
 VARIANTS = ("logits", "torch", "torch-c512", "torch-c2048", "torch-keep", "triton", "triton-c256", "triton-c512",
-            "triton-c1024", "triton-t8k", "triton-t32k", "triton-keep", "liger", "liger-mean", "verl-triton",
+            "triton-c1024", "triton-t8k", "triton-t32k", "triton-keep", "triton-loss", "torch-loss", "liger", "liger-mean", "verl-triton",
             "verl-torch")
 VOCAB, HIDDEN, TEMPERATURE = 152064, 3584, 0.7
 SMOKE = dict(tokens=(100, 127, 128), vocab=1000, hidden=64)
@@ -114,6 +116,16 @@ def tfcompat_head(backend: str, chunk_size: int | None = None, keep_logits: bool
             out = logprobs_entropy(x.hidden, x.weight, x.labels, TEMPERATURE, backend=backend, chunk_size=chunk_size,
                                    keep_logits=keep_logits)
         return Out(out.logprobs, out.entropy)
+
+    return head
+
+
+def fused_loss_head(backend: str) -> Head:
+    """`fused_loss` of ``a * logprob + b * entropy`` per token: the step's loss, differentiated in the forward."""
+    def head(x: Inputs) -> Out:
+        out = heads.fused_loss(x.hidden, x.weight, x.labels, lambda lp, ent, a, b: a * lp + b * ent, x.grad_logprobs,
+                               x.grad_entropy, temperature=TEMPERATURE, backend=backend)
+        return Out(out.logprobs, out.entropy, out.loss)
 
     return head
 
@@ -199,6 +211,10 @@ def available_variants(wanted: tuple[str, ...], device: torch.device, verl_src: 
             found[name] = tfcompat_head(name)
         elif name == "torch-keep":
             found[name] = tfcompat_head("torch", keep_logits=True)
+        elif name == "torch-loss":
+            found[name] = fused_loss_head("torch")
+        elif name == "triton-loss" and triton_ok:
+            found[name] = fused_loss_head("triton")
         elif name.startswith("torch-c"):
             found[name] = tfcompat_head("torch", int(name[len("torch-c"):]))
         elif name.startswith("triton"):
