@@ -284,6 +284,38 @@ class TestUnsupported:
         assert (sinks == "") == (kind == "fa4"), sinks
         assert kind == "fa4" or "learnable_sink" in sinks
 
+    @pytest.mark.parametrize(("module", "capability", "dims", "refused"), [
+        ("flash_attn.cute.interface", (9, 0), (80, 80), True),
+        ("flash_attn.cute.interface", (9, 0), (112, 112), True),
+        ("flash_attn.cute.interface", (9, 0), (64, 80), True),  # v padded to 80
+        ("flash_attn.cute.interface", (9, 0), (96, 96), False),
+        ("flash_attn.cute.interface", (9, 0), (192, 128), False),
+        ("flash_attn.cute.interface", (10, 0), (80, 80), False),  # Blackwell: not measured wrong
+        ("flash_attn.flash_attn_interface", (9, 0), (80, 80), False),  # FlashAttention-2
+    ], ids=["fa4-h100-80", "fa4-h100-112", "fa4-h100-v80", "fa4-h100-96", "fa4-h100-192-128", "fa4-b200-80",
+            "fa2-h100-80"])
+    def test_fa4_on_hopper_runs_multiples_of_32(self, module, capability, dims, refused, monkeypatch):
+        """FlashAttention-4 4.0.0b36's backward on Hopper is wrong at head dims 80 and 112 (bench/flash_head_dims.py):
+        "flash" there is refused, naming the head dim, so "auto" skips it and an explicit choice raises."""
+        def fake(*args, **kwargs):
+            raise AssertionError("not called")
+
+        fake.__module__ = module
+        monkeypatch.setattr(attention, "_flash_varlen", lambda device: fake)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        cuda = torch.device("cuda", 0)
+        attention._gap.cache_clear()
+        attention._flash_head_dim_gap.cache_clear()
+        try:
+            reason = unsupported("flash", AttentionFeatures(window=4), qk_dim=dims[0], v_dim=dims[1], device=cuda)
+            plain_gap = attention._flash_head_dim_gap(cuda, dims[0])
+        finally:
+            attention._gap.cache_clear()
+            attention._flash_head_dim_gap.cache_clear()
+        assert (f"head dim {max(dims)}" in reason) == refused, reason
+        assert not refused or reason.startswith("FlashAttention-4 on Hopper")
+        assert bool(plain_gap) == (refused and dims[0] % 32 != 0)
+
     def test_auto_skips_backends_that_cannot(self, monkeypatch):
         """On a (pretended) fast GPU with flex and torch varlen available, auto picks past backends that cannot
         run a layer's features; an explicit one raises naming why."""

@@ -96,6 +96,37 @@ def test_fa4_matches_sdpa_forward_and_backward(hq, hkv, d, dtype):
     assert float((joined.float() - got[0]).abs().max()) > 0.1
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non-causal"])
+@pytest.mark.parametrize("d", [64, 80, 96, 112, 128])
+def test_every_head_dim_auto_is_right_and_flash_right_or_refused(d, causal):
+    """Rule: at every head dim, "auto" agrees with the fp32 SDPA reference, forward and backward (FA4 4.0.0b36's
+    backward on Hopper is wrong at 80 and 112, bench/flash_head_dims.py: "auto" must not run it there), and an
+    explicit "flash" agrees too or raises `InvalidInputError` naming the head dim. A vision tower's 64-token windows
+    and long sequences, causal (`varlen_attention`) and not (`cross_attention`)."""
+    from tfcompat.core.cross_attention import cross_attention
+    from tfcompat.errors import InvalidInputError
+
+    _fa4()
+    gen = torch.Generator().manual_seed(d)
+    seqs = from_lengths([64] * 20 + [20, 48, 1300], device=DEVICE)
+    q, k, v = (torch.randn(seqs.total, h, d, generator=gen).to(DEVICE, torch.bfloat16) for h in (16, 4, 4))
+    grad = torch.randn(seqs.total, 16, d, generator=gen).to(DEVICE)
+
+    def run(backend):
+        if causal:
+            return lambda q_, k_, v_: varlen_attention(q_, k_, v_, seqs, backend=backend)
+        return lambda q_, k_, v_: cross_attention(q_, k_, v_, seqs, seqs, backend=backend)
+
+    ref = _grads(run("sdpa"), q.float(), k.float(), v.float(), grad)
+    low = _grads(run("sdpa"), q, k, v, grad)
+    _check(_grads(run("auto"), q, k, v, grad), ref, low, torch.bfloat16)
+    if d % 32:
+        with pytest.raises(InvalidInputError, match=f"head dim {d}"):
+            _grads(run("flash"), q, k, v, grad)
+    else:
+        _check(_grads(run("flash"), q, k, v, grad), ref, low, torch.bfloat16)
+
+
 def _explicit(q, k, v, seqs, scale, window=None, softcap=None, sinks=None):
     """fp32 softmax per sequence: causal, a window of the last ``window`` keys, softcap, a sink column."""
     outs = []

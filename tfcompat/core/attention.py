@@ -17,6 +17,10 @@ Backends (each imported or probed lazily, once; `unsupported` says which feature
   for it; vLLM's FA3 ``s_aux`` is not taken: no backward is known for it; the log-sum-exp FA2/FA3 return carries no
   gradient, so sinks cannot be derived from it exactly);
   v of another head dim than q/k is zero-padded to the larger dim and the output sliced, as transformers does.
+  FlashAttention-4 on Hopper runs only head dims that are multiples of 32: its 4.0.0b36 backward is wrong at 80 and
+  112 (every gradient off by about its own size, causal or not; 112 non-causal does not compile) and right at 32,
+  64, 96, 128, 160, 192 and 256 (H100, ``bench/flash_head_dims.py``); a vision tower of head dim 80 (Qwen2-VL's,
+  Qwen2.5-VL's) takes another backend there.
 - ``"torch"``: ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 kernels inside torch; its signature
   differs between torch releases, so it is probed once). CUDA, fp16/bf16. Windows where it takes
   ``window_size``; no softcap; no sinks (its backward drops the log-sum-exp's gradient); v padded as for flash.
@@ -270,7 +274,8 @@ def _auto_order(
 
 
 _REQUIREMENTS = {
-    "flash": "CUDA fp16/bf16 with flash-attn (2, 3 or 4) installed",
+    "flash": "CUDA fp16/bf16 with flash-attn (2, 3 or 4) installed; FlashAttention-4 on Hopper: head dims that are "
+             "multiples of 32",
     "torch": "CUDA fp16/bf16 with torch.nn.attention.varlen.varlen_attn",
     "cudnn": "CUDA fp16/bf16 without gradients (forward only), head_dim a multiple of 8 up to 128, cuDNN >= 9, "
              "compute capability >= 8.0",
@@ -288,7 +293,20 @@ def _fast_cuda(q: torch.Tensor) -> bool:
 
 
 def _can_flash(q: torch.Tensor, k: torch.Tensor | None) -> bool:
-    return _fast_cuda(q) and _flash_varlen(q.device) is not None
+    return _fast_cuda(q) and _flash_varlen(q.device) is not None and not _flash_head_dim_gap(q.device, q.shape[-1])
+
+
+@functools.cache
+def _flash_head_dim_gap(device: torch.device, head_dim: int) -> str:
+    """Why the installed flash-attn cannot run ``head_dim`` (q/k and v padded to one) on ``device``, or ``""``:
+    FlashAttention-4 on Hopper at a head dim that is not a multiple of 32 (the module docstring's measurement)."""
+    fn = _flash_varlen(device)
+    if fn is None or device.type != "cuda" or not fn.__module__.startswith("flash_attn.cute"):
+        return ""
+    if torch.cuda.get_device_capability(device)[0] == 9 and head_dim % 32:
+        return (f"FlashAttention-4 on Hopper computes wrong gradients at head dim {head_dim} (4.0.0b36: at 80 and "
+                "112; right at multiples of 32)")
+    return ""
 
 
 def _can_torch(q: torch.Tensor, k: torch.Tensor | None) -> bool:
@@ -350,6 +368,9 @@ def _flash_gaps(features: AttentionFeatures, qk_dim: int, v_dim: int, device: to
             if features.sinks else ""
     params = _params(fn)
     name = f"{fn.__module__}.flash_attn_varlen_func"
+    dim_gap = _flash_head_dim_gap(device, max(qk_dim, v_dim))  # q/k and v run padded to the larger dim
+    if dim_gap:
+        return dim_gap
     if features.window is not None and "window_size" not in params:
         return f"{name} has no window_size (sliding windows need flash-attn >= 2.3)"
     if features.softcap is not None and "softcap" not in params:

@@ -36,6 +36,7 @@ from .attention import (
     _auto_order,
     _can_flash,
     _can_torch,
+    _flash_head_dim_gap,
     _flash_varlen,
     _pad_dims,
     _torch_varlen,
@@ -70,7 +71,7 @@ def cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_seqs: P
             why=f"{len(q_seqs.lengths)} query sequences over {q.shape[0]} tokens (boundaries: {q_seqs.total}), "
             f"{len(k_seqs.lengths)} key sequences over {k.shape[0]} tokens (boundaries: {k_seqs.total})",
             fix="pass one encoder state sequence per packed decoder sequence (tfcompat.pack)")
-    name = _backend(q, k, q_seqs, backend)
+    name = _backend(q, k, v, q_seqs, backend)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if name == "sdpa":
         return _sdpa(q, k, v, q_seqs, k_seqs, scale)
@@ -91,16 +92,19 @@ def cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_seqs: P
     return out[..., :v_dim]
 
 
-def _backend(q: torch.Tensor, k: torch.Tensor, q_seqs: PackedSeqs, backend: str) -> str:
+def _backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_seqs: PackedSeqs, backend: str) -> str:
     """The backend that runs these inputs: an explicit ``"flash"`` / ``"torch"`` if it can (else
     `InvalidInputError`), ``"sdpa"`` for ``"sdpa"``, ``"flex"`` and ``"cudnn"``, else the first of ``"auto"``'s."""
-    runs = {"flash": _can_flash(q, k), "torch": _can_torch(q, k), "sdpa": True}
+    dim_gap = _flash_head_dim_gap(q.device, max(q.shape[-1], v.shape[-1]))  # flash runs q/k and v padded to one
+    runs = {"flash": _can_flash(q, k) and not dim_gap, "torch": _can_torch(q, k), "sdpa": True}
     if backend in ("flash", "torch"):
         if not runs[backend]:
             raise InvalidInputError(
                 f"attention backend {backend!r} cannot run this non-causal attention",
-                why=f"q {q.dtype} on {q.device}", supported="flash: CUDA fp16/bf16 with flash-attn installed; torch: "
-                "CUDA fp16/bf16 with torch.nn.attention.varlen.varlen_attn", fix="use backend='auto' or 'sdpa'")
+                why=f"q {q.dtype} on {q.device}, head dim {q.shape[-1]}" + (f": {dim_gap}" if dim_gap else ""),
+                supported="flash: CUDA fp16/bf16 with flash-attn installed (FlashAttention-4 on Hopper: head dims that "
+                "are multiples of 32); torch: CUDA fp16/bf16 with torch.nn.attention.varlen.varlen_attn",
+                fix="use backend='auto' or 'sdpa'")
         return backend
     if backend != "auto":
         return "sdpa"
