@@ -211,10 +211,12 @@ def select_backend(
         return next(name for name in _auto_order(q, k, seqs, features == _PLAIN)
                     if _CAN_RUN[name](q, k) and (plain or not _gap(name, features, qk_dim, v_dim, q.device)))
     if backend not in _CAN_RUN or not _CAN_RUN[backend](q, k):
+        dim_gap = _flash_head_dim_gap(q.device, qk_dim) if backend == "flash" else ""
         raise InvalidInputError(
             f"attention backend {backend!r} cannot run these inputs",
             why=f"q is {q.dtype} on {q.device.type} with head_dim {q.shape[-1]}"
-            f"{', needing a gradient' if _needs_grad(q, k) else ''}; usable here: {available_backends(q, k=k)}",
+            f"{', needing a gradient' if _needs_grad(q, k) else ''}; usable here: {available_backends(q, k=k)}"
+            + (f"; {dim_gap}" if dim_gap else ""),
             supported=f"{backend!r}: {_REQUIREMENTS[backend]}" if backend in _REQUIREMENTS else ", ".join(_CAN_RUN),
             fix="use backend='auto', or inputs the backend supports (and install flash-attn for 'flash')",
         )
