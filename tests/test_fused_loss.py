@@ -308,10 +308,13 @@ class TestInvalidInput:
 
 
 def test_default_blocks() -> None:
-    """Backend "triton": about 2**30 logits per block (7,168 tokens at a 152k vocabulary), at most 16,384; torch:
-    its chunk; a given chunk_size wins; all rounded to the tile alignment and capped at T."""
-    assert _fused_loss.default_rows(70_703, 152_064, "triton", None) == 7_168
-    assert _fused_loss.default_rows(70_703, 32_000, "triton", None) == 16_384
+    """Backend "triton": at most about 2**30 logits per block (7,061 tokens at a 152k vocabulary) and 16,384 tokens;
+    torch: at most its chunk; split evenly over the blocks that takes; a given chunk_size wins; all rounded up to
+    the tile alignment and capped at T."""
+    assert _fused_loss.default_rows(70_703, 152_064, "triton", None) == 6_528  # 11 blocks of at most 7,061
+    assert _fused_loss.default_rows(8_191, 152_064, "triton", None) == 4_096
+    assert _fused_loss.default_rows(7_000, 152_064, "triton", None) == 7_000
+    assert _fused_loss.default_rows(70_703, 32_000, "triton", None) == 14_208  # 5 blocks of at most 16,384
     assert _fused_loss.default_rows(500, 152_064, "triton", None) == 500
     assert _fused_loss.default_rows(70_703, 152_064, "torch", None) == heads._TORCH_CHUNK_SIZE
     assert _fused_loss.default_rows(70_703, 152_064, "triton", 1000) == 1024

@@ -230,8 +230,9 @@ def fused_loss(
         out.loss.backward()
 
     hidden, lm_head_weight, labels, temperature, backend, lm_head_bias, softcap, logit_scale: as in
-    `logprobs_entropy`. chunk_size: tokens per block (``"triton"``: about 2**30 logits by default, 7,168 tokens at
-    V = 152,064, at most 16,384; ``"torch"``: 2048); the block's ``(R, V)`` logits are the head's largest temporary.
+    `logprobs_entropy`. chunk_size: tokens per block (default: the tokens split evenly into blocks of at most about
+    2**30 logits and 16,384 tokens for ``"triton"``, 7,061 tokens at V = 152,064; at most 2048 for ``"torch"``);
+    the block's ``(R, V)`` logits are the head's largest temporary.
     Under Ulysses sequence parallelism each rank sums its own shard's terms: normalize with the global count.
 
     Raises `InvalidInputError` as `logprobs_entropy` does, for a token_loss that is not callable or does not

@@ -37,10 +37,12 @@ MAX_ROWS = 16384
 
 
 def default_rows(tokens: int, vocab: int, backend: str, chunk_size: int | None) -> int:
-    """Tokens per block: ``chunk_size`` when given; else about `TILE_LOGITS` logits (``"triton"``, whose tile
-    stays in the input dtype) or the torch backend's chunk (``"torch"``, several float32 copies of a tile)."""
+    """Tokens per block: ``chunk_size`` when given; else at most about `TILE_LOGITS` logits (``"triton"``, whose
+    tile stays in the input dtype) or the torch backend's chunk (``"torch"``, several float32 copies of a tile),
+    split evenly over the blocks that takes (8,191 tokens: two of 4,096, not 7,168 and 1,023 at V = 152,064)."""
     if chunk_size is None:
-        chunk_size = min(MAX_ROWS, max(1, TILE_LOGITS // vocab)) if backend == "triton" else _TORCH_CHUNK_SIZE
+        most = min(MAX_ROWS, max(1, TILE_LOGITS // vocab)) if backend == "triton" else _TORCH_CHUNK_SIZE
+        chunk_size = -(-tokens // -(-tokens // most))
     return _aligned(chunk_size, tokens)
 
 
