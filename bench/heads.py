@@ -65,9 +65,9 @@ from tfcompat import heads
 from tfcompat.heads import IGNORE_INDEX, logprobs_entropy
 
 TOKENS = (1024, 4095, 8191, 8192, 16383, 20205, 32768, 65535)
-VARIANTS = ("logits", "torch", "torch-c512", "torch-c2048", "torch-keep", "triton", "triton-c256", "triton-c512",
-            "triton-c1024", "triton-t8k", "triton-t32k", "triton-keep", "triton-loss", "torch-loss", "liger", "liger-mean", "verl-triton",
-            "verl-torch")
+VARIANTS = ("logits", "torch", "torch-c512", "torch-c2048", "torch-keep", "torch-loss", "triton", "triton-c256",
+            "triton-c512", "triton-c1024", "triton-t8k", "triton-t32k", "triton-keep", "triton-loss", "liger",
+            "liger-mean", "verl-triton", "verl-torch")
 VOCAB, HIDDEN, TEMPERATURE = 152064, 3584, 0.7
 SMOKE = dict(tokens=(100, 127, 128), vocab=1000, hidden=64)
 # the reference holds about 5 float32 (T, V) tensors at its peak (measured: 22.1 GiB at T=8192)
