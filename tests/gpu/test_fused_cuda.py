@@ -44,11 +44,15 @@ def _step(model, inputs, fused):
     return logits.detach(), grads, records
 
 
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_fused_matches_unfused_fp32(family):
-    """Rule: with Liger's kernels the packed forward and backward are the unfused ones (fp32, rel 1e-5)."""
+def test_fused_matches_unfused_fp32(family, head_dim):
+    """Rule: with Liger's kernels the packed forward and backward are the unfused ones (fp32, rel 1e-5), at head
+    dims that are powers of two and not (the rotary kernel pads its head to a power of two: FA4's Hopper backward,
+    another kernel, was wrong at 80)."""
     _liger()
-    model = tiny_model(family, "sdpa", **DIMS).to(DEVICE).train()
+    dims = {**DIMS, "hidden_size": 4 * head_dim, "head_dim": head_dim}  # 4 heads
+    model = tiny_model(family, "sdpa", **dims).to(DEVICE).train()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     seqs = sample_sequences(model, [7, 130, 1, 61], [None] * 4, seed=4)
     inputs = {k: v.to(DEVICE) for k, v in pack(model, seqs).items()}
