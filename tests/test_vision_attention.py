@@ -182,6 +182,46 @@ def test_tower_dropout_and_bad_options_are_refused():
 
 
 @pytest.mark.skipif(not ROUTES, reason="the towers of 4.x hand boundaries only to flash_attention_2")
+def test_an_explicit_flash_that_cannot_run_the_towers_head_dim_is_refused_at_patch(monkeypatch):
+    """FlashAttention-4 on Hopper computes wrong gradients at head dims that are not multiples of 32 (80 in
+    Qwen2.5-VL's tower): an explicit backend="flash" is a `PatchError` at patch() naming the head dim; "auto"
+    patches (it takes the next backend per call)."""
+    from tfcompat.core import attention
+
+    def fa4(*args, **kwargs):
+        raise AssertionError("not called")
+
+    fa4.__module__ = "flash_attn.cute.interface"
+    monkeypatch.setattr(attention, "_flash_varlen", lambda device: fa4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    attention._gap.cache_clear()
+    attention._flash_head_dim_gap.cache_clear()
+    from tfcompat.tiny_models import tiny_config
+
+    _model("qwen2_5_vl")  # skips where the release ships none
+    config = tiny_config("qwen2_5_vl", "image_text_to_text")  # text head dim 32 (FA4 runs it), the tower's 16
+    config.text_config.hidden_size = config.vision_config.out_hidden_size = 128
+    config.text_config.rope_parameters["mrope_section"] = [4, 6, 6]
+    model = tiny_model("qwen2_5_vl", "image_text_to_text", config=config)
+    assert model.model.language_model.layers[0].self_attn.head_dim == 32
+    dims = {m.head_dim for m in model.model.visual.modules() if isinstance(getattr(m, "head_dim", None), int)}
+    assert dims and all(d % 32 for d in dims), dims  # the tiny tower's head dim is not a multiple of 32
+    try:
+        with pytest.raises(tfcompat.PatchError, match=f"(?s)'flash' cannot run the tower.*head dim {min(dims)}"):
+            tfcompat.patch(model, backend="flash", vision_attention=True)
+        assert not tfcompat.is_patched(model)
+        with tfcompat.patch(model, backend="flash"):  # the text stack alone: FA4 runs head dim 32
+            pass
+        with tfcompat.patch(model, vision_attention=True):  # "auto"
+            pass
+    finally:
+        attention._gap.cache_clear()
+        attention._flash_head_dim_gap.cache_clear()
+
+
+@pytest.mark.skipif(not ROUTES, reason="the towers of 4.x hand boundaries only to flash_attention_2")
 def test_a_call_without_boundaries_is_refused():
     model = _model("qwen2_5_vl")
     with tfcompat.patch(model, vision_attention=True):

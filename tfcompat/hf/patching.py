@@ -226,7 +226,7 @@ def patch(
                              "modules kept from recomputation are the packed path's", supported="checkpoint_keep=()",
                              fix="patch without checkpoint_keep")
     keep_plan = hf_checkpointing.plan(model, keep, resolved.attention_cls, resolved.error, offload)
-    towers = hf_vision_attention.plan(model, plan.configs, resolved) if vision_attention else []
+    towers = hf_vision_attention.plan(model, plan.configs, resolved, backend) if vision_attention else []
     is_derived = resolved.entry.derived is not None or resolved.entry.derived_vision is not None
     # the copy's own patch proves nothing again; it routes its towers as this one does
     copy_patch = functools.partial(patch, prove=False, vision_attention=vision_attention)

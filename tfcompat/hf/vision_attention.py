@@ -28,7 +28,7 @@ from typing import Any, cast
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from ..core.attention import varlen_attention
+from ..core.attention import AttentionFeatures, unsupported, varlen_attention
 from ..core.cross_attention import cross_attention
 from ..core.packing import PackedSeqs
 from ..errors import PatchedModelError, PatchError
@@ -46,11 +46,12 @@ _ROUTE = ("is_flash_attention_requested", "cu_seq_lens_q")
 _HARMLESS = HARMLESS_KWARGS | {"is_causal"}
 
 
-def plan(model: torch.nn.Module, text_configs: list[Any], resolved: Resolved
+def plan(model: torch.nn.Module, text_configs: list[Any], resolved: Resolved, backend: str = "auto"
          ) -> list[tuple[Any, list[torch.nn.Module]]]:
     """The towers of ``model`` whose attention `VISION_KEY` can run: ``(config, its modules)`` per tower config
     outside ``text_configs``. `PatchError` where there is none (a text model, or a release whose towers hand their
-    boundaries to ``"flash_attention_2"`` alone, as 4.x's), or a tower has attention dropout."""
+    boundaries to ``"flash_attention_2"`` alone, as 4.x's), a tower has attention dropout, or an explicit
+    ``backend`` cannot run a tower's head dim (FlashAttention-4 on Hopper at 80: `unsupported`)."""
     found = towers(model, text_configs)
     if not found:
         raise resolved.error(
@@ -68,6 +69,13 @@ def plan(model: torch.nn.Module, text_configs: list[Any], resolved: Resolved
                 why="tfcompat's varlen attention has no dropout (it would be silently skipped in training)",
                 supported="attention_dropout=0.0", fix="set the tower config's attention_dropout to 0.0, or patch "
                 "without vision_attention")
+        for dim in sorted({d for m in modules if isinstance(d := getattr(m, "head_dim", None), int)}):
+            gap = "" if backend == "auto" else unsupported(backend, AttentionFeatures(), qk_dim=dim, v_dim=dim)
+            if gap:
+                raise resolved.error(
+                    PatchError, f"attention backend {backend!r} cannot run the tower of {type(config).__name__} "
+                    f"(head dim {dim})", why=gap, supported="backend='auto' takes the next backend per call",
+                    fix="pass backend='auto', or patch without vision_attention")
     return found
 
 
