@@ -15,7 +15,9 @@ import transformers
 
 import tfcompat
 from tests.helpers import pack
+from tfcompat.errors import PatchedModelError
 from tfcompat.hf import attention as hf_attention
+from tfcompat.hf import checkpointing, kept_inputs, offload
 from tfcompat.registry.derive import causal_lm_types
 from tfcompat.registry.versions import installed_transformers
 from tfcompat.selfcheck import sample_sequences, tiny_model
@@ -171,6 +173,76 @@ def test_activation_checkpointing_every_n_layers():
     for name in full:
         torch.testing.assert_close(got[name], full[name], rtol=1e-6, atol=1e-7 * float(full[name].abs().max()),
                                    msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize(("keep", "to_host"), [("attention", False), ("attention", True), ("mlp_in", False),
+                                              (("attention", "mlp"), True)])
+def test_a_kept_modules_input_is_recomputed_not_held(keep, to_host, monkeypatch):
+    """Rule: what a kept module saves on the storage of its own input (the projections' input) is neither held nor
+    offloaded: it comes back from the layer's recompute, with full checkpointing's gradients bit for bit; the
+    control (every saved tensor held, as before) holds those inputs, so the check can fail."""
+    def run(keep, substitute=True):
+        model = _model("llama")
+        inputs = pack(model, sample_sequences(model, LENGTHS, [None] * 3, seed=4))
+        live: list[set[int]] = []  # the storages of the kept modules' inputs, innermost call last
+        held_inputs = [0]
+
+        def enter(module, args, kwargs):
+            if torch._C._current_graph_task_id() == -1:
+                live.append({t.untyped_storage().data_ptr() for t in [*args, *kwargs.values()]
+                             if isinstance(t, torch.Tensor) and t.requires_grad})
+
+        def leave(module, args, kwargs, out):
+            if torch._C._current_graph_task_id() == -1:
+                live.pop()
+
+        for name, m in model.named_modules():
+            if name.endswith(("self_attn", "mlp", "gate_proj", "up_proj")):
+                m.register_forward_pre_hook(enter, with_kwargs=True)
+                m.register_forward_hook(leave, with_kwargs=True)
+
+        def watched(pack):
+            def packed(*args):
+                t = args[-1]
+                held_inputs[0] += bool(live) and t.untyped_storage().data_ptr() in set().union(*live)
+                return pack(*args)
+            return packed
+
+        monkeypatch.setattr(checkpointing, "_hold", watched(checkpointing._hold))
+        monkeypatch.setattr(offload.Stash, "pack", watched(offload.Stash.pack))
+        if not substitute:
+            monkeypatch.setattr(kept_inputs.Inputs, "pack", lambda self, pack: pack)
+        unpack = kept_inputs._Input.unpack
+        recomputed = [0]
+
+        def counted(self):
+            recomputed[0] += 1
+            return unpack(self)
+
+        monkeypatch.setattr(kept_inputs._Input, "unpack", counted)
+        with tfcompat.patch(model, checkpoint_keep=keep, checkpoint_offload=to_host if keep else False):
+            model(**inputs, use_cache=False).logits.float().pow(2).mean().backward()
+        monkeypatch.undo()
+        return {n: p.grad for n, p in model.named_parameters()}, held_inputs[0], recomputed[0]
+
+    full, _, _ = run(())
+    grads, held, recomputed = run(keep)
+    assert held == 0 and recomputed > 0, (held, recomputed)
+    for name in full:
+        assert torch.equal(grads[name], full[name]), name
+    _, held, recomputed = run(keep, substitute=False)  # the control
+    assert held > 0 and recomputed == 0, (held, recomputed)
+
+
+def test_an_input_recomputed_on_another_layout_is_an_error():
+    """Rule: a kept module's input that the recompute gives back on a storage of another size (the layer did not
+    reproduce its forward) raises PatchedModelError when read, rather than handing out a wrong view."""
+    x = torch.randn(4, 8, requires_grad=True)
+    source = kept_inputs._Recomputed(kept_inputs._Save.apply(x).grad_fn, x.untyped_storage().nbytes() * 2)
+    with pytest.raises(PatchedModelError, match="recompute"):
+        source.value()
+    assert torch.equal(kept_inputs._Recomputed(kept_inputs._Save.apply(x).grad_fn, x.untyped_storage().nbytes())
+                       .value(), x)
 
 
 def test_mlp_in_leaves_no_mlp_matmul_to_recompute(monkeypatch):

@@ -75,6 +75,7 @@ import torch
 from torch.utils._pytree import tree_map, tree_map_only
 
 from ..errors import PatchedModelError, PatchError
+from . import kept_inputs
 from . import offload as hf_offload
 
 __all__ = ["KEEP", "CheckpointKeep", "KeepPlan", "Kept", "Offload", "Policy", "apply", "offload_of", "plan",
@@ -316,6 +317,7 @@ def _kept_forward(forward: Callable[..., Any], layer: torch.nn.Module) -> Callab
                     fix="undo() the patch, enable gradient checkpointing, then patch again")
             return forward(*args, **kwargs)
         outputs, recompute = scope
+        inputs = kept_inputs.Inputs(args, kwargs)  # in both passes: checkpointing drops them, then recomputes them
         if recompute:
             held, grads = outputs.items[outputs.taken]
             outputs.taken += 1
@@ -323,7 +325,7 @@ def _kept_forward(forward: Callable[..., Any], layer: torch.nn.Module) -> Callab
             return _rebuild(tree_map(hf_offload.unpack, held), grads)
         pack = _hold if outputs.stash is None else outputs.stash.pack
         # innermost hooks: kept (or offloaded), not dropped
-        with torch.autograd.graph.saved_tensors_hooks(pack, hf_offload.unpack):
+        with torch.autograd.graph.saved_tensors_hooks(inputs.pack(pack), kept_inputs.unpack):
             out = forward(*args, **kwargs)
         outputs.items.append((tree_map_only(torch.Tensor, pack, out),
                               tree_map_only(torch.Tensor, lambda t: t.requires_grad, out)))
