@@ -238,10 +238,10 @@ def test_an_input_recomputed_on_another_layout_is_an_error():
     """Rule: a kept module's input that the recompute gives back on a storage of another size (the layer did not
     reproduce its forward) raises PatchedModelError when read, rather than handing out a wrong view."""
     x = torch.randn(4, 8, requires_grad=True)
-    source = kept_inputs._Recomputed(kept_inputs._Save.apply(x).grad_fn, x.untyped_storage().nbytes() * 2)
+    source = kept_inputs._Recomputed(kept_inputs._Save.apply(x), x.untyped_storage().nbytes() * 2)
     with pytest.raises(PatchedModelError, match="recompute"):
         source.value()
-    assert torch.equal(kept_inputs._Recomputed(kept_inputs._Save.apply(x).grad_fn, x.untyped_storage().nbytes())
+    assert torch.equal(kept_inputs._Recomputed(kept_inputs._Save.apply(x), x.untyped_storage().nbytes())
                        .value(), x)
 
 

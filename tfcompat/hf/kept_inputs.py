@@ -32,7 +32,7 @@ __all__ = ["Inputs", "unpack"]
 
 
 class _Save(torch.autograd.Function):
-    """Saves its input for nobody's backward: the saved tensor is read through the node (`_Recomputed`)."""
+    """Saves its input for nobody's backward: the saved tensor is read through its node (`_Recomputed`)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
@@ -48,15 +48,15 @@ class _Recomputed:
     """One input of a kept module call: its node's saved tensor, the recomputed input in the backward (read once
     per backward pass: checkpointing hands each recomputed tensor out once)."""
 
-    def __init__(self, node: Any, nbytes: int) -> None:
-        self._node = node
+    def __init__(self, saved: torch.Tensor, nbytes: int) -> None:
+        self._saved = saved  # `_Save`'s output: its node lives while it does (a node dropped frees what it saved)
         self._nbytes = nbytes
         self._value: tuple[int, torch.Tensor] | None = None  # (graph task, the recomputed input)
 
     def value(self) -> torch.Tensor:
         task = torch._C._current_graph_task_id()
         if self._value is None or self._value[0] != task:
-            self._value = (task, self._node.saved_tensors[0])
+            self._value = (task, self._saved.grad_fn.saved_tensors[0])
         x = self._value[1]
         if x.untyped_storage().nbytes() != self._nbytes:
             raise PatchedModelError(
@@ -97,7 +97,7 @@ class Inputs:
             storage = x.untyped_storage()
             if storage.data_ptr() in self._by_storage:
                 continue
-            self._by_storage[storage.data_ptr()] = _Recomputed(_Save.apply(x).grad_fn, storage.nbytes())
+            self._by_storage[storage.data_ptr()] = _Recomputed(_Save.apply(x), storage.nbytes())
 
     def pack(self, pack: Callable[[torch.Tensor], Any]) -> Callable[[torch.Tensor], Any]:
         """``pack`` for the tensors not on an input's storage; a view of the recomputed input for the others."""
