@@ -238,11 +238,27 @@ def test_an_input_recomputed_on_another_layout_is_an_error():
     """Rule: a kept module's input that the recompute gives back on a storage of another size (the layer did not
     reproduce its forward) raises PatchedModelError when read, rather than handing out a wrong view."""
     x = torch.randn(4, 8, requires_grad=True)
-    source = kept_inputs._Recomputed(kept_inputs._Save.apply(x), x.untyped_storage().nbytes() * 2)
+    source = kept_inputs._Recomputed(kept_inputs._Save.apply(x), x.untyped_storage().nbytes() * 2, 0)
     with pytest.raises(PatchedModelError, match="recompute"):
         source.value()
-    assert torch.equal(kept_inputs._Recomputed(kept_inputs._Save.apply(x), x.untyped_storage().nbytes())
+    assert torch.equal(kept_inputs._Recomputed(kept_inputs._Save.apply(x), x.untyped_storage().nbytes(), 0)
                        .value(), x)
+
+
+def test_an_input_written_in_place_is_held_not_recomputed():
+    """Rule: a tensor saved on a kept module's input after the module wrote that input in place is held as it is
+    (the recompute would give the value before the write); views saved before the write, and other tensors, take
+    their usual paths."""
+    base = torch.randn(4, 8, requires_grad=True)
+    x = base * 1.0  # a non-leaf input that requires grad
+    inputs = kept_inputs.Inputs((x,), {"scale": 2.0})
+    held = []
+    pack = inputs.pack(lambda t: held.append(t) or t)
+    assert isinstance(pack(x[1:]), kept_inputs._Input) and held == []
+    other = torch.randn(3)
+    assert pack(other) is other and held == [other]
+    x.mul_(2)
+    assert pack(x) is x and held == [other, x]
 
 
 def test_mlp_in_leaves_no_mlp_matmul_to_recompute(monkeypatch):

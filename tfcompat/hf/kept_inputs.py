@@ -13,14 +13,15 @@ save the same tensors in the same order). `Inputs.pack` then replaces each tenso
 of such an input by an `_Input` view; in the backward its `unpack` asks the checkpoint for the recomputed input
 (which starts the layer's recompute if it has not run yet) and returns the same view of it. The recompute
 reproduces the forward's tensors bit for bit (what gradient checkpointing relies on), so the gradients are those
-of the held path. Inputs that do not require grad (and parameters: not inputs) are held as before.
+of the held path. Inputs that do not require grad, and an input the module writes in place before saving it (its
+version counter moved: the recompute would not write it again), are held as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -35,12 +36,12 @@ class _Save(torch.autograd.Function):
     """Saves its input for nobody's backward: the saved tensor is read through its node (`_Recomputed`)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x)
         return x.new_empty(0)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> None:  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor) -> None:
         return None
 
 
@@ -48,15 +49,16 @@ class _Recomputed:
     """One input of a kept module call: its node's saved tensor, the recomputed input in the backward (read once
     per backward pass: checkpointing hands each recomputed tensor out once)."""
 
-    def __init__(self, saved: torch.Tensor, nbytes: int) -> None:
+    def __init__(self, saved: torch.Tensor, nbytes: int, version: int) -> None:
         self._saved = saved  # `_Save`'s output: its node lives while it does (a node dropped frees what it saved)
         self._nbytes = nbytes
+        self.version = version  # the input's when the module was called: a later in-place write is not recomputed
         self._value: tuple[int, torch.Tensor] | None = None  # (graph task, the recomputed input)
 
     def value(self) -> torch.Tensor:
         task = torch._C._current_graph_task_id()
         if self._value is None or self._value[0] != task:
-            self._value = (task, self._saved.grad_fn.saved_tensors[0])
+            self._value = (task, cast(Any, self._saved.grad_fn).saved_tensors[0])
         x = self._value[1]
         if x.untyped_storage().nbytes() != self._nbytes:
             raise PatchedModelError(
@@ -97,17 +99,18 @@ class Inputs:
             storage = x.untyped_storage()
             if storage.data_ptr() in self._by_storage:
                 continue
-            self._by_storage[storage.data_ptr()] = _Recomputed(_Save.apply(x), storage.nbytes())
+            self._by_storage[storage.data_ptr()] = _Recomputed(_Save.apply(x), storage.nbytes(), x._version)
 
     def pack(self, pack: Callable[[torch.Tensor], Any]) -> Callable[[torch.Tensor], Any]:
-        """``pack`` for the tensors not on an input's storage; a view of the recomputed input for the others."""
+        """``pack`` for the tensors not on an input's storage (or on one the module wrote in place); a view of the
+        recomputed input for the others."""
         if not self._by_storage:
             return pack
 
         def packed(t: torch.Tensor) -> Any:
             source = self._by_storage.get(t.untyped_storage().data_ptr()) if type(t) is torch.Tensor else None
-            if source is None or t.layout != torch.strided:
-                return pack(t)
+            if source is None or t.layout != torch.strided or t._version != source.version:
+                return pack(t)  # not the input's, or written in place by the module since: held as it is
             return _Input(source, t.dtype, tuple(t.shape), t.stride(), int(t.storage_offset()))
 
         return packed
