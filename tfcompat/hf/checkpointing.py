@@ -36,11 +36,17 @@ which non-reentrant checkpointing checks. This works at module boundaries rather
 (`torch.utils.checkpoint.create_selective_checkpoint_contexts`) because an op policy cannot cache kernels that
 are not aten ops, such as FlashAttention-4's, and would recompute them.
 
+What a kept module saves of its own input (the projections' input, the normed hidden state) is not kept: the
+layer's recompute produces it again, and the backward takes it from there (`tfcompat.hf.kept_inputs`; a quarter of
+what kept attention held).
+
 Memory: what the kept modules save stays from the forward until the layer's backward. On a 28-layer
 Qwen2.5-7B-shaped step of 19,679 tokens (bench/RESULTS.md section 11): full checkpointing 31 GiB peak, ``"attention"``
 38 GiB (1.04x faster), ``("attention", "mlp")`` 102 GiB (1.22x faster; checkpointing off: 98 GiB, as fast). Per
 layer there (section 13): ``"mlp_in"`` keeps 1.52 GiB and saves 8 ms, ``"mlp"`` 2.35 GiB for the same; the first ~10
-layers of ``"attention"`` add no peak memory (the peak comes late in the backward, when they are freed).
+layers of ``"attention"`` add no peak memory (the peak comes late in the backward, when they are freed). Those
+figures include the kept input; without it (section 18) kept attention is 0.46 GB per layer there and ``"mlp_in"``
+1.49 GB.
 
 Offload: ``patch(checkpoint_keep=..., checkpoint_offload=...)`` moves what the kept modules of the chosen layers
 save (and their outputs) to pinned host memory during the forward, on a side stream, and brings it back during the

@@ -19,7 +19,8 @@ without offload: parameters, views of them, tensors that require grad as leaves,
 is a plain clone (tests).
 
 The link bounds it: each offloaded byte crosses it twice (a layer of the 28-layer Qwen2.5-7B-shaped step of 19,679
-tokens: about 0.6 GB for its attention, 1.6 GB more for ``"mlp_in"``); the first layers are the ones to offload, since
+tokens: about 0.46 GB for its attention, 1.5 GB more for ``"mlp_in"``, the modules' inputs not counted: those are
+recomputed, `tfcompat.hf.kept_inputs`); the first layers are the ones to offload, since
 their copies have the whole forward to go out and the backward of the later layers to come back, and their kept
 tensors are the ones alive at the step's peak (late in the backward).
 
