@@ -234,6 +234,42 @@ def test_a_kept_modules_input_is_recomputed_not_held(keep, to_host, monkeypatch)
     assert held > 0 and recomputed == 0, (held, recomputed)
 
 
+@pytest.mark.parametrize(("family", "keep"), [
+    ("cohere", {"attention": 1.0, "mlp_in": 1.0}), ("gpt_neox", ("attention", "mlp")), ("phi", ("attention", "mlp")),
+    ("deepseek_v3", {"attention": 1.0, "mlp_in": 1.0}), ("olmo2", {"attention": 1.0, "mlp_in": 1.0}),
+    ("gemma2", ("attention", "mlp")), ("mixtral", ("attention", "mlp")), ("minimax", ("attention", "mlp"))])
+def test_derived_layouts_recompute_the_inputs_exactly(family, keep, monkeypatch):
+    """Rule: on layers of other layouts (parallel attention and MLP: cohere, gpt_neox, phi; multi-head latent
+    attention: deepseek_v3; norms after the modules: olmo2, gemma2; routed experts: mixtral; a hybrid stack:
+    minimax) the kept modules' inputs come back from the recompute and the gradients are full checkpointing's."""
+    if family not in causal_lm_types():
+        pytest.skip(f"transformers {installed_transformers()} ships no {family}")
+    unpack = kept_inputs._Input.unpack
+    recomputed = [0]
+
+    def counted(self):
+        recomputed[0] += 1
+        return unpack(self)
+
+    monkeypatch.setattr(kept_inputs._Input, "unpack", counted)
+
+    def grads(keep):
+        model = _model(family, attn="eager" if family == "gemma2" else "sdpa")
+        inputs = pack(model, sample_sequences(model, LENGTHS, [None] * 3, seed=4))
+        with tfcompat.patch(model, checkpoint_keep=keep):
+            model(**inputs, use_cache=False).logits.float().pow(2).mean().backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    full = grads(())
+    assert recomputed[0] == 0
+    kept = grads(keep)
+    assert recomputed[0] > 0
+    assert kept.keys() == full.keys()
+    for name in full:
+        torch.testing.assert_close(kept[name], full[name], rtol=1e-6, atol=1e-7 * float(full[name].abs().max()),
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
 def test_an_input_recomputed_on_another_layout_is_an_error():
     """Rule: a kept module's input that the recompute gives back on a storage of another size (the layer did not
     reproduce its forward) raises PatchedModelError when read, rather than handing out a wrong view."""
