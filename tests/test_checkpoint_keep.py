@@ -270,6 +270,33 @@ def test_derived_layouts_recompute_the_inputs_exactly(family, keep, monkeypatch)
                                    msg=lambda m, name=name: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("keep", ["attention", {"attention": 2}])
+def test_a_kept_module_that_draws_random_numbers_leaves_the_layers_later_draws_as_in_the_forward(keep, monkeypatch):
+    """Rule: in train mode with a dropout inside the kept module (Starcoder2's residual dropout in its attention),
+    the recompute skips the module but the layer's later draws (the MLP's residual dropout) get the forward's random
+    numbers: the gradients equal full checkpointing's with the same seed. The control (generators not moved past
+    the skipped module) gives other masks, so the test can fail."""
+    def grads(keep, restore=True):
+        model = tiny_model("starcoder2", "sdpa", num_hidden_layers=3, residual_dropout=0.1).train()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=NON_REENTRANT)
+        inputs = pack(model, sample_sequences(model, LENGTHS, [None] * 3, seed=4))
+        if not restore:
+            monkeypatch.setattr(checkpointing._Rng, "restore", lambda self: None)
+        with tfcompat.patch(model, checkpoint_keep=keep):
+            torch.manual_seed(7)
+            model(**inputs, use_cache=False).logits.float().pow(2).mean().backward()
+        monkeypatch.undo()
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    full = grads(())
+    kept = grads(keep)
+    for name in full:
+        torch.testing.assert_close(kept[name], full[name], rtol=1e-6, atol=1e-7 * float(full[name].abs().max()),
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    control = grads(keep, restore=False)
+    assert any(not torch.allclose(control[n], full[n], rtol=1e-3, atol=1e-5) for n in full)
+
+
 def test_an_input_recomputed_on_another_layout_is_an_error():
     """Rule: a kept module's input that the recompute gives back on a storage of another size (the layer did not
     reproduce its forward) raises PatchedModelError when read, rather than handing out a wrong view."""

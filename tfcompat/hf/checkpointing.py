@@ -26,6 +26,8 @@ copies when memory is lowest. A kind named alone (``"attention"``, ``("attention
 
 The recompute still runs everything else of the layer (norms, residual adds, the modules not kept). Gradients
 are those of full checkpointing: the backward runs the same graph; only where the saved tensors come from changes.
+A kept module that draws random numbers (a dropout inside it, in train mode) leaves the generators, in the
+recompute, where it left them in the forward, so the layer's later dropouts draw the forward's masks.
 
 How: the patch adds a ``context_fn`` (`torch.utils.checkpoint`'s selective-checkpoint hook: one context around
 the forward, one around the recompute) to the checkpoint function transformers' ``gradient_checkpointing_enable``
@@ -78,7 +80,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
 import torch
-from torch.utils._pytree import tree_map, tree_map_only
+from torch.utils._pytree import tree_leaves, tree_map, tree_map_only
 
 from ..errors import PatchedModelError, PatchError
 from . import kept_inputs
@@ -271,7 +273,8 @@ class _Outputs:
     """One checkpointed call's kept outputs, in call order: appended in the forward, taken in the recompute."""
 
     def __init__(self, stash: hf_offload.Stash | None) -> None:
-        self.items: list[tuple[Any, Any]] = []  # (outputs detached or packed by the stash, their requires_grad)
+        # (outputs detached or packed by the stash, their requires_grad, the generators after the call if it drew)
+        self.items: list[tuple[Any, Any, _Rng | None]] = []
         self.taken = 0
         self.stash = stash  # the layer's offloaded tensors, where it offloads
 
@@ -325,19 +328,51 @@ def _kept_forward(forward: Callable[..., Any], layer: torch.nn.Module) -> Callab
         outputs, recompute = scope
         inputs = kept_inputs.Inputs(args, kwargs)  # in both passes: checkpointing drops them, then recomputes them
         if recompute:
-            held, grads = outputs.items[outputs.taken]
+            held, grads, drawn = outputs.items[outputs.taken]
             outputs.taken += 1
+            if drawn is not None:  # the module drew random numbers in the forward: the rest of the layer draws on
+                drawn.restore()  # from where it left them, as in the forward
             # the same requires_grad as in the forward: the rest of the recompute then saves the same tensors
             return _rebuild(tree_map(hf_offload.unpack, held), grads)
         pack = _hold if outputs.stash is None else outputs.stash.pack
+        before = _Rng.of(args, kwargs)
         # innermost hooks: kept (or offloaded), not dropped
         with torch.autograd.graph.saved_tensors_hooks(inputs.pack(pack), kept_inputs.unpack):
             out = forward(*args, **kwargs)
+        after = _Rng.of(args, kwargs)
         outputs.items.append((tree_map_only(torch.Tensor, pack, out),
-                              tree_map_only(torch.Tensor, lambda t: t.requires_grad, out)))
+                              tree_map_only(torch.Tensor, lambda t: t.requires_grad, out),
+                              None if after == before else after))
         return out
 
     return kept
+
+
+@dataclass(frozen=True, eq=False)
+class _Rng:
+    """The random number generators a kept module call can draw from: the CPU's and those of its inputs' devices.
+
+    A module that draws (a dropout inside it, e.g. Starcoder2's or GPT-J's residual dropout in the attention module)
+    moves them in the forward; the recompute skips it, so without `restore` every later draw of the layer (the MLP's
+    dropout) would differ from the forward's, and the backward would run on other masks than the forward used."""
+
+    cpu: torch.Tensor
+    devices: tuple[tuple[torch.device, torch.Tensor], ...]
+
+    @classmethod
+    def of(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Rng:
+        found = dict.fromkeys(x.device for x in tree_leaves((args, kwargs))
+                              if isinstance(x, torch.Tensor) and x.device.type not in ("cpu", "meta"))
+        return cls(torch.get_rng_state(), tuple((d, torch.get_device_module(d.type).get_rng_state(d)) for d in found))
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, _Rng) and torch.equal(self.cpu, other.cpu) and len(self.devices) == len(other.devices)
+                and all(a == c and torch.equal(b, d) for (a, b), (c, d) in zip(self.devices, other.devices)))
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        for device, state in self.devices:
+            torch.get_device_module(device.type).set_rng_state(state, device)
 
 
 def _rebuild(detached: Any, grads: Any) -> Any:
