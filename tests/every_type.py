@@ -264,6 +264,56 @@ def check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> 
                    f"gradients {grad_diff:.2e}", max(diff, grad_diff))
 
 
+KEPT = (("attention", "mlp"), {"attention": 1.0, "mlp_in": 1.0})
+KEPT_TOLERANCE = 1e-6  # the same kernels on the same values as full recompute: only summation order may differ
+
+
+def kept_check(model_type: str, seed: int = 0) -> Outcome:
+    """The packed row under non-reentrant gradient checkpointing (train mode) with kept modules (each `KEPT` policy
+    the patch accepts) against the same patch with full recompute: every parameter's gradient (`compare_gradients`)
+    within `KEPT_TOLERANCE`. ``refused`` where the patch refuses every policy, ``skipped`` without checkpointing."""
+    try:
+        model = build(model_type, attention_implementations(model_type)[-1], seed=seed)
+        if not model.supports_gradient_checkpointing:
+            return Outcome(model_type, "skipped", "the model class has no gradient checkpointing")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        inputs = packed_inputs(sample_sequences(model.config, seed=seed))
+        w = projection(model.config.get_text_config().vocab_size)
+    except Exception as exc:  # noqa: BLE001
+        return _unbuildable(model_type, exc)
+
+    def grads(keep: Any) -> dict[str, torch.Tensor] | Outcome:
+        handle = _patch(model_type, model, checkpoint_keep=keep)
+        if isinstance(handle, Outcome):
+            return handle
+        with handle:
+            try:
+                torch.manual_seed(seed)  # the same draws in both runs, should the layers draw any
+                return gradients(model, lambda: (logits_of(model, **inputs) @ w).sum())
+            except Exception as exc:  # noqa: BLE001
+                return Outcome(model_type, "fail", f"patched forward raised {_reason(exc)}")
+
+    full = grads(())
+    if isinstance(full, Outcome):
+        return full
+    diffs, refusals = [], []
+    for keep in KEPT:
+        got = grads(keep)
+        if isinstance(got, Outcome) and got.status == "refused":
+            refusals.append(got.reason)
+        elif isinstance(got, Outcome):
+            return got
+        else:
+            diffs.append(compare_gradients(got, full))
+    if not diffs:
+        return Outcome(model_type, "refused", refusals[0])
+    diff = max(diffs)
+    if diff <= KEPT_TOLERANCE:
+        return Outcome(model_type, "pass", diff=diff)
+    return Outcome(model_type, "fail", f"kept modules' gradients differ from full recompute by {diff:.2e}", diff)
+
+
 def stock_check(model_type: str, attn_implementation: str = "eager", seed: int = 0) -> Outcome:
     """Without tfcompat: the tiny model runs forward and backward per sequence, with finite logits `(L_i, V)`, and
     `compare` can fail (the unpatched row with positions running on across sequences differs from per sequence)."""

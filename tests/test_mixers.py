@@ -95,10 +95,13 @@ def test_control_stock_mixers_on_the_packed_row_differ(model_type):
     assert diff > 10 * TOLERANCE, diff  # a short convolution leaks only into the first tokens of the next sequence
 
 
-def test_two_packed_rows_and_gradient_checkpointing():
+@pytest.mark.parametrize("model_type", ["lfm2", "mamba", "mamba2"])
+def test_two_packed_rows_and_gradient_checkpointing(model_type):
     """Two rows of two sequences each; under non-reentrant checkpointing the recomputation finds the boundaries
-    again (the decoder layer's pre-hook replays)."""
-    model = _model("lfm2")
+    again (the decoder layer's pre-hook replays), also where the mixer gets a tensor the recompute makes anew
+    (Mamba's: its block's norm output) and the text model passes its layers no context (the hook finds it by the
+    layer's input)."""
+    model = _model(model_type)
     diff, grads = two_rows_checkpointed(model)
     assert diff <= TOLERANCE and grads <= GRAD_TOLERANCE, (diff, grads)
 

@@ -144,8 +144,22 @@ def apply(handle: Any, mixers: MixerPlan) -> None:
 
 
 def _bridge(module: torch.nn.Module) -> Callable[..., None]:
+    """The decoder layer's pre-hook handing ``module`` the context: from the layer's kwargs, else the text model's
+    forward (`ROW_CONTEXT_ATTR`), else, under non-reentrant gradient checkpointing, the context the layer's input
+    came with in the forward (the recompute calls the layer again with the same input tensor after the text model's
+    forward ended, while the mixer itself gets a recomputed one: Mamba's norm output)."""
+    seen: dict[int, tuple[weakref.ref, ForwardContext]] = {}
+
     def hook(layer: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        module.__dict__[BRIDGE_ATTR] = kwargs.get(CONTEXT_KWARG)
+        ctx = kwargs.get(CONTEXT_KWARG) or module.__dict__.get(ROW_CONTEXT_ATTR)
+        first = args[0] if args else next(iter(kwargs.values()), None)
+        if isinstance(first, torch.Tensor):
+            key = id(first)
+            if ctx is None and key in seen and seen[key][0]() is first:
+                ctx = seen[key][1]
+            elif isinstance(ctx, ForwardContext) and torch.is_grad_enabled():
+                seen[key] = (weakref.ref(first, functools.partial(_forget, seen, key)), ctx)
+        module.__dict__[BRIDGE_ATTR] = ctx
 
     return hook
 
