@@ -175,6 +175,19 @@ def test_activation_checkpointing_every_n_layers():
                                    msg=lambda m, name=name: f"{name}: {m}")
 
 
+def _count_recomputed_inputs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A one-item counter of the kept modules' saved inputs read back from the recompute (`_Input.unpack`)."""
+    unpack = kept_inputs._Input.unpack
+    recomputed = [0]
+
+    def counted(self):
+        recomputed[0] += 1
+        return unpack(self)
+
+    monkeypatch.setattr(kept_inputs._Input, "unpack", counted)
+    return recomputed
+
+
 @pytest.mark.parametrize(("keep", "to_host"), [("attention", False), ("attention", True), ("mlp_in", False),
                                               (("attention", "mlp"), True)])
 def test_a_kept_modules_input_is_recomputed_not_held(keep, to_host, monkeypatch):
@@ -212,14 +225,7 @@ def test_a_kept_modules_input_is_recomputed_not_held(keep, to_host, monkeypatch)
         monkeypatch.setattr(offload.Stash, "pack", watched(offload.Stash.pack))
         if not substitute:
             monkeypatch.setattr(kept_inputs.Inputs, "pack", lambda self, pack: pack)
-        unpack = kept_inputs._Input.unpack
-        recomputed = [0]
-
-        def counted(self):
-            recomputed[0] += 1
-            return unpack(self)
-
-        monkeypatch.setattr(kept_inputs._Input, "unpack", counted)
+        recomputed = _count_recomputed_inputs(monkeypatch)
         with tfcompat.patch(model, checkpoint_keep=keep, checkpoint_offload=to_host if keep else False):
             model(**inputs, use_cache=False).logits.float().pow(2).mean().backward()
         monkeypatch.undo()
@@ -244,14 +250,7 @@ def test_derived_layouts_recompute_the_inputs_exactly(family, keep, monkeypatch)
     minimax) the kept modules' inputs come back from the recompute and the gradients are full checkpointing's."""
     if family not in causal_lm_types():
         pytest.skip(f"transformers {installed_transformers()} ships no {family}")
-    unpack = kept_inputs._Input.unpack
-    recomputed = [0]
-
-    def counted(self):
-        recomputed[0] += 1
-        return unpack(self)
-
-    monkeypatch.setattr(kept_inputs._Input, "unpack", counted)
+    recomputed = _count_recomputed_inputs(monkeypatch)
 
     def grads(keep):
         model = _model(family, attn="eager" if family == "gemma2" else "sdpa")
