@@ -27,6 +27,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..errors import PatchedModelError
+from .offload import View
 from .offload import unpack as offload_unpack
 
 __all__ = ["Inputs", "unpack"]
@@ -74,15 +75,11 @@ class _Input:
     """A saved tensor as a view of a recomputed input's storage (a pytree leaf)."""
 
     source: _Recomputed
-    dtype: torch.dtype
-    size: tuple[int, ...]
-    stride: tuple[int, ...]
-    offset: int
+    view: View
 
     def unpack(self) -> torch.Tensor:
         x = self.source.value()
-        return torch.empty(0, dtype=self.dtype, device=x.device).set_(x.untyped_storage(), self.offset, self.size,
-                                                                      self.stride)
+        return self.view.on(x.untyped_storage(), x.device)
 
 
 class Inputs:
@@ -111,7 +108,7 @@ class Inputs:
             source = self._by_storage.get(t.untyped_storage().data_ptr()) if type(t) is torch.Tensor else None
             if source is None or t.layout != torch.strided or t._version != source.version:
                 return pack(t)  # not the input's, or written in place by the module since: held as it is
-            return _Input(source, t.dtype, tuple(t.shape), t.stride(), int(t.storage_offset()))
+            return _Input(source, View.of(t))
 
         return packed
 

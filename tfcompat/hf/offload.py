@@ -40,7 +40,7 @@ from typing import Any, cast
 
 import torch
 
-__all__ = ["MIN_BYTES", "Offloader", "Stash", "unpack"]
+__all__ = ["MIN_BYTES", "Offloader", "Stash", "View", "unpack"]
 
 MIN_BYTES = 1 << 20
 """Smaller storages stay where they are: their copies would cost more in launches than they free."""
@@ -59,15 +59,30 @@ class _Copy:
     ready: torch.cuda.Event | None = None
 
 
+@dataclass(frozen=True)
+class View:
+    """Where a saved tensor lies in its storage (dtype, size, stride, offset), to rebuild it on another storage of
+    the same bytes: a copy brought back, or the same tensor recomputed (`tfcompat.hf.kept_inputs`)."""
+
+    dtype: torch.dtype
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> View:
+        return cls(t.dtype, tuple(t.shape), t.stride(), int(t.storage_offset()))
+
+    def on(self, storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
+        return torch.empty(0, dtype=self.dtype, device=device).set_(storage, self.offset, self.size, self.stride)
+
+
 @dataclass(frozen=True, eq=False)
 class _Packed:
     """A saved tensor as a view of its storage's copy (a pytree leaf, unlike a NamedTuple)."""
 
     copy: _Copy
-    dtype: torch.dtype
-    size: tuple[int, ...]
-    stride: tuple[int, ...]
-    offset: int
+    view: View
 
     def unpack(self) -> torch.Tensor:
         c = self.copy
@@ -77,8 +92,7 @@ class _Packed:
         if c.ready is not None:
             torch.cuda.current_stream(c.device).wait_event(c.ready)
         # (nbytes,) uint8 -> the saved view: same dtype, size, stride and offset, on the copied-back block
-        return torch.empty(0, dtype=self.dtype, device=c.device).set_(back.untyped_storage(), self.offset,
-                                                                      self.size, self.stride)
+        return self.view.on(back.untyped_storage(), c.device)
 
 
 def _is_offloadable(t: torch.Tensor, min_bytes: int) -> bool:
@@ -139,7 +153,7 @@ class Stash:
             found = (src, self._save(src))
             self._open[key] = found  # held to the forward's end: the address names this storage until then
             self._copies.append(weakref.ref(found[1]))
-        return _Packed(found[1], t.dtype, tuple(t.shape), t.stride(), int(t.storage_offset()))
+        return _Packed(found[1], View.of(t))
 
     def _save(self, src: torch.Tensor) -> _Copy:
         self.nbytes += src.numel()
