@@ -457,6 +457,7 @@ def profile_step(step: Callable[[], Any], device: torch.device) -> dict[str, Any
     with marked_attention(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
         C.sync(device)
+    streams = stream_times(prof)
     head_re = head_markers()
     cats = {"attention": 0.0, "matmul": 0.0, "head": 0.0, "elementwise/other": 0.0}
     kernels: dict[str, float] = {}
@@ -489,7 +490,50 @@ def profile_step(step: Callable[[], Any], device: torch.device) -> dict[str, Any
     return {"gpu_ms": total / 1e3, "ms": {c: v / 1e3 for c, v in cats.items()},
             "share": {c: (v / total if total else 0.0) for c, v in cats.items()},
             "top_kernels": [(n[:120], us / 1e3) for n, us in top],
-            "top_other_kernels": [(n[:120], us / 1e3) for n, us in top_other]}
+            "top_other_kernels": [(n[:120], us / 1e3) for n, us in top_other],
+            "kernels": [(n[:160], us / 1e3) for n, us in sorted(kernels.items(), key=lambda kv: -kv[1])[:60]],
+            **streams}
+
+
+def stream_times(prof: Any) -> dict[str, Any]:
+    """From the profiled step's trace: its span on the GPU (first kernel or copy to the last), and per stream the
+    kernel and copy time and the busy time (their union). ``idle_ms``: the span less the busiest stream's busy time,
+    the gaps where that stream (compute) waited for the host, a copy or another stream."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    spans: dict[int, list[tuple[float, float]]] = {}
+    kinds: dict[int, dict[str, float]] = {}
+    for e in trace.get("traceEvents", []):
+        cat = e.get("cat")
+        if cat not in ("kernel", "gpu_memcpy", "gpu_memset") or "dur" not in e:
+            continue
+        sid = int(e.get("args", {}).get("stream", -1))
+        spans.setdefault(sid, []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+        kinds.setdefault(sid, {}).setdefault(cat, 0.0)
+        kinds[sid][cat] += float(e["dur"])
+    if not spans:
+        return {}
+
+    def union(iv: list[tuple[float, float]]) -> float:
+        total, end = 0.0, -1.0
+        for a, b in sorted(iv):
+            if b > end:
+                total += b - max(a, end)
+                end = b
+        return total
+
+    busy = {sid: union(iv) for sid, iv in spans.items()}
+    start = min(a for iv in spans.values() for a, _ in iv)
+    stop = max(b for iv in spans.values() for _, b in iv)
+    main = max(busy, key=lambda s: busy[s])
+    return {"span_ms": (stop - start) / 1e3, "idle_ms": (stop - start - busy[main]) / 1e3,
+            "streams": {str(s): {"busy_ms": busy[s] / 1e3, **{k: v / 1e3 for k, v in kinds[s].items()}}
+                        for s in sorted(busy, key=lambda s: -busy[s])}}
 
 
 # --------------------------------------------------------------------------------------------------- main
@@ -691,6 +735,12 @@ def main() -> None:
                 for n, r in results.items() if r.get("profile")]
         print("\nprofile of one step: GPU kernel ms (share)")
         print(C.table(["variant", "GPU ms", *cats], prow))
+        for n, r in results.items():
+            if r.get("profile", {}).get("streams"):
+                pr = r["profile"]
+                print(f"streams, {n}: span {pr['span_ms']:.1f} ms, compute stream idle {pr['idle_ms']:.1f} ms; " +
+                      "; ".join(f"stream {s}: " + ", ".join(f"{k} {v:.1f}" for k, v in d.items())
+                                for s, d in pr["streams"].items()))
         for n, r in results.items():
             if r.get("profile"):
                 print(f"top kernels, {n}: " + "; ".join(f"{k} {ms:.0f} ms" for k, ms in r["profile"]["top_kernels"]))
