@@ -30,7 +30,7 @@ A suffix sets a variant's gradient checkpointing: ``@none`` turns it off for the
 ``@mlp``, ``@mlp_in``, ``@attention+mlp`` keep those modules' outputs out of the recompute
 (``patch(checkpoint_keep=...)``; a stock variant gets the same through `tfcompat.hf.checkpointing` alone), e.g.
 ``liger_flex_tfhead@attention+mlp``; ``kind:N`` keeps a kind in the last N layers only (``kind:0.5``: a fraction,
-``kind:A..B[..S]``: the layers ``range(A, B, S)``), e.g. ``@attention+mlp_in:8`` (``checkpoint_keep={"attention":
+``kind:A..B[..S]``: the layers ``range(A, B, S)``, ``kind:A..B..S/C..D``: the union of ranges), e.g. ``@attention+mlp_in:8`` (``checkpoint_keep={"attention":
 1.0, "mlp_in": 8}``);
 ``offload`` among them moves what those modules keep to host memory (``patch(checkpoint_offload=True)``;
 ``offload:N`` the first N layers keeping a module, ``offload:0.5`` a fraction), e.g. ``@attention+mlp_in+offload:20``;
@@ -321,16 +321,18 @@ class _Changes:
         self.undo.append(lambda: setattr(target, attr, old) if had else delattr(target, attr))
 
 
-def keep_policy(mode: str) -> tuple[dict[str, int | float | range], bool | int | float]:
+def keep_policy(mode: str) -> tuple[dict[str, int | float | range | set[int]], bool | int | float]:
     """``checkpoint_keep`` and ``checkpoint_offload`` of a suffix: "attention+mlp_in:8+offload:4" ->
     ({"attention": 1.0, "mlp_in": 8}, 4) ("kind:0.5": a fraction of the layers; "kind:1..17..2": range(1, 17, 2);
+    "kind:1..17..2/24..28": the union of those ranges;
     "offload" alone: True)."""
-    policy: dict[str, int | float | range] = {}
+    policy: dict[str, int | float | range | set[int]] = {}
     offload: bool | int | float = False
     for token in mode.split("+") if mode else []:
         kind, _, n = token.partition(":")
-        layers: int | float | range = (range(*map(int, n.split(".."))) if ".." in n else float(n) if "." in n
-                                       else int(n) if n else 1.0)
+        layers: int | float | range | set[int] = (
+            {i for part in n.split("/") for i in range(*map(int, part.split("..")))} if "/" in n
+            else range(*map(int, n.split(".."))) if ".." in n else float(n) if "." in n else int(n) if n else 1.0)
         if kind == "offload":
             offload = layers if n else True
         else:

@@ -386,11 +386,27 @@ def test_a_range_selects_those_layers():
     handle.undo()
 
 
+def test_a_set_of_indices_selects_those_layers():
+    """Rule: any collection of ints selects those layers as a range does (the last and the first here, which no
+    range gives); the handle holds it as a sorted tuple, and patching again with that is the same patch."""
+    model = _model("qwen2")
+    handle = tfcompat.patch(model, checkpoint_keep={"mlp_in": {2, 0}, "attention": [1]})
+    layers = model.model.layers
+    assert [("forward" in vars(layer.mlp.gate_proj)) for layer in layers] == [True, False, True]
+    assert [("forward" in vars(layer.self_attn)) for layer in layers] == [False, True, False]
+    assert dict(handle.options["checkpoint_keep"])["mlp_in"] == (0, 2)
+    assert tfcompat.patch(model, checkpoint_keep=handle.options["checkpoint_keep"]) is handle
+    handle.undo()
+
+
 @pytest.mark.parametrize(("keep", "match"), [
     ({"attention": True}, r"checkpoint_keep\['attention'\] = True"),
     ({"mlp": range(-1, 2)}, r"checkpoint_keep\['mlp'\] = range\(-1, 2\)"),
     ({"mlp": range(2, 0, -1)}, r"checkpoint_keep\['mlp'\] = range\(2, 0, -1\)"),
     ({"mlp": range(1, 4)}, r"checkpoint_keep\['mlp'\] = range\(1, 4\) but 3 checkpointed layers hold it"),
+    ({"mlp": {0, 3}}, r"checkpoint_keep\['mlp'\] = \(0, 3\) but 3 checkpointed layers hold it"),
+    ({"mlp": [0, -1]}, r"checkpoint_keep\['mlp'\] = \[0, -1\]"),
+    ({"mlp": {1.0}}, r"checkpoint_keep\['mlp'\] = \{1.0\}"),
     ({"mlp": -1}, r"checkpoint_keep\['mlp'\] = -1"),
     ({"mlp": 1.5}, r"checkpoint_keep\['mlp'\] = 1.5"),
     ({"mlp": float("nan")}, r"checkpoint_keep\['mlp'\] = nan"),
@@ -400,8 +416,8 @@ def test_a_range_selects_those_layers():
     ({"attention": 4}, r"checkpoint_keep\['attention'\] = 4 but 3 checkpointed layers hold it"),
 ])
 def test_bad_layer_selections_are_refused_at_patch_time(keep, match):
-    """Rule: a kind's layers are a count 0..layers, a fraction in [0, 1] (not a bool, a string or NaN) or an upward
-    range of indices from 0 within the layers; anything else is a PatchError at patch() that names the value, and
+    """Rule: a kind's layers are a count 0..layers, a fraction in [0, 1] (not a bool, a string or NaN) or indices
+    from 0 within the layers (an upward range, or a collection of ints); anything else is a PatchError at patch() that names the value, and
     nothing is changed."""
     model = _model("qwen2")
     with pytest.raises(tfcompat.PatchError, match=match):

@@ -15,11 +15,11 @@ outputs of the named modules of each checkpointed layer out of that recompute:
 
 Per layer: a mapping ``{kind: layers}`` keeps a kind in some checkpointed layers only, ``layers`` a count
 (``int``, the last that many of the layers holding that kind's module), a fraction (``float`` in [0, 1], of
-those layers, rounded to the nearest count) or a ``range`` of their indices (in model order), e.g.
+those layers, rounded to the nearest count) or their indices (in model order: a ``range``, or any set of ints), e.g.
 ``{"attention": 1.0, "mlp": 8, "mlp_in": 1.0}``: attention in every layer, the whole MLP in the last 8, the MLP's
 input projections in the others (``"mlp"`` takes precedence over ``"mlp_in"`` in a layer that both select). Counts
 and fractions take the last layers, because their kept outputs are freed first in the backward, before the
-parameter gradients have grown: the peak memory rises least. A ``range`` places what is offloaded
+parameter gradients have grown: the peak memory rises least. Indices place what is offloaded
 (``{"attention": 1.0, "mlp_in": range(8, 16)}`` with ``checkpoint_offload=16``): early layers' copies have the
 longest to go out and come back, and layers whose backward runs before the gradients have grown hold their fetched
 copies when memory is lowest. A kind named alone (``"attention"``, ``("attention", "mlp")``) is every layer.
@@ -90,11 +90,12 @@ __all__ = ["KEEP", "CheckpointKeep", "KeepPlan", "Kept", "Offload", "Policy", "a
            "policy_of"]
 
 KEEP: tuple[str, ...] = ("attention", "mlp", "mlp_in")
-Layers = int | float | range
-"""A kind's layers: a count (the last), a fraction (the last, rounded) or a range of indices (model order)."""
+Layers = int | float | range | tuple[int, ...]
+"""A kind's layers: a count (the last), a fraction (the last, rounded) or their indices (model order: a range, or
+any collection of ints, normalized to a sorted tuple)."""
 Policy = tuple[tuple[str, Layers], ...]
 """``checkpoint_keep`` normalized: ``(kind, layers)`` pairs sorted by kind."""
-CheckpointKeep = str | Collection[str] | Mapping[str, Layers] | Policy
+CheckpointKeep = str | Collection[str] | Mapping[str, Layers | Collection[int]] | Policy
 Offload = bool | int | float
 """``checkpoint_offload``: False, True (every layer keeping a module), a count or a fraction of those layers (the
 first)."""
@@ -141,12 +142,21 @@ def policy_of(keep: CheckpointKeep) -> Policy:
     for kind, layers in pairs.items():
         count = isinstance(layers, int) and not isinstance(layers, bool) and layers >= 0
         fraction = isinstance(layers, float) and 0.0 <= layers <= 1.0
-        indices = isinstance(layers, range) and layers.step > 0 and layers.start >= 0
+        if isinstance(layers, range):
+            indices = layers.step > 0 and layers.start >= 0
+        elif isinstance(layers, Collection) and not isinstance(layers, (str, bytes, Mapping)):
+            indices = all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers)
+            if indices:
+                pairs[kind] = layers = tuple(sorted(set(layers)))
+        else:
+            indices = False
         if not (count or fraction or indices):
             raise PatchError(f"checkpoint_keep[{kind!r}] = {layers!r}",
                              why="a kind's layers are a count (int >= 0: the last that many layers holding it), a "
-                                 "fraction of them (float in [0, 1]) or a range of their indices (from 0, upwards)",
-                             supported="int >= 0, float in [0.0, 1.0], range(start >= 0, stop, step > 0)", fix=_FIX)
+                                 "fraction of them (float in [0, 1]) or their indices (a range or a collection of "
+                                 "ints >= 0)",
+                             supported="int >= 0, float in [0.0, 1.0], range(start >= 0, stop, step > 0), a set of "
+                                       "ints >= 0", fix=_FIX)
     return tuple(sorted(pairs.items()))
 
 
@@ -220,11 +230,12 @@ def plan(model: torch.nn.Module, keep: Policy, attention_cls: type, error: Calla
             raise error(PatchError, f"checkpoint_keep[{kind!r}] = {n} but {len(holding)} checkpointed layers hold it",
                         why="a count selects the last that many layers holding the kind's module",
                         fix=f"pass a count up to {len(holding)}, or 1.0 for every layer")
-        if isinstance(n, range) and n[-1] >= len(holding):
+        indexed = isinstance(n, (range, tuple))
+        if indexed and max(n) >= len(holding):
             raise error(PatchError, f"checkpoint_keep[{kind!r}] = {n} but {len(holding)} checkpointed layers hold it",
-                        why="a range selects the layers holding the kind's module by index, 0 the first",
-                        fix=f"pass a range within range({len(holding)})")
-        chosen[kind] = {holding[i] for i in n} if isinstance(n, range) else set(_last(holding, n))
+                        why="indices select the layers holding the kind's module, 0 the first",
+                        fix=f"pass indices within range({len(holding)})")
+        chosen[kind] = {holding[i] for i in n} if indexed else set(_last(holding, n))
     kept: list[Kept] = []
     for layer in layers:
         for kind in KEEP:

@@ -159,8 +159,8 @@ def patch(
     checkpoint_keep: under gradient checkpointing (on, non-reentrant, before `patch`), the modules of each
         checkpointed layer whose outputs are kept rather than recomputed in the backward: ``"attention"``
         (projections, rotary, attention call), ``"mlp"``, ``"mlp_in"`` (the MLP's gate / up projections), or
-        several; per layer with ``{kind: count or fraction}`` (the last layers) or ``{kind: range}`` (those
-        layers), e.g. ``{"attention": 1.0, "mlp_in": 8}`` (`tfcompat.hf.checkpointing`).
+        several; per layer with ``{kind: count or fraction}`` (the last layers) or ``{kind: indices}`` (a range or
+        a set of ints: those layers), e.g. ``{"attention": 1.0, "mlp_in": 8}`` (`tfcompat.hf.checkpointing`).
     checkpoint_offload: what ``checkpoint_keep`` keeps goes to pinned host memory in the forward and comes back in
         the backward, ahead of its layer, overlapped on side streams (`tfcompat.hf.offload`; the same gradients):
         False (default), True (every layer keeping a module), a count or fraction of those layers (the first).
