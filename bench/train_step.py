@@ -738,7 +738,7 @@ def main() -> None:
         print("\nprofile of one step: GPU kernel ms (share)")
         print(C.table(["variant", "GPU ms", *cats], prow))
         for n, r in results.items():
-            if r.get("profile", {}).get("streams"):
+            if (r.get("profile") or {}).get("streams"):
                 pr = r["profile"]
                 print(f"streams, {n}: span {pr['span_ms']:.1f} ms, compute stream idle {pr['idle_ms']:.1f} ms; " +
                       "; ".join(f"stream {s}: " + ", ".join(f"{k} {v:.1f}" for k, v in d.items())
