@@ -30,8 +30,8 @@ A suffix sets a variant's gradient checkpointing: ``@none`` turns it off for the
 ``@mlp``, ``@mlp_in``, ``@attention+mlp`` keep those modules' outputs out of the recompute
 (``patch(checkpoint_keep=...)``; a stock variant gets the same through `tfcompat.hf.checkpointing` alone), e.g.
 ``liger_flex_tfhead@attention+mlp``; ``kind:N`` keeps a kind in the last N layers only (``kind:0.5``: a fraction,
-``kind:A..B[..S]``: the layers ``range(A, B, S)``, ``kind:A..B..S/C..D``: the union of ranges), e.g. ``@attention+mlp_in:8`` (``checkpoint_keep={"attention":
-1.0, "mlp_in": 8}``);
+``kind:A..B[..S]``: the layers ``range(A, B, S)``, ``kind:A..B..S/C..D``: the union of ranges), e.g.
+``@attention+mlp_in:8`` (``checkpoint_keep={"attention": 1.0, "mlp_in": 8}``);
 ``offload`` among them moves what those modules keep to host memory (``patch(checkpoint_offload=True)``;
 ``offload:N`` the first N layers keeping a module, ``offload:0.5`` a fraction), e.g. ``@attention+mlp_in+offload:20``;
 ``logits`` among them (``@logits``, ``@attention+logits``, ``@none+logits``) keeps the head's logits for its
@@ -500,7 +500,9 @@ def profile_step(step: Callable[[], Any], device: torch.device) -> dict[str, Any
 def stream_times(prof: Any) -> dict[str, Any]:
     """From the profiled step's trace: its span on the GPU (first kernel or copy to the last), and per stream the
     kernel and copy time and the busy time (their union). ``idle_ms``: the span less the busiest stream's busy time,
-    the gaps where that stream (compute) waited for the host, a copy or another stream."""
+    the gaps where that stream (compute) waited for the host, a copy or another stream; split at the backward's
+    first kernel (``backward_ms``: its offset, the first kernel launched from another thread than the step's
+    first), and the largest gaps with their offsets and the copy streams busy in them."""
     import json
     import tempfile
 
@@ -508,9 +510,13 @@ def stream_times(prof: Any) -> dict[str, Any]:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
         trace = json.loads(path.read_text())
+    events = trace.get("traceEvents", [])
+    thread = {e["args"]["correlation"]: e.get("tid") for e in events
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     spans: dict[int, list[tuple[float, float]]] = {}
     kinds: dict[int, dict[str, float]] = {}
-    for e in trace.get("traceEvents", []):
+    launched: list[tuple[float, Any]] = []
+    for e in events:
         cat = e.get("cat")
         if cat not in ("kernel", "gpu_memcpy", "gpu_memset") or "dur" not in e:
             continue
@@ -518,22 +524,41 @@ def stream_times(prof: Any) -> dict[str, Any]:
         spans.setdefault(sid, []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
         kinds.setdefault(sid, {}).setdefault(cat, 0.0)
         kinds[sid][cat] += float(e["dur"])
+        if cat == "kernel":
+            launched.append((float(e["ts"]), thread.get(e.get("args", {}).get("correlation"))))
     if not spans:
         return {}
 
-    def union(iv: list[tuple[float, float]]) -> float:
-        total, end = 0.0, -1.0
+    def merged(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        out: list[tuple[float, float]] = []
         for a, b in sorted(iv):
-            if b > end:
-                total += b - max(a, end)
-                end = b
-        return total
+            if out and a <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], b))
+            else:
+                out.append((a, b))
+        return out
 
-    busy = {sid: union(iv) for sid, iv in spans.items()}
+    busy_iv = {sid: merged(iv) for sid, iv in spans.items()}
+    busy = {sid: sum(b - a for a, b in iv) for sid, iv in busy_iv.items()}
     start = min(a for iv in spans.values() for a, _ in iv)
     stop = max(b for iv in spans.values() for _, b in iv)
     main = max(busy, key=lambda s: busy[s])
+    launched.sort()
+    first_thread = launched[0][1] if launched else None
+    backward = next((ts for ts, tid in launched if tid is not None and tid != first_thread), stop)
+    iv = busy_iv[main]
+    gaps = [(b0, a1) for (_, b0), (a1, _) in zip(iv, iv[1:])]
+    idle_fwd = sum(min(b, backward) - a for a, b in gaps if a < backward)
+    copies = [s for s in busy_iv if s != main]
+
+    def copying(a: float, b: float) -> list[str]:
+        return [str(s) for s in copies if any(x < b and y > a for x, y in busy_iv[s])]
+
+    top = sorted(gaps, key=lambda g: g[0] - g[1])[:12]
     return {"span_ms": (stop - start) / 1e3, "idle_ms": (stop - start - busy[main]) / 1e3,
+            "backward_ms": (backward - start) / 1e3, "idle_forward_ms": idle_fwd / 1e3,
+            "gaps": [{"at_ms": round((a - start) / 1e3, 2), "ms": round((b - a) / 1e3, 3), "copying": copying(a, b)}
+                     for a, b in sorted(top)],
             "streams": {str(s): {"busy_ms": busy[s] / 1e3, **{k: v / 1e3 for k, v in kinds[s].items()}}
                         for s in sorted(busy, key=lambda s: -busy[s])}}
 
@@ -740,9 +765,13 @@ def main() -> None:
         for n, r in results.items():
             if (r.get("profile") or {}).get("streams"):
                 pr = r["profile"]
-                print(f"streams, {n}: span {pr['span_ms']:.1f} ms, compute stream idle {pr['idle_ms']:.1f} ms; " +
+                print(f"streams, {n}: span {pr['span_ms']:.1f} ms, backward from {pr['backward_ms']:.1f} ms, compute "
+                      f"stream idle {pr['idle_ms']:.1f} ms ({pr['idle_forward_ms']:.1f} before the backward); " +
                       "; ".join(f"stream {s}: " + ", ".join(f"{k} {v:.1f}" for k, v in d.items())
                                 for s, d in pr["streams"].items()))
+                print(f"largest compute-stream gaps, {n}: " + "; ".join(
+                    f"{g['ms']:.2f} ms at {g['at_ms']:.0f}" + (f" (copying: {','.join(g['copying'])})" if g["copying"]
+                                                               else "") for g in pr["gaps"]))
         for n, r in results.items():
             if r.get("profile"):
                 print(f"top kernels, {n}: " + "; ".join(f"{k} {ms:.0f} ms" for k, ms in r["profile"]["top_kernels"]))
