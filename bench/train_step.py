@@ -554,11 +554,19 @@ def stream_times(prof: Any) -> dict[str, Any]:
     def copying(a: float, b: float) -> list[str]:
         return [str(s) for s in copies if any(x < b and y > a for x, y in busy_iv[s])]
 
+    host = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver", "cpu_op") and
+            float(e.get("dur", 0)) >= 500]
+
+    def blocking(a: float, b: float) -> list[str]:
+        """The host calls of at least 0.5 ms overlapping a gap or the 20 ms before it (the queue drains first)."""
+        near = [e for e in host if float(e["ts"]) < b and float(e["ts"]) + float(e["dur"]) > a - 20_000]
+        return [f"{e['name'][:60]} {float(e['dur']) / 1e3:.1f} ms" for e in sorted(near, key=lambda e: -e["dur"])[:4]]
+
     top = sorted(gaps, key=lambda g: g[0] - g[1])[:12]
     return {"span_ms": (stop - start) / 1e3, "idle_ms": (stop - start - busy[main]) / 1e3,
             "backward_ms": (backward - start) / 1e3, "idle_forward_ms": idle_fwd / 1e3,
-            "gaps": [{"at_ms": round((a - start) / 1e3, 2), "ms": round((b - a) / 1e3, 3), "copying": copying(a, b)}
-                     for a, b in sorted(top)],
+            "gaps": [{"at_ms": round((a - start) / 1e3, 2), "ms": round((b - a) / 1e3, 3), "copying": copying(a, b),
+                      **({"host": blocking(a, b)} if b - a >= 1_000 else {})} for a, b in sorted(top)],
             "streams": {str(s): {"busy_ms": busy[s] / 1e3, **{k: v / 1e3 for k, v in kinds[s].items()}}
                         for s in sorted(busy, key=lambda s: -busy[s])}}
 
@@ -771,7 +779,8 @@ def main() -> None:
                                 for s, d in pr["streams"].items()))
                 print(f"largest compute-stream gaps, {n}: " + "; ".join(
                     f"{g['ms']:.2f} ms at {g['at_ms']:.0f}" + (f" (copying: {','.join(g['copying'])})" if g["copying"]
-                                                               else "") for g in pr["gaps"]))
+                                                               else "") +
+                    (f" [host: {', '.join(g['host'])}]" if g.get("host") else "") for g in pr["gaps"]))
         for n, r in results.items():
             if r.get("profile"):
                 print(f"top kernels, {n}: " + "; ".join(f"{k} {ms:.0f} ms" for k, ms in r["profile"]["top_kernels"]))
