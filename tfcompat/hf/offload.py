@@ -4,9 +4,7 @@ A kept module (`tfcompat.hf.checkpointing`) holds its saved tensors and its outp
 backward: the GPU memory that buys the skipped recompute. Under ``patch(checkpoint_offload=...)`` those tensors of
 the chosen layers are copied to pinned host memory as they are saved, on a side stream that waits for the compute
 stream (an event, not the host); their GPU blocks are freed once the copy is done (the caching allocator's
-``record_stream``), so the compute stream never waits for the copy. Copies go in pieces of `CHUNK_BYTES`, so that a
-synchronous copy of the compute stream (the heads' input check, a logged ``loss.item()``) waits for one piece on the
-copy engine rather than for a layer's whole copy. When a layer's recompute starts, its tensors
+``record_stream``), so the compute stream never waits for the copy. When a layer's recompute starts, its tensors
 and those of the next layers of the backward are copied back on a second side stream, and the backward waits for
 them on an event. Ahead goes at least the next offloading layer, and more while the bytes ahead stay within the
 largest layer's: the link stays busy through layers that offload little (a light layer's backward is the time a
@@ -42,21 +40,10 @@ from typing import Any, cast
 
 import torch
 
-__all__ = ["CHUNK_BYTES", "MIN_BYTES", "Offloader", "Stash", "View", "unpack"]
+__all__ = ["MIN_BYTES", "Offloader", "Stash", "View", "unpack"]
 
 MIN_BYTES = 1 << 20
 """Smaller storages stay where they are: their copies would cost more in launches than they free."""
-
-CHUNK_BYTES = 64 << 20
-"""Each copy goes over the link in pieces of at most this many bytes (about 1.2 ms at 55 GB/s): a copy engine runs
-one copy command to its end, so a synchronous copy of the compute stream (a ``.tolist()``, ``loss.item()``) queued
-behind a layer's 1.5 GB would wait up to 27 ms, the compute stream idle, where it now waits for one piece."""
-
-
-def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst.copy_(src, non_blocking=True)`` of two ``(n,)`` uint8 tensors, in `CHUNK_BYTES` pieces."""
-    for i in range(0, src.numel(), CHUNK_BYTES):
-        dst[i:i + CHUNK_BYTES].copy_(src[i:i + CHUNK_BYTES], non_blocking=True)
 
 
 @dataclass(eq=False)
@@ -133,7 +120,7 @@ def _fetch(copies: list[_Copy]) -> None:
     with torch.cuda.stream(stream):
         for c, host, back in zip(copies, hosts, backs):
             stream.wait_event(cast(torch.cuda.Event, c.saved))
-            _copy(back, host)  # records its events on the pinned block: freed after the copy
+            back.copy_(host, non_blocking=True)  # records its event on the pinned block: freed after the copy
             back.record_stream(stream)  # a block fetched but never unpacked is not reused before the copy is done
     ready = torch.cuda.Event()
     ready.record(stream)
@@ -177,7 +164,7 @@ class Stash:
         out = streams[0]
         out.wait_stream(torch.cuda.current_stream(src.device))  # the bytes are written on the compute stream
         with torch.cuda.stream(out):
-            _copy(host, src)
+            host.copy_(src, non_blocking=True)
         src.record_stream(out)  # the block is not reused before the copy is done
         saved = torch.cuda.Event()
         saved.record(out)

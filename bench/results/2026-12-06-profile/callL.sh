@@ -1,5 +1,5 @@
-# call L, right after call K (carry .h28/whl and .h28/p2): offload copies in 64 MiB pieces (the heads' input check
-# waited up to 15 ms behind a layer's whole copy): the bit-for-bit CUDA test in pieces, then the step profiled
+# call L, right after call K (carry .h28/whl and .h28/p2): offload copies in 64 MiB pieces, tried and reverted
+# (the heads' input check then waited 26.7 ms instead of 11-15: the copy engine runs the pieces queued before it)
 date
 source bench/results/2026-12-05-issue28-ranges/setup.sh || exit 3
 t0=$(date +%s)
