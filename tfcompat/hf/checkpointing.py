@@ -61,7 +61,10 @@ the backward. Each offloaded byte crosses the host link twice: what the link car
 the 28-layer step above (bench/RESULTS.md section 14, a 55 GB/s link): ``"attention"`` offloaded in every layer 1,691 ms
 at 31.3 GiB (full checkpointing 1,755 ms at 31.0); ``{"attention": 1.0, "mlp_in": 4}`` kept 1,648 ms at 46.9 GiB,
 offloaded in the first 24 layers 1,651 ms at 33.3 GiB, in all 28 1,793 ms (the last layers' copies stall the
-backward's start); ``("attention", "mlp_in")`` offloaded everywhere 2,405 ms (link-bound).
+backward's start); ``("attention", "mlp_in")`` offloaded everywhere 2,405 ms (link-bound). Spread out, heavy layers
+fit the link: ``"mlp_in"`` in every third offloaded layer and the last four (``{3, 6, ..., 21, 24, 25, 26, 27}``,
+offload 24) ran 1.19-1.20x Liger + flex at 1.01x its memory, where every second layer left the GPU waiting for the
+copies out (section 19).
 
 Needs gradient checkpointing on, non-reentrant, before `patch` (`PatchError` otherwise). Enabling it again after
 the patch replaces the checkpoint function; a kept module then raises `PatchedModelError` in the next checkpointed
