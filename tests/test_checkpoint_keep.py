@@ -417,8 +417,8 @@ def test_a_set_of_indices_selects_those_layers():
 ])
 def test_bad_layer_selections_are_refused_at_patch_time(keep, match):
     """Rule: a kind's layers are a count 0..layers, a fraction in [0, 1] (not a bool, a string or NaN) or indices
-    from 0 within the layers (an upward range, or a collection of ints); anything else is a PatchError at patch() that names the value, and
-    nothing is changed."""
+    from 0 within the layers (an upward range, or a collection of ints); anything else is a PatchError at patch()
+    that names the value, and nothing is changed."""
     model = _model("qwen2")
     with pytest.raises(tfcompat.PatchError, match=match):
         tfcompat.patch(model, checkpoint_keep=keep)

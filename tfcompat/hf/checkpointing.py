@@ -233,12 +233,14 @@ def plan(model: torch.nn.Module, keep: Policy, attention_cls: type, error: Calla
             raise error(PatchError, f"checkpoint_keep[{kind!r}] = {n} but {len(holding)} checkpointed layers hold it",
                         why="a count selects the last that many layers holding the kind's module",
                         fix=f"pass a count up to {len(holding)}, or 1.0 for every layer")
-        indexed = isinstance(n, (range, tuple))
-        if indexed and max(n) >= len(holding):
-            raise error(PatchError, f"checkpoint_keep[{kind!r}] = {n} but {len(holding)} checkpointed layers hold it",
-                        why="indices select the layers holding the kind's module, 0 the first",
-                        fix=f"pass indices within range({len(holding)})")
-        chosen[kind] = {holding[i] for i in n} if indexed else set(_last(holding, n))
+        if isinstance(n, (range, tuple)):
+            if max(n) >= len(holding):
+                raise error(PatchError, f"checkpoint_keep[{kind!r}] = {n} but {len(holding)} checkpointed layers "
+                            "hold it", why="indices select the layers holding the kind's module, 0 the first",
+                            fix=f"pass indices within range({len(holding)})")
+            chosen[kind] = {holding[i] for i in n}
+        else:
+            chosen[kind] = set(_last(holding, n))
     kept: list[Kept] = []
     for layer in layers:
         for kind in KEEP:

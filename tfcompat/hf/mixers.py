@@ -40,7 +40,7 @@ from ..registry import Resolved
 from ..registry.mixers import LAYER_ROLES, ROLES
 from ..registry.records import MixerCall, MixerRole
 
-__all__ = ["LAYER_NOTE", "NOTE", "ROW_CONTEXT_ATTR", "MixerPlan", "apply", "per_sequence_forward", "plan",
+__all__ = ["LAYER_NOTE", "NOTE", "ROW_CONTEXT_ATTR", "MixerPlan", "apply", "bridge", "per_sequence_forward", "plan",
            "plan_layers"]
 
 NOTE = "runs per sequence on packed rows (split at the boundaries, fresh state, concatenated)"
@@ -131,7 +131,7 @@ def apply(handle: Any, mixers: MixerPlan) -> None:
     from .changes import Record
 
     for layer, module in mixers.bridges:
-        hook = layer.register_forward_pre_hook(_bridge(module), with_kwargs=True)
+        hook = layer.register_forward_pre_hook(bridge(module), with_kwargs=True)
 
         def remove(hook: Any = hook, module: torch.nn.Module = module) -> None:
             hook.remove()
@@ -143,12 +143,14 @@ def apply(handle: Any, mixers: MixerPlan) -> None:
         handle._set("instance", module, "forward", forward, mixers.note)
 
 
-def _bridge(module: torch.nn.Module) -> Callable[..., None]:
-    """The decoder layer's pre-hook handing ``module`` the context: from the layer's kwargs, else the text model's
-    forward (`ROW_CONTEXT_ATTR`), else, under non-reentrant gradient checkpointing, the context the layer's input
-    came with in the forward (the recompute calls the layer again with the same input tensor after the text model's
-    forward ended, while the mixer itself gets a recomputed one: Mamba's norm output)."""
-    seen: dict[int, tuple[weakref.ref, ForwardContext]] = {}
+def bridge(module: torch.nn.Module) -> Callable[..., None]:
+    """A decoder layer's pre-hook handing ``module`` (a mixer, or an attention the layer's call may not give the
+    context) the context: from the layer's kwargs, else the text model's forward (`ROW_CONTEXT_ATTR`), else, under
+    non-reentrant gradient checkpointing, the context the layer's input came with in the forward (the recompute calls
+    the layer again with the same input tensor after the text model's forward ended, while the module itself may get
+    a recomputed one: Mamba's norm output). A stock context is remembered too: an ordinary call's recompute runs
+    stock."""
+    seen: dict[int, tuple[weakref.ref, ForwardContext | StockContext]] = {}
 
     def hook(layer: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         ctx = kwargs.get(CONTEXT_KWARG) or module.__dict__.get(ROW_CONTEXT_ATTR)
@@ -157,7 +159,7 @@ def _bridge(module: torch.nn.Module) -> Callable[..., None]:
             key = id(first)
             if ctx is None and key in seen and seen[key][0]() is first:
                 ctx = seen[key][1]
-            elif isinstance(ctx, ForwardContext) and torch.is_grad_enabled():
+            elif isinstance(ctx, (ForwardContext, StockContext)) and torch.is_grad_enabled():
                 seen[key] = (weakref.ref(first, functools.partial(_forget, seen, key)), ctx)
         module.__dict__[BRIDGE_ATTR] = ctx
 

@@ -277,9 +277,11 @@ def patch(
             handle._add(Record("hook", row_module, "forward_pre_hook", None, hook, True,
                                "packed rows: the row's position ids instead of the ones counted over the row"),
                         hook.remove)
-        per_sequence = [m for m, _ in plan.mixers.forwards if any(m is x for x in text_model.modules())]
+        inside = {id(x) for x in text_model.modules()}
+        per_sequence = [m for m, _ in plan.mixers.forwards if id(m) in inside]
+        bridged = [attn for _, attn in plan.bridges if id(attn) in inside]
         forward = _packed_text_forward(text_model.forward, resolved, backend, ulysses_group, router, computes,
-                                       row_module, per_sequence)
+                                       row_module, per_sequence, bridged)
         handle._set("instance", text_model, "forward", forward, "packed position ids -> boundaries once per forward; "
                     "ordinary calls -> the stock attention")
     if crossed is not None:
@@ -308,7 +310,7 @@ def patch(
     for target, attr, wrapper, note in shared_kwargs(model, resolved, router):
         handle._set("instance", target, attr, wrapper, note)
     for layer, attn in plan.bridges:
-        hook = layer.register_forward_pre_hook(_bridge(attn), with_kwargs=True)
+        hook = layer.register_forward_pre_hook(hf_mixers.bridge(attn), with_kwargs=True)
 
         def remove(hook=hook, attn=attn) -> None:
             hook.remove()
@@ -631,13 +633,6 @@ def _refused_features(model: torch.nn.Module, r: Resolved) -> str:
     return ""
 
 
-def _bridge(attn: torch.nn.Module) -> Callable[..., None]:
-    def hook(layer: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        attn.__dict__[BRIDGE_ATTR] = kwargs.get(CONTEXT_KWARG)
-
-    return hook
-
-
 def _own_positions(module: torch.nn.Module, own: OwnPositions, tokens: torch.Tensor, seqs: PackedSeqs
                    ) -> torch.Tensor:
     """``(B, L)`` positions of packed ``tokens`` (ids ``(B, L)`` or embeddings ``(B, L, D)``) as ``module`` computes
@@ -662,7 +657,8 @@ def _row_positions_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> t
 def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Backend, group: Any, router: Router,
                          own: Callable[[torch.Tensor, PackedSeqs], torch.Tensor] | None = None,
                          row_module: torch.nn.Module | None = None,
-                         per_sequence: list[torch.nn.Module] | None = None) -> Callable[..., Any]:
+                         per_sequence: list[torch.nn.Module] | None = None,
+                         bridged: list[torch.nn.Module] | None = None) -> Callable[..., Any]:
     """Wrap the text model's bound forward: contract ids in, boundaries computed once, stock forward out.
 
     The path (packed or stock, `tfcompat.routing`) comes from the caller's context or is decided here. A packed
@@ -675,7 +671,10 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
     module it hands them to: on a packed row it gets the row's position ids (`_row_positions_hook`), one row only.
     per_sequence: the text model's modules run per sequence (`tfcompat.hf.mixers`), handed the forward's context for
     the duration of the call (their forwards' kwargs may not carry it); a text model of such modules alone that takes
-    no position ids (Mamba, Bloom) is not given them: they only mark the boundaries.
+    no position ids (Mamba, Bloom) is not given them: they only mark the boundaries. bridged: the attention modules
+    whose decoder layer's pre-hook hands them the context (`tfcompat.hf.mixers.bridge`), handed it as well: a text
+    model that calls its layers without **kwargs under gradient checkpointing (Mllama's on transformers 4.53-4.54)
+    gives them none.
     """
     sig = inspect.signature(original)
     takes_positions = "position_ids" in sig.parameters
@@ -685,8 +684,10 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
                                                                or not derived.softmax_attention)
                     and not takes_positions and row_module is None)
 
+    holders = [*modules, *(bridged or [])]
+
     def call(ctx: Any, kwargs: dict[str, Any]) -> Any:
-        for m in modules:
+        for m in holders:
             m.__dict__[hf_mixers.ROW_CONTEXT_ATTR] = ctx
         if positionless:  # nor the context: 4.x Bloom refuses unknown kwargs; its modules take it from above
             kwargs.pop(CONTEXT_KWARG, None)
@@ -694,7 +695,7 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
             return original(**(kwargs if var_kw is not None else {k: v for k, v in kwargs.items()
                                                                    if k in sig.parameters}))
         finally:
-            for m in modules:
+            for m in holders:
                 m.__dict__.pop(hf_mixers.ROW_CONTEXT_ATTR, None)
     # None: a text model of per-sequence modules alone that takes no **kwargs (4.x Mamba, GPT-Neo): the context
     # reaches those modules from `call` only

@@ -294,7 +294,7 @@ def _derive_from(model_type: str, version: str, module: Any, text: type, lm: typ
         rotary=None,
         rope_config_key=rope_key,
         text_model_positions=_text_layout(module, text),
-        layer_forwards_kwargs=all(passes),
+        layer_forwards_kwargs=all(passes) and not _checkpointed_layer_calls_without_kwargs(text),
         rope_index_mm_token_types=False,
         cache_kwarg=cast(Any, cache[0]) if cache else None,
         why=f"derived from {where} on transformers {version}",
@@ -860,19 +860,41 @@ def _inputs_required(lm: type) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
+def _layer_loop_names(fn: ast.FunctionDef) -> set[str]:
+    """The loop variables of ``for layer in self.<...>`` loops in ``fn``."""
+    names: set[str] = set()
+    for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For) and "self." in ast.unparse(n.iter)):
+        targets = loop.target.elts if isinstance(loop.target, ast.Tuple) else [loop.target]
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
 def _layer_calls_without_kwargs(text: type) -> str:
     """The source of a decoder-layer call in ``text.forward`` that passes no ``**kwargs`` ("" when every call found
     does): calls of the loop variable of ``for layer in self.<...>`` loops. Found none: "" (nothing to prove wrong)."""
     fn = _method(text, "forward")
     if fn is None:
         return ""
-    names: set[str] = set()
-    for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For) and "self." in ast.unparse(n.iter)):
-        targets = loop.target.elts if isinstance(loop.target, ast.Tuple) else [loop.target]
-        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    names = _layer_loop_names(fn)
     calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names]
     bad = [c for c in calls if not any(k.arg is None for k in c.keywords)]
     return ast.unparse(bad[0].func) + "(...)" if bad else ""
+
+
+def _checkpointed_layer_calls_without_kwargs(text: type) -> str:
+    """The source of a gradient-checkpointed decoder-layer call in ``text.forward`` that passes no ``**kwargs`` (""
+    when none): ``self._gradient_checkpointing_func(layer.__call__, hidden_states, ...)`` of a layer loop's variable,
+    the releases before transformers' ``GradientCheckpointingLayer`` (Mllama's text model on 4.53-4.54). Its plain
+    call passes them: only under checkpointing do the layers get no context, which a pre-hook then hands them."""
+    fn = _method(text, "forward")
+    if fn is None:
+        return ""
+    names = _layer_loop_names(fn)
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr == "_gradient_checkpointing_func" and n.args
+             and any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(n.args[0]))]
+    bad = [c for c in calls if not any(k.arg is None for k in c.keywords)]
+    return f"{ast.unparse(bad[0].func)}({ast.unparse(bad[0].args[0])}, ...)" if bad else ""
 
 
 def _passes_kwargs(holder: type, child: type) -> bool:

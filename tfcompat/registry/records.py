@@ -347,7 +347,8 @@ class Entry:
         tfcompat replaces only the attention function).
     text_model_positions: "mrope" = the text model takes ``(3, B, L)`` and cannot take a text row;
         "text+mrope" = it splits ``(4, B, L)`` itself; "text" = a text-only model taking ``(B, L)``.
-    layer_forwards_kwargs: the decoder layer passes ``**kwargs`` on to its attention.
+    layer_forwards_kwargs: the decoder layer passes ``**kwargs`` on to its attention, and the text model gives its
+        layers them, under gradient checkpointing too (else a pre-hook hands the attention the context).
     rope_index_mm_token_types: ``get_rope_index`` requires ``mm_token_type_ids``.
     cache_kwarg: the attention forward's cache parameter name (None: a derived entry whose attention takes none).
     why: what sets this range apart from its neighbours.
