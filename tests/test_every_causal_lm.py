@@ -13,10 +13,8 @@ xfail that names why (never silent). `test_stock_zoo` validates the zoo itself w
 from __future__ import annotations
 
 import pytest
-from packaging.version import Version
 
 from tests.every_type import check, kept_check, stock_check
-from tfcompat.registry.versions import installed_transformers
 from tfcompat.tiny_models import model_types
 
 pytestmark = [pytest.mark.broad, pytest.mark.sweep, pytest.mark.usefixtures("one_thread")]
@@ -50,10 +48,6 @@ def test_stock_zoo(request, model_type):
 def test_kept_modules_give_full_recompute_gradients_or_are_refused(request, model_type):
     """`checkpoint_keep` (`("attention", "mlp")` and `{"attention": 1.0, "mlp_in": 1.0}`, each where the patch
     takes it) under non-reentrant checkpointing in train mode: full recompute's gradients, or refused at patch()."""
-    if model_type == "mllama" and Version(installed_transformers() or "0") < Version("4.55"):
-        # transformers 4.53-4.54 call Mllama's text layers with positional arguments alone under gradient
-        # checkpointing: tfcompat's context does not reach the attention (PatchedModelError in the forward); open
-        request.applymarker(pytest.mark.xfail(strict=True, reason="mllama under checkpointing on 4.53-4.54"))
     outcome = kept_check(model_type)
     _record(request, outcome)
     assert outcome.status in ("pass", "refused"), outcome.reason

@@ -90,11 +90,10 @@ def packed_attention(
     if ctx is None:
         raise PatchedModelError(
             f"{type(module).__name__} runs tfcompat's packed attention without packed boundaries",
-            why="the attention was called outside the patched text model's forward, or its decoder layer got no "
-                "**kwargs (some releases' text models call their layers with positional arguments alone under "
-                "gradient checkpointing: Mllama's on transformers 4.53-4.54)",
+            why="the attention was called outside the patched text model's forward (a decoder layer called "
+                "directly), or its decoder layer got no **kwargs where the registry says it does",
             fix="call the patched model (or its text model) rather than a decoder layer directly, or undo() the "
-                "patch; under gradient checkpointing, a release whose text model passes its layers **kwargs",
+                "patch",
         )
     if module.__dict__.get(CROSS_ATTR):
         return _cross(module, query, key, value, ctx, scaling, dropout, kwargs), None
