@@ -552,3 +552,19 @@ def test_images_and_a_video_share_a_row_where_the_owner_rejects_the_mix(model_ty
                                                                             "pixel_values_videos", "video_grid_thw")}
     with pytest.raises(Exception, match="do not match"), torch.no_grad():  # the control: stock rejects the mix
         model(input_ids=ids, **vision, use_cache=False)
+
+
+@pytest.mark.parametrize("model_type", [t for t in ("idefics2", "idefics3", "llava") if t in TYPES])
+def test_a_config_asking_for_a_cache_packs_without_one(model_type):
+    """Rule: a packed call that leaves ``use_cache`` unset, on a config that says ``use_cache=True``, builds no KV
+    cache anywhere (transformers 4.x Idefics2 started a legacy cache above the text model and converted the None the
+    packed text model returned: an AttributeError in the forward); the logits equal stock per sequence."""
+    model = build(model_type, kind="image_text_to_text")
+    for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+        config.use_cache = True
+    examples = vlm_examples(model)[:3]
+    with torch.no_grad():
+        expected = [model(**ex).logits[0] for ex in examples]
+        with tfcompat.patch(model):
+            got = model(**tfcompat.pack(model, examples).model_inputs).logits[0]
+    assert compare(got, expected) <= 1e-5

@@ -377,9 +377,10 @@ def _check_group(group: Any) -> Any:
 def _top_forward(original: Callable[..., Any], router: Router, boundaries_only: bool = False) -> Callable[..., Any]:
     """Wrap the bound forward of the model given to `patch` (when it is not the text model): decide packed or
     stock once for the whole call (`tfcompat.hf.forward`) and, on a packed row, make the loss per sequence
-    (`tfcompat.core.labels`). boundaries_only: a model that takes no position ids (Bloom, Mamba: their modules run
-    per sequence): the position ids only mark the boundaries, and neither they nor the context are passed on (4.x
-    Bloom refuses unknown kwargs); the text model's forward takes the context from `Router.pending`. A forward
+    (`tfcompat.core.labels`) and ask for no KV cache where ``use_cache`` is left unset. boundaries_only: a model
+    that takes no position ids (Bloom, Mamba: their modules run per sequence): the position ids only mark the
+    boundaries, and neither they nor the context are passed on (4.x Bloom refuses unknown kwargs); the text model's
+    forward takes the context from `Router.pending`. A forward
     without ``**kwargs`` (4.x OpenLlama's) is handed none of the extra keywords: `tfcompat.pack`'s context reaches
     the text model through `Router.pending` alone."""
     sig = inspect.signature(original)
@@ -397,6 +398,10 @@ def _top_forward(original: Callable[..., Any], router: Router, boundaries_only: 
             ctx = extra[CONTEXT_KWARG] = router.decide({**extra, **a}, user_call=True)
         if isinstance(ctx, ForwardContext):
             _per_sequence_labels(a, extra, ctx, router)
+            if "use_cache" in sig.parameters and a.get("use_cache") is None:
+                # the text model builds no cache on a packed row: a model above that would start one and convert it
+                # after (4.x Idefics2's legacy cache, when its config says use_cache) must not expect one
+                a["use_cache"] = False
         if boundaries_only:
             extra.pop(CONTEXT_KWARG, None)
             extra.pop("position_ids", None)
