@@ -31,12 +31,14 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import InvalidInputError
+from ._check import deferred
 from ._final_logits import FinalLogits, final_logits
 from ._fused_loss import FusedLossFunction, TokenLoss, default_rows, token_total
 from ._tiles import IGNORE_INDEX
@@ -97,21 +99,24 @@ def logprobs_entropy(
       backward through the same graph raises). The reference (``"logits"``) keeps its float32 logits anyway.
     Returns `LogprobsEntropy`, each field float32 and shaped like ``labels``.
 
-    Validation reads the labels (and a tensor temperature) on the host once: one device sync per call.
+    Validation reads two flags of the labels (and a tensor temperature) on the host once per call; on CUDA after
+    the head's work is queued, through a side stream (`tfcompat.heads._check`), so the GPU does not wait on it.
     Raises `InvalidInputError` on a bad shape (no tokens included), dtype, device, label, temperature, softcap,
     logit scale, backend, chunk size or keep_logits, and
     for backend ``"triton"`` without Triton installed or with tensors off CUDA (unless ``TRITON_INTERPRET=1``).
     """
-    temperature = _validate(hidden, lm_head_weight, labels, temperature, backend, chunk_size, lm_head_bias)
+    temperature, checked, finish = _validate(hidden, lm_head_weight, labels, temperature, backend, chunk_size,
+                                             lm_head_bias)
     if not isinstance(keep_logits, bool):
         raise InvalidInputError("keep_logits must be a bool", why=f"got {keep_logits!r}",
                                 fix="pass keep_logits=True to keep the forward's logits for backward")
     _check_positive("softcap", softcap, "pass the model's config.final_logit_softcapping, or None")
     _check_positive("logit_scale", logit_scale, "pass 1.0 for none")
     backend = _resolve_backend(backend, hidden)
-    tokens, flat_labels, column = _flatten(hidden, labels, temperature)
+    tokens, flat_labels, column = _flatten(hidden, checked, temperature)
     logprobs, entropy = _logprobs_entropy(tokens, lm_head_weight, lm_head_bias, flat_labels, column, backend,
                                           chunk_size, softcap, logit_scale, keep_logits)
+    finish()
     return LogprobsEntropy(logprobs.view(labels.shape), entropy.view(labels.shape))
 
 
@@ -239,7 +244,8 @@ def fused_loss(
     return one floating value per token, an argument that is neither shaped like labels nor a scalar, or one
     that requires grad (the loss's gradient flows to the hidden states and the lm head only: detach it).
     """
-    temperature = _validate(hidden, lm_head_weight, labels, temperature, backend, chunk_size, lm_head_bias)
+    temperature, checked, finish = _validate(hidden, lm_head_weight, labels, temperature, backend, chunk_size,
+                                             lm_head_bias)
     if not callable(token_loss):
         raise InvalidInputError("token_loss must be callable", why=f"got {type(token_loss).__name__}",
                                 fix="pass a function (logprobs, entropy, *token_args) -> per-token losses")
@@ -248,19 +254,21 @@ def fused_loss(
     per_token = tuple(_check_token_arg(i, arg, labels) for i, arg in enumerate(token_args))
     args = tuple(arg.reshape(-1) if sliced else arg for arg, sliced in zip(token_args, per_token, strict=True))
     backend = _resolve_backend(backend, hidden)
-    tokens, flat_labels, column = _flatten(hidden, labels, temperature)
+    tokens, flat_labels, column = _flatten(hidden, checked, temperature)
     trained = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                               for t in (hidden, lm_head_weight, lm_head_bias))
     if backend == "logits" or not trained:  # the reference (autograd), or no gradient to compute
         logprobs, entropy = _logprobs_entropy(tokens, lm_head_weight, lm_head_bias, flat_labels, column, backend,
                                               chunk_size, softcap, logit_scale, False)
         loss = token_total(token_loss, logprobs, entropy, args, flat_labels != IGNORE_INDEX)
+        finish()
         return FusedLoss(loss, logprobs.view(labels.shape), entropy.view(labels.shape))
     pre, column = _chunked_transform(column, softcap, logit_scale)
     rows = default_rows(tokens.shape[0], lm_head_weight.shape[0], backend, chunk_size)
     loss, logprobs, entropy = FusedLossFunction.apply(
         tokens, lm_head_weight, lm_head_bias, flat_labels, column, rows, pre, backend, token_loss, args, per_token
     )
+    finish()
     return FusedLoss(loss, logprobs.view(labels.shape), entropy.view(labels.shape))
 
 
@@ -323,8 +331,12 @@ def _validate(
     backend: str,
     chunk_size: int | None,
     bias: torch.Tensor | None,
-) -> float | torch.Tensor:
-    """Check the contract of `logprobs_entropy`; returns the temperature (a float, or the tensor as given)."""
+) -> tuple[float | torch.Tensor, torch.Tensor, Callable[[], None]]:
+    """Check the contract of `logprobs_entropy`; returns the temperature (a float, or the tensor as given), the
+    labels to compute on and ``finish``, which raises for a bad label or temperature: call it before returning.
+    The values are read on the host (`_check.deferred`): off CUDA here, where a bad one raises at once; on CUDA
+    when ``finish`` is called, the head's work queued by then, and the labels handed back have each bad one
+    replaced by ``IGNORE_INDEX`` so that nothing indexes out of range before the error."""
     if backend not in BACKENDS:
         raise InvalidInputError(
             f"unknown logprobs/entropy backend {backend!r}", supported=", ".join(map(repr, BACKENDS)),
@@ -377,18 +389,27 @@ def _validate(
     else:
         _check_temperature_float(temperature)
         bad_temperature = torch.zeros((), dtype=torch.bool, device=labels.device)
-    any_bad_label, any_bad_temperature = torch.stack([bad_label.any(), bad_temperature.any()]).tolist()  # the sync
-    if any_bad_label:
-        raise InvalidInputError(
-            f"labels must be token ids in [0, {vocab}) or {IGNORE_INDEX}",
-            why=f"got {labels[bad_label][:8].tolist()!r} among labels {tuple(labels.shape)}",
-        )
-    if any_bad_temperature and isinstance(temperature, torch.Tensor):  # a float was checked above
-        raise InvalidInputError(
-            "every per-token temperature must be finite and > 0",
-            why=f"got {temperature[bad_temperature][:8].tolist()!r} among temperatures {tuple(temperature.shape)}",
-        )
-    return temperature
+    read = deferred(torch.stack([bad_label.any(), bad_temperature.any()]))
+
+    def finish() -> None:
+        any_bad_label, any_bad_temperature = read()
+        if any_bad_label:
+            raise InvalidInputError(
+                f"labels must be token ids in [0, {vocab}) or {IGNORE_INDEX}",
+                why=f"got {labels[bad_label][:8].tolist()!r} among labels {tuple(labels.shape)}",
+            )
+        if any_bad_temperature and isinstance(temperature, torch.Tensor):  # a float was checked above
+            raise InvalidInputError(
+                "every per-token temperature must be finite and > 0",
+                why=f"got {temperature[bad_temperature][:8].tolist()!r} among temperatures "
+                    f"{tuple(temperature.shape)}",
+            )
+
+    if labels.device.type != "cuda":
+        finish()
+        return temperature, labels, finish
+    # read once the head's work is queued (`_check`): until then the head runs on labels it can index safely
+    return temperature, labels.masked_fill(bad_label, IGNORE_INDEX), finish
 
 
 def _check_temperature_float(temperature: object) -> None:
