@@ -41,6 +41,23 @@ def _loss(lp, ent):
     return -lp - 0.01 * ent
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8])
+def test_narrow_label_dtypes_are_read(dtype):
+    """Rule: labels of a narrower integer dtype (int32; uint8 with a small vocabulary, which cannot hold
+    IGNORE_INDEX) give the int64 labels' values, and a bad one in them still raises."""
+    hidden, weight, labels = _inputs()
+    small = 200
+    labels = labels.clamp(max=small - 1)
+    labels[labels < 0] = 3
+    want = logprobs_entropy(hidden, weight[:small], labels, 0.7, backend="torch")
+    got = logprobs_entropy(hidden, weight[:small], labels.to(dtype), 0.7, backend="torch")
+    assert torch.equal(got.logprobs, want.logprobs)
+    bad = labels.to(dtype)
+    bad[4] = small + 5
+    with pytest.raises(InvalidInputError, match="labels must be token ids"):
+        logprobs_entropy(hidden, weight[:small], bad, 0.7, backend="torch")
+
+
 @pytest.mark.parametrize("backend", _backends())
 @pytest.mark.parametrize("head", ["logprobs_entropy", "fused_loss"])
 @pytest.mark.parametrize("bad", ["too large", "negative", "temperature"])

@@ -409,7 +409,7 @@ def _validate(
         finish()
         return temperature, labels, finish
     # read once the head's work is queued (`_check`): until then the head runs on labels it can index safely
-    return temperature, labels.masked_fill(bad_label, IGNORE_INDEX), finish
+    return temperature, labels.long().masked_fill(bad_label, IGNORE_INDEX), finish
 
 
 def _check_temperature_float(temperature: object) -> None:
