@@ -14,6 +14,8 @@ import types
 
 import pytest
 import torch
+import transformers
+from packaging.version import Version
 
 import tfcompat
 from tests.helpers import pack
@@ -27,7 +29,7 @@ class _Stub:
     """Torch versions of the three Liger ops (same call signatures), counting calls."""
 
     def __init__(self) -> None:
-        self.calls = {"rms_norm": 0, "silu_mul": 0, "rope": 0}
+        self.calls = {"rms_norm": 0, "silu_mul": 0, "rope": 0, "fused_moe": 0}
 
     def namespace(self) -> types.SimpleNamespace:
         def rms_norm(x, w, eps, offset, casting, in_place):
@@ -47,7 +49,18 @@ class _Stub:
             c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
             return q * c + rot(q) * s, k * c + rot(k) * s
 
-        return types.SimpleNamespace(rms_norm=rms_norm, silu_mul=silu_mul, rope=rope)
+        def fused_moe(x, w1, w2, index, weights):
+            self.calls["fused_moe"] += 1
+            assert x.ndim == 2 and x.dtype == w1.dtype and index.dtype == torch.int32 and index.shape == weights.shape
+            out = torch.zeros(x.shape, dtype=torch.float32)
+            for e in range(w1.shape[0]):
+                token, k = torch.where(index == e)
+                gate, up = torch.nn.functional.linear(x[token], w1[e]).chunk(2, dim=-1)
+                y = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w2[e])
+                out = out.index_add(0, token, y.float() * weights[token, k, None].float())
+            return out.to(x.dtype)
+
+        return types.SimpleNamespace(rms_norm=rms_norm, silu_mul=silu_mul, rope=rope, fused_moe=fused_moe)
 
 
 @pytest.fixture
@@ -187,3 +200,91 @@ def test_rotary_swap_is_reference_counted_and_deepcopy_is_fused(stub):
     assert modeling.apply_rotary_pos_emb is not original  # the copy's handle still holds it
     vars(c)["_tfcompat_handle"].undo()
     assert modeling.apply_rotary_pos_emb is original
+
+
+MOE = ["qwen3_moe", "mixtral"]
+needs_experts_modules = pytest.mark.skipif(
+    Version(transformers.__version__).major < 5, reason="MoE experts modules (@use_experts_implementation) are 5.x")
+
+
+def _experts(model):
+    return [m for m in F.plan(model, ("experts",))]
+
+
+@needs_experts_modules
+@pytest.mark.parametrize("family", MOE)
+def test_plan_finds_moe_experts_exact(family):
+    """Rule: the experts modules of transformers' @use_experts_implementation classes (gate/up concatenated,
+    SiLU, no biases) are in the form Liger's fused MoE computes, under grouped_mm and under eager."""
+    model = tiny_model(family)
+    found = _experts(model)
+    assert found and not [m.why for m in found if m.why]
+    model.config._experts_implementation = "eager"
+    assert not [m.why for m in _experts(model) if m.why]
+
+
+@needs_experts_modules
+def test_plan_refuses_experts_the_kernel_would_not_compute():
+    """Rule: an experts module is refused, with the reason, when its gate, activation, eager loop or experts
+    implementation differs from what the kernel computes (non-vacuity: one change each on an exact model)."""
+    model = tiny_model("qwen3_moe")
+    first, second = (m.module for m in _experts(model))
+    second.act_fn = torch.nn.GELU()
+    assert "not SiLU" in _experts(model)[1].why
+
+    class ClampedGate(type(first)):
+        def _apply_gate(self, gate_up_out):
+            gate, up = gate_up_out.chunk(2, dim=-1)
+            return self.act_fn(gate.clamp(max=7.0)) * up
+
+    first.__class__ = ClampedGate
+    assert "own _apply_gate" in _experts(model)[0].why
+    first.__class__ = type(second)
+    first.has_bias = True
+    assert "has_bias=True" in _experts(model)[0].why
+    first.has_bias = False
+    model.config._experts_implementation = "sonicmoe"
+    assert "'sonicmoe'" in _experts(model)[0].why
+
+    model.config._experts_implementation = "eager"
+    wrapped = type(first).forward
+
+    def other_loop(self, hidden_states, top_k_index, top_k_weights):
+        return hidden_states * top_k_weights.sum(-1, keepdim=True)
+
+    type(first).forward = other_loop
+    try:
+        assert "not the eager experts loop" in _experts(model)[0].why
+    finally:
+        type(first).forward = wrapped
+
+
+@needs_experts_modules
+def test_fused_moe_routes_bf16_experts_and_leaves_float32_stock(stub):
+    """Rule: in bf16 every experts call of the packed forward goes through the kernel (counted) and gives the
+    unfused model's logits and gradients within bf16 rounding; with float32 weights the experts run stock (the
+    kernel would compute TF32), so the fused model's logits are the unfused ones exactly."""
+    model = tiny_model("qwen3_moe")
+    inputs = _inputs(model)
+    with tfcompat.patch(model, fused=("experts",)):
+        got32 = model(**inputs, use_cache=False).logits
+    assert stub.calls["fused_moe"] == 0
+    with tfcompat.patch(model):
+        torch.testing.assert_close(model(**inputs, use_cache=False).logits, got32, rtol=0, atol=0)
+
+    model.to(torch.bfloat16)
+    runs = {}
+    for fused in (False, ("experts",)):
+        model.zero_grad()
+        with tfcompat.patch(model, fused=fused) as handle:
+            logits = model(**inputs, use_cache=False).logits.float()
+            logits.square().mean().backward()
+            notes = [r.note for r in handle.records]
+        runs[bool(fused)] = logits, {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+    assert stub.calls["fused_moe"] == len(_experts(model)) and any("fused MoE" in n for n in notes)
+    (want, want_grads), (got, got_grads) = runs[False], runs[True]
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    assert want_grads.keys() == got_grads.keys() and any("experts.gate_up_proj" in n for n in got_grads)
+    for n, g in got_grads.items():
+        err = float((g - want_grads[n]).norm()) / max(float(want_grads[n].norm()), 1e-12)
+        assert err < 3e-2, (n, err)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import os
 
 import pytest
 import torch
@@ -18,6 +19,10 @@ import torch
 import tfcompat
 from tests.helpers import pack
 from tfcompat.selfcheck import sample_sequences, tiny_model
+
+# Liger's fused MoE kernels autotune on their first call per shape (minutes); the configuration does not change
+# what they compute. Read when liger_kernel.ops.fused_moe_kernels is first imported.
+os.environ.setdefault("LIGER_FUSED_MOE_AUTOTUNE", "0")
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run on the GPU machine")]
@@ -82,3 +87,33 @@ def test_fused_bf16_within_bf16_noise(family):
     err, err_low = float((got - ref).abs().max()), float((low - ref).abs().max())
     assert err <= 2 * err_low + 1e-2, f"fused bf16 error {err:.3e} vs unfused bf16 {err_low:.3e}"
     assert all(torch.isfinite(g).all() for g in grads.values())
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm()) / max(float(b.norm()), 1e-12)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_fused_experts_bf16_within_bf16_noise(family):
+    """Rule: with Liger's fused MoE kernel (bf16, gradient checkpointing on) the logits and every parameter's
+    gradient, the router's and the experts' included, are no further from the fp32 model's than the unfused bf16
+    model's are (x2 + 1e-2 relative), and every experts call went through the kernel."""
+    _liger()
+    if getattr(importlib.import_module("tfcompat.hf.fused")._liger(), "fused_moe", None) is None:
+        pytest.skip("this liger-kernel has no fused MoE kernel (0.8.5 or later)")
+    dims = {**DIMS, "moe_intermediate_size": 128, "intermediate_size": 128, "num_experts": 8,
+            "num_local_experts": 8, "num_experts_per_tok": 2}
+    fp32 = tiny_model(family, "sdpa", **dims).to(DEVICE).train()
+    fp32.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
+    seqs = sample_sequences(fp32, [7, 130, 1, 61], [None] * 4, seed=6)
+    inputs = {k: v.to(DEVICE) for k, v in pack(fp32, seqs).items()}
+    ref, ref_grads, _ = _step(fp32, inputs, False)
+    low, low_grads, _ = _step(bf16, inputs, False)
+    got, got_grads, notes = _step(bf16, inputs, ("experts",))
+    assert any("fused MoE" in n for n in notes)
+    assert _rel(got, ref) <= 2 * _rel(low, ref) + 1e-2, (_rel(got, ref), _rel(low, ref))
+    assert got_grads.keys() == ref_grads.keys() and any("experts" in n for n in got_grads)
+    for n, g in got_grads.items():
+        assert torch.isfinite(g).all(), n
+        assert _rel(g, ref_grads[n]) <= 2 * _rel(low_grads[n], ref_grads[n]) + 1e-2, n

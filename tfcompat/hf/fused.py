@@ -1,6 +1,6 @@
 """Liger-Kernel's fused kernels composed per module, where they compute exactly what the module computes.
 
-`tfcompat.patch(model, fused=...)` routes three kinds of modules through Liger-Kernel's Triton kernels:
+`tfcompat.patch(model, fused=...)` routes four kinds of modules through Liger-Kernel's Triton kernels:
 
 - ``"rms_norm"``: an RMSNorm whose forward is one of the two forms Liger's ``LigerRMSNormFunction`` implements
   (its ``casting_mode``): llama's (normalize in fp32, cast back, times the weight; Llama, Qwen2/3 and their q/k
@@ -9,6 +9,15 @@
   ``LigerSiLUMulFunction`` (silu(gate) * up in one kernel).
 - ``"rope"``: the modeling module's ``apply_rotary_pos_emb`` in the llama form (``q * cos + rotate_half(q) *
   sin``, cos/sin unsqueezed at dim 1), through ``LigerRopeFunction``, for the attention modules of this model.
+- ``"experts"``: a transformers 5.x MoE experts module (``@use_experts_implementation``: ``gate_up_proj`` ``(E, 2I,
+  H)``, ``down_proj`` ``(E, H, I)``) computing ``sum_k w_k * down_e(silu(gate_e(x)) * up_e(x))``, through
+  ``LigerFusedMoEFunction`` (liger-kernel >= 0.8.5: grouped GEMMs with the gather and SwiGLU fused in, no padded
+  or masked copies). Stock's ``grouped_mm`` path spends more time in its sorting, masking and scatter copies than
+  in its GEMMs (bench/RESULTS.md section 20). Only where the weights are bf16 or fp16 when it runs: with float32
+  weights the module runs stock (the kernel's float32 dot products would be TF32). Its router-weight gradient is
+  summed over intermediate tiles in the weights' dtype (bf16 atomics), so it is not bitwise deterministic. The
+  kernels autotune on their first call per shape (minutes on a fresh machine; ``LIGER_FUSED_MOE_AUTOTUNE=0``
+  before importing liger-kernel pins one configuration).
 
 Exactness is decided from the code, not from the family name: a module's forward (and for gemma its ``_norm``)
 must be, as a syntax tree without docstrings and annotations, one of the forms in ``_FORMS``; so a release or a
@@ -29,6 +38,7 @@ from __future__ import annotations
 
 import ast
 import contextvars
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -47,7 +57,7 @@ from .changes import Record
 
 __all__ = ["KERNELS", "Fused", "FusedModule", "apply", "plan", "prepare"]
 
-KERNELS: tuple[str, ...] = ("rms_norm", "swiglu", "rope")
+KERNELS: tuple[str, ...] = ("rms_norm", "swiglu", "rope", "experts")
 Fused = bool | Literal["auto"] | Collection[str]
 
 # The forms Liger's kernels compute, as the modeling code writes them (4.53 .. 5.24; names of parameters and
@@ -94,6 +104,27 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     k_embed = (k * cos) + (rotate_half(k) * sin)
     return q_embed, k_embed
 """],
+    # the eager experts forward of the @use_experts_implementation classes (5.2 .. 5.17, then 5.25's sentinel row)
+    "experts/eager": [f"""
+def forward(self, hidden_states, top_k_index, top_k_weights):
+    final_hidden_states = torch.zeros_like(hidden_states)
+    with torch.no_grad():
+        expert_mask = torch.nn.functional.one_hot(top_k_index, num_classes={classes})
+        expert_mask = expert_mask.permute(2, 1, 0)
+        expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+    for expert_idx in expert_hit:
+        expert_idx = expert_idx[0]
+        if expert_idx == self.num_experts:
+            continue
+        top_k_pos, token_idx = torch.where(expert_mask[expert_idx])
+        current_state = hidden_states[token_idx]
+        gate, up = nn.functional.linear(current_state, self.gate_up_proj[expert_idx]).chunk(2, dim=-1)
+        current_hidden_states = self.act_fn(gate) * up
+        current_hidden_states = nn.functional.linear(current_hidden_states, self.down_proj[expert_idx])
+        current_hidden_states = current_hidden_states * top_k_weights[token_idx, top_k_pos, None]
+        final_hidden_states.index_add_(0, token_idx, current_hidden_states.to(final_hidden_states.dtype))
+    return final_hidden_states
+""" for classes in ("self.num_experts", "self.num_experts + 1")],
     "rope/rotate_half": ["""
 def rotate_half(x):
     x1 = x[..., : x.shape[-1] // 2]
@@ -139,7 +170,8 @@ def plan(model: torch.nn.Module, kernels: Collection[str] = KERNELS) -> list[Fus
 
     RMSNorm: a module whose class name ends in ``RMSNorm``; SwiGLU: a module with ``gate_proj``, ``up_proj``,
     ``down_proj`` and ``act_fn``; rope: a module whose class name ends in ``Attention`` and whose forward calls its
-    modeling module's ``apply_rotary_pos_emb``. Needs no liger-kernel.
+    modeling module's ``apply_rotary_pos_emb``; experts: a module of an ``@use_experts_implementation`` class (its
+    ``has_bias`` and ``is_transposed`` flags) with ``gate_up_proj`` or ``up_proj``. Needs no liger-kernel.
     """
     found = []
     for name, module in model.named_modules():
@@ -149,6 +181,9 @@ def plan(model: torch.nn.Module, kernels: Collection[str] = KERNELS) -> list[Fus
             found.append(FusedModule(name, module, "rms_norm", form, why))
         elif "swiglu" in kernels and all(hasattr(module, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
             found.append(FusedModule(name, module, "swiglu", "swiglu", _swiglu_gap(module)))
+        elif ("experts" in kernels and hasattr(module, "has_bias") and hasattr(module, "is_transposed")
+              and any(hasattr(module, a) for a in ("gate_up_proj", "up_proj"))):
+            found.append(FusedModule(name, module, "experts", "experts", _experts_gap(module)))
         if "rope" in kernels and cls.__name__.endswith("Attention") and _calls(cls.forward, "apply_rotary_pos_emb"):
             modeling = sys.modules.get(cls.__module__)
             if modeling is not None and hasattr(modeling, "apply_rotary_pos_emb"):
@@ -170,6 +205,10 @@ def prepare(model: torch.nn.Module, fused: Fused, family: str, version: str) -> 
                          transformers_version=version, why=_liger_error(),
                          fix="pip install liger-kernel (it needs triton and a GPU), or pass fused=False / 'auto'")
     modules = plan(model, kernels)
+    if getattr(_liger(), "fused_moe", None) is None:
+        modules = [dataclasses.replace(m, why="this liger-kernel has no fused MoE kernel (LigerFusedMoEFunction, "
+                                       "liger-kernel 0.8.5 or later)") if m.kernel == "experts" and not m.why else m
+                   for m in modules]
     refused = [m for m in modules if m.why]
     if strict and refused:
         first = refused[0]
@@ -179,7 +218,7 @@ def prepare(model: torch.nn.Module, fused: Fused, family: str, version: str) -> 
             + (f" and {len(refused) - 1} more modules" if len(refused) > 1 else ""),
             family=family, transformers_version=version, why=first.why,
             supported="RMSNorm in the llama or gemma form, a SiLU gate/up/down MLP, the llama form of "
-                      "apply_rotary_pos_emb",
+                      "apply_rotary_pos_emb, SiLU-gated MoE experts without biases in (E, 2I, H) / (E, H, I)",
             fix=f"pass fused='auto' (fuse only where exact) or leave {first.kernel!r} out of fused")
     return [m for m in modules if not m.why]
 
@@ -195,6 +234,9 @@ def apply(handle: Any, modules: list[FusedModule]) -> None:
                         f"Liger RMSNorm ({m.form.split('/')[1]} casting)")
         elif m.kernel == "swiglu":
             handle._set("instance", m.module, "forward", _swiglu_forward(m.module, liger), "Liger SwiGLU (silu * up)")
+        elif m.kernel == "experts":
+            handle._set("instance", m.module, "forward", _experts_forward(m.module, liger),
+                        "Liger fused MoE experts (grouped GEMMs, SwiGLU fused in; stock with float32 weights)")
         else:
             modeling = sys.modules[m.form]
             _ROPE.acquire(handle, modeling, liger)
@@ -221,6 +263,23 @@ def _swiglu_forward(module: torch.nn.Module, liger: types.SimpleNamespace) -> Ca
     mlp: Any = module
     def forward(x: torch.Tensor) -> torch.Tensor:
         return mlp.down_proj(liger.silu_mul(mlp.gate_proj(x), mlp.up_proj(x)))
+
+    return forward
+
+
+def _experts_forward(module: torch.nn.Module, liger: types.SimpleNamespace) -> Callable[..., Any]:
+    """hidden_states ``(T, H)``, top_k_index ``(T, K)``, top_k_weights ``(T, K)`` -> ``(T, H)``, as stock."""
+    experts: Any = module
+    stock = type(module).forward.__get__(module)
+
+    def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        w1, w2 = experts.gate_up_proj, experts.down_proj
+        if w1.dtype not in (torch.bfloat16, torch.float16):  # the kernel's float32 dot products would be TF32
+            return stock(hidden_states, top_k_index, top_k_weights)
+        k = top_k_index.shape[-1]
+        x = hidden_states.reshape(-1, hidden_states.shape[-1]).to(w1.dtype)  # as stock casts to the weights'
+        out = liger.fused_moe(x, w1, w2, top_k_index.reshape(-1, k).to(torch.int32), top_k_weights.reshape(-1, k))
+        return out.view(hidden_states.shape).to(hidden_states.dtype)
 
     return forward
 
@@ -329,6 +388,39 @@ def _swiglu_gap(module: torch.nn.Module) -> str:
     return ""
 
 
+# transformers' own experts implementations, whose arithmetic the flags below fix ("eager": the class's forward)
+_EXPERTS_IMPLEMENTATIONS = ("grouped_mm", "batched_mm", "eager")
+
+
+def _experts_gap(module: torch.nn.Module) -> str:
+    cls, m = type(module), cast(Any, module)
+    flags = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
+             "has_post_expert_norm": False, "_is_expert_parallel": False}
+    off = [f"{k}={getattr(m, k)!r}" for k, v in flags.items() if getattr(m, k, v) != v]
+    if off:
+        return (f"its experts are not gate/up concatenated, untransposed, without biases or post-norms on one rank "
+                f"({', '.join(off)})")
+    moe = sys.modules.get("transformers.integrations.moe")
+    if moe is None or getattr(cls, "_apply_gate", None) is not getattr(moe, "_default_apply_gate", None):
+        return f"{cls.__name__} has its own _apply_gate (the kernel computes silu(gate) * up)"
+    act = getattr(m, "act_fn", None)
+    if not (isinstance(act, torch.nn.SiLU) or (type(act).__name__ == "SiLUActivation"
+                                               and type(act).__module__ == "transformers.activations")):
+        return f"its activation is {type(act).__name__}, not SiLU (the kernel computes silu(gate) * up)"
+    w1, w2 = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
+    if not (isinstance(w1, torch.Tensor) and isinstance(w2, torch.Tensor) and w1.ndim == w2.ndim == 3
+            and w1.shape[0] == w2.shape[0] and w1.shape[1] == 2 * w2.shape[2] and w1.shape[2] == w2.shape[1]):
+        return "its weights are not gate_up_proj (E, 2I, H) and down_proj (E, H, I)"
+    implementation = getattr(getattr(m, "config", None), "_experts_implementation", None) or "eager"
+    if implementation not in _EXPERTS_IMPLEMENTATIONS:
+        return (f"it dispatches to experts implementation {implementation!r}, not one of "
+                f"{', '.join(_EXPERTS_IMPLEMENTATIONS)}")
+    if implementation == "eager" and _tree(getattr(cls.forward, "__wrapped__", cls.forward)) not in _trees(
+            "experts/eager"):
+        return f"{cls.__module__}.{cls.__name__}.forward is not the eager experts loop the kernel computes"
+    return ""
+
+
 def _rope_gap(modeling: types.ModuleType) -> str:
     fn = modeling.apply_rotary_pos_emb
     if fn in (d for _, d, _ in _ROPE.active.values()):
@@ -393,13 +485,17 @@ def _all_args(args: ast.arguments) -> Iterator[ast.arg]:
 
 @functools.cache
 def _liger() -> types.SimpleNamespace | None:
-    """Liger-Kernel's three Triton ops (the autograd Functions themselves, not its backend dispatch, which may
+    """Liger-Kernel's four Triton ops (the autograd Functions themselves, not its backend dispatch, which may
     pick another implementation), or None where liger-kernel or triton does not import."""
     try:
         ops = importlib.import_module("liger_kernel.ops")
         rope = importlib.import_module("liger_kernel.ops.rope").LigerRopeFunction
+        try:
+            fused_moe = importlib.import_module("liger_kernel.ops.fused_moe").LigerFusedMoEFunction.apply
+        except (ImportError, AttributeError):  # liger-kernel < 0.8.5
+            fused_moe = None
         return types.SimpleNamespace(rms_norm=ops.LigerRMSNormFunction.apply, silu_mul=ops.LigerSiLUMulFunction.apply,
-                                     rope=rope.apply)
+                                     rope=rope.apply, fused_moe=fused_moe)
     except (ImportError, AttributeError, OSError, RuntimeError):  # not installed, or no usable triton
         return None
 
