@@ -29,7 +29,7 @@ that the rotary of this model's attention, and only that, takes the kernel), and
 counted, the modeling module's ``apply_rotary_pos_emb`` replaced by a dispatcher that calls the original
 whenever no fused attention forward is running.
 
-``fused=True`` (all three) or a collection of kernel names raises `PatchError` at patch time for any module of a
+``fused=True`` (all four) or a collection of kernel names raises `PatchError` at patch time for any module of a
 requested kind that the kernel would not compute exactly; ``fused="auto"`` fuses where exact (nothing without
 liger-kernel) and leaves the other modules as they are; `plan` says which is which.
 """

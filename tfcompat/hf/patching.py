@@ -153,9 +153,10 @@ def patch(
     linear_backend: the kernels of linear-attention (Gated DeltaNet) layers, where the family has them:
         ``"auto"`` (flash-linear-attention / causal-conv1d where installed and usable, else torch), ``"fla"``
         (flash-linear-attention required), ``"torch"`` (exact on any device).
-    fused: Liger-Kernel's RMSNorm / SwiGLU / RoPE kernels where exact for the module (`tfcompat.hf.fused`):
-        False (default), True or a subset of ``("rms_norm", "swiglu", "rope")`` (`PatchError` for a module they
-        would not compute exactly, or without liger-kernel), ``"auto"`` (where exact, if liger-kernel imports).
+    fused: Liger-Kernel's RMSNorm / SwiGLU / RoPE / fused MoE kernels where exact for the module
+        (`tfcompat.hf.fused`): False (default), True or a subset of ``("rms_norm", "swiglu", "rope", "experts")``
+        (`PatchError` for a module they would not compute exactly, or without liger-kernel), ``"auto"`` (where
+        exact, if liger-kernel imports).
     checkpoint_keep: under gradient checkpointing (on, non-reentrant, before `patch`), the modules of each
         checkpointed layer whose outputs are kept rather than recomputed in the backward: ``"attention"``
         (projections, rotary, attention call), ``"mlp"``, ``"mlp_in"`` (the MLP's gate / up projections), or
