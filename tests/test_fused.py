@@ -263,7 +263,8 @@ def test_plan_refuses_experts_the_kernel_would_not_compute():
 def test_fused_moe_routes_bf16_experts_and_leaves_float32_stock(stub):
     """Rule: in bf16 every experts call of the packed forward goes through the kernel (counted) and gives the
     unfused model's logits and gradients within bf16 rounding; with float32 weights the experts run stock (the
-    kernel would compute TF32), so the fused model's logits are the unfused ones exactly."""
+    kernel would compute TF32), so the fused model's logits are the unfused ones exactly; so they do in deterministic
+    mode."""
     model = tiny_model("qwen3_moe")
     inputs = _inputs(model)
     with tfcompat.patch(model, fused=("experts",)):
@@ -273,6 +274,13 @@ def test_fused_moe_routes_bf16_experts_and_leaves_float32_stock(stub):
         torch.testing.assert_close(model(**inputs, use_cache=False).logits, got32, rtol=0, atol=0)
 
     model.to(torch.bfloat16)
+    torch.use_deterministic_algorithms(True)
+    try:
+        with tfcompat.patch(model, fused=("experts",)):
+            model(**inputs, use_cache=False)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert stub.calls["fused_moe"] == 0  # the kernel's router gradient sums by atomics: stock when deterministic
     runs = {}
     for fused in (False, ("experts",)):
         model.zero_grad()

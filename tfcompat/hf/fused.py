@@ -15,9 +15,10 @@
   or masked copies). Stock's ``grouped_mm`` path spends more time in its sorting, masking and scatter copies than
   in its GEMMs (bench/RESULTS.md section 20). Only where the weights are bf16 or fp16 when it runs: with float32
   weights the module runs stock (the kernel's float32 dot products would be TF32). Its router-weight gradient is
-  summed over intermediate tiles in the weights' dtype (bf16 atomics), so it is not bitwise deterministic. The
-  kernels autotune on their first call per shape (minutes on a fresh machine; ``LIGER_FUSED_MOE_AUTOTUNE=0``
-  before importing liger-kernel pins one configuration).
+  summed over intermediate tiles in the weights' dtype (bf16 atomics), so it is not bitwise deterministic: under
+  ``torch.use_deterministic_algorithms(True)`` the module runs stock too. The kernels autotune on their first
+  call per shape (minutes on a fresh machine; ``LIGER_FUSED_MOE_AUTOTUNE=0`` before importing liger-kernel pins one
+  configuration).
 
 Exactness is decided from the code, not from the family name: a module's forward (and for gemma its ``_norm``)
 must be, as a syntax tree without docstrings and annotations, one of the forms in ``_FORMS``; so a release or a
@@ -274,7 +275,8 @@ def _experts_forward(module: torch.nn.Module, liger: types.SimpleNamespace) -> C
 
     def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         w1, w2 = experts.gate_up_proj, experts.down_proj
-        if w1.dtype not in (torch.bfloat16, torch.float16):  # the kernel's float32 dot products would be TF32
+        # float32: the kernel's dot products would be TF32; deterministic mode: its router gradient sums by atomics
+        if w1.dtype not in (torch.bfloat16, torch.float16) or torch.are_deterministic_algorithms_enabled():
             return stock(hidden_states, top_k_index, top_k_weights)
         k = top_k_index.shape[-1]
         x = hidden_states.reshape(-1, hidden_states.shape[-1]).to(w1.dtype)  # as stock casts to the weights'
