@@ -383,11 +383,18 @@ def _swiglu_gap(module: torch.nn.Module) -> str:
     if _tree(cls.forward) not in _trees("swiglu"):
         return f"{cls.__module__}.{cls.__name__}.forward is not down_proj(act_fn(gate_proj(x)) * up_proj(x))"
     act = module.act_fn
-    silu = isinstance(act, torch.nn.SiLU) or (type(act).__name__ == "SiLUActivation"
-                                               and type(act).__module__ == "transformers.activations")
-    if not silu:
-        return f"its activation is {type(act).__name__}, not SiLU (Liger's SwiGLU kernel computes silu(gate) * up)"
+    if not _is_silu(act):
+        return f"its activation is {_name(act)}, not SiLU (Liger's SwiGLU kernel computes silu(gate) * up)"
     return ""
+
+
+def _is_silu(act: Any) -> bool:
+    return (act is torch.nn.functional.silu or isinstance(act, torch.nn.SiLU)
+            or (type(act).__name__ == "SiLUActivation" and type(act).__module__ == "transformers.activations"))
+
+
+def _name(act: Any) -> str:
+    return getattr(act, "__name__", type(act).__name__)
 
 
 # transformers' own experts implementations, whose arithmetic the flags below fix ("eager": the class's forward)
@@ -406,9 +413,8 @@ def _experts_gap(module: torch.nn.Module) -> str:
     if moe is None or getattr(cls, "_apply_gate", None) is not getattr(moe, "_default_apply_gate", None):
         return f"{cls.__name__} has its own _apply_gate (the kernel computes silu(gate) * up)"
     act = getattr(m, "act_fn", None)
-    if not (isinstance(act, torch.nn.SiLU) or (type(act).__name__ == "SiLUActivation"
-                                               and type(act).__module__ == "transformers.activations")):
-        return f"its activation is {type(act).__name__}, not SiLU (the kernel computes silu(gate) * up)"
+    if not _is_silu(act):
+        return f"its activation is {_name(act)}, not SiLU (the kernel computes silu(gate) * up)"
     w1, w2 = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
     if not (isinstance(w1, torch.Tensor) and isinstance(w2, torch.Tensor) and w1.ndim == w2.ndim == 3
             and w1.shape[0] == w2.shape[0] and w1.shape[1] == 2 * w2.shape[2] and w1.shape[2] == w2.shape[1]):
