@@ -17,10 +17,12 @@ same backend for every variant, ``--head``), the loss ``-(logprobs * advantage).
                  (transformers detects the packing and builds a ``(T, T)`` mask)
   flex_packed    stock, attn "flex_attention", the packed row, ``use_cache=False`` (transformers builds a
                  document block mask with ``create_block_mask`` and runs compiled flex attention)
-  tfcompat_fused ``tfcompat.patch(model, backend=B, fused=True)``: tfcompat plus Liger-Kernel's RMSNorm, SwiGLU
-                 and RoPE kernels where exact (`tfcompat.hf.fused`); one variant per backend, as tfcompat
+  tfcompat_fused ``tfcompat.patch(model, backend=B, fused=True)``: tfcompat plus Liger-Kernel's RMSNorm, SwiGLU,
+                 RoPE and (``--moe``) fused MoE experts kernels where exact (`tfcompat.hf.fused`); one variant per
+                 backend, as tfcompat
   liger_flex     Liger-Kernel's own monkey patch (``apply_liger_kernel_to_qwen2`` / ``_qwen3_vl_moe``: rope,
-                 rms_norm, swiglu on the instance) + stock flex_packed, with Liger's fused linear cross entropy as
+                 rms_norm, swiglu on the instance; for the MoE its fused MoE experts, autotuned on their first
+                 call) + stock flex_packed, with Liger's fused linear cross entropy as
                  the head (mean token CE of the labels at temperature 1, no entropy: what Liger users run)
   liger_flex_tfhead   the same with tfcompat's head (``--head``), as every other variant
   liger_tfcompat Liger's monkey patch + ``tfcompat.patch(model, backend=B)``
