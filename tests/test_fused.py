@@ -263,8 +263,8 @@ def test_plan_refuses_experts_the_kernel_would_not_compute():
 def test_fused_moe_routes_bf16_experts_and_leaves_float32_stock(stub):
     """Rule: in bf16 every experts call of the packed forward goes through the kernel (counted) and gives the
     unfused model's logits and gradients within bf16 rounding; with float32 weights the experts run stock (the
-    kernel would compute TF32), so the fused model's logits are the unfused ones exactly; so they do in deterministic
-    mode."""
+    kernel would compute TF32), so the fused model's logits are the unfused ones exactly; in deterministic mode
+    and in an experts module made expert-parallel after the patch the experts run stock too."""
     model = tiny_model("qwen3_moe")
     inputs = _inputs(model)
     with tfcompat.patch(model, fused=("experts",)):
@@ -281,6 +281,13 @@ def test_fused_moe_routes_bf16_experts_and_leaves_float32_stock(stub):
     finally:
         torch.use_deterministic_algorithms(False)
     assert stub.calls["fused_moe"] == 0  # the kernel's router gradient sums by atomics: stock when deterministic
+    experts = [m.module for m in _experts(model)]
+    with tfcompat.patch(model, fused=("experts",)):
+        experts[0]._is_expert_parallel = True  # expert parallel set up after the patch: its routes hold sentinels
+        model(**inputs, use_cache=False)
+    experts[0]._is_expert_parallel = False
+    assert stub.calls["fused_moe"] == len(experts) - 1
+    stub.calls["fused_moe"] = 0
     runs = {}
     for fused in (False, ("experts",)):
         model.zero_grad()

@@ -237,7 +237,8 @@ def apply(handle: Any, modules: list[FusedModule]) -> None:
             handle._set("instance", m.module, "forward", _swiglu_forward(m.module, liger), "Liger SwiGLU (silu * up)")
         elif m.kernel == "experts":
             handle._set("instance", m.module, "forward", _experts_forward(m.module, liger),
-                        "Liger fused MoE experts (grouped GEMMs, SwiGLU fused in; stock with float32 weights)")
+                        "Liger fused MoE experts (grouped GEMMs, SwiGLU fused in; stock with float32 weights, in "
+                        "deterministic mode or expert parallel)")
         else:
             modeling = sys.modules[m.form]
             _ROPE.acquire(handle, modeling, liger)
@@ -275,8 +276,10 @@ def _experts_forward(module: torch.nn.Module, liger: types.SimpleNamespace) -> C
 
     def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         w1, w2 = experts.gate_up_proj, experts.down_proj
-        # float32: the kernel's dot products would be TF32; deterministic mode: its router gradient sums by atomics
-        if w1.dtype not in (torch.bfloat16, torch.float16) or torch.are_deterministic_algorithms_enabled():
+        # float32: the kernel's dot products would be TF32; deterministic mode: its router gradient sums by atomics;
+        # expert parallel (set up after the patch): the routes hold sentinel rows the kernel would index with
+        if (w1.dtype not in (torch.bfloat16, torch.float16) or torch.are_deterministic_algorithms_enabled()
+                or getattr(experts, "_is_expert_parallel", False)):
             return stock(hidden_states, top_k_index, top_k_weights)
         k = top_k_index.shape[-1]
         x = hidden_states.reshape(-1, hidden_states.shape[-1]).to(w1.dtype)  # as stock casts to the weights'
