@@ -573,6 +573,64 @@ def stream_times(prof: Any) -> dict[str, Any]:
                         for s in sorted(busy, key=lambda s: -busy[s])}}
 
 
+def memory_phases(step: Callable[[], Any], model: torch.nn.Module, device: torch.device) -> list[dict[str, Any]]:
+    """One more (warm) step with the caching allocator's peak per phase: each decoder layer's forward, the head
+    (the last layer's output to its first gradient: final norm, head, and their backward), each layer's backward
+    (its recompute and the copies it fetches included: from its output's gradient to the next layer's), and the
+    end (the embedding's backward). The counters are host-side: no sync is added. Returns per phase its name, the
+    peak and what is allocated at its end, in GiB."""
+    layers = list(stack_of(model).layers)
+    phases: list[dict[str, Any]] = []
+    state: dict[str, Any] = {"phase": "embedding", "backward": False}
+
+    def mark(name: str) -> None:
+        phases.append({"phase": state["phase"], "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+                       "end_gib": torch.cuda.memory_allocated(device) / 2**30})
+        torch.cuda.reset_peak_memory_stats(device)
+        state["phase"] = name
+
+    def on_grad(i: int) -> Callable[[torch.Tensor], None]:
+        def hook(_: torch.Tensor) -> None:
+            state["backward"] = True
+            mark(f"backward {i}" if i >= 0 else "end")
+        return hook
+
+    def pre(i: int) -> Callable[..., None]:
+        def hook(_: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if state["backward"]:
+                return  # the recompute
+            mark(f"forward {i}")
+            if i == 0:  # the embedding's output: its gradient ends the last layer's backward
+                x = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.requires_grad),
+                         None)
+                if x is not None:
+                    x.register_hook(on_grad(-1))
+        return hook
+
+    def post(i: int) -> Callable[..., None]:
+        def hook(_: Any, __: Any, out: Any) -> None:
+            hidden = out[0] if isinstance(out, tuple) else out
+            if state["backward"] or not isinstance(hidden, torch.Tensor) or not hidden.requires_grad:
+                return
+            hidden.register_hook(on_grad(i))
+            if i == len(layers) - 1:
+                mark("head")
+        return hook
+
+    handles = [h for i, layer in enumerate(layers) for h in (layer.register_forward_pre_hook(pre(i), with_kwargs=True),
+                                                              layer.register_forward_hook(post(i)))]
+    try:
+        C.sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        C.sync(device)
+        mark("")
+    finally:
+        for h in handles:
+            h.remove()
+    return [p for p in phases if p["phase"] != "embedding" or p["peak_gib"] > 0]
+
+
 # --------------------------------------------------------------------------------------------------- main
 
 
@@ -599,6 +657,9 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H200: 989)")
     p.add_argument("--profile", nargs="?", const="all", default=None,
                    help="one profiled step per variant (or per variant of a comma list): where the time goes")
+    p.add_argument("--memory", nargs="?", const="all", default=None,
+                   help="one more step per variant (or per variant of a comma list): the peak memory of each "
+                        "layer's forward, the head and each layer's backward")
     p.add_argument("--lengths", default=None, help="explicit sequence lengths, comma-separated (e.g. round sizes "
                    "2048,2048,...), instead of seeded random ones")
     p.add_argument("--seed", type=int, default=0)
@@ -733,6 +794,8 @@ def main() -> None:
             peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
             profiled = args.profile is not None and (args.profile == "all" or name in args.profile.split(","))
             prof = profile_step(step, device) if profiled and device.type == "cuda" else None
+            traced = args.memory is not None and (args.memory == "all" or name in args.memory.split(","))
+            phases = memory_phases(step, model, device) if traced and device.type == "cuda" else None
             if base.startswith("tfcompat_fused"):
                 handle = vars(model).get("_tfcompat_handle")
                 records = handle.records if handle is not None else []
@@ -742,8 +805,11 @@ def main() -> None:
         results[name] = {"ms": med, "all_ms": ms, "loss": loss, "real_tokens_per_s": batch.total / (med * 1e-3),
                          "tflops": flops["total"] / (med * 1e-3) / 1e12,
                          "mfu": flops["total"] / (med * 1e-3) / (args.peak_tflops * 1e12),
-                         "peak_memory_bytes": peak, "profile": prof}
+                         "peak_memory_bytes": peak, "profile": prof, "memory_phases": phases}
         print(f"{name}: {med:.1f} ms/step, loss {loss:.6g}", flush=True)
+        if phases:
+            print(f"memory by phase, {name} (GiB, peak / at its end): " + "; ".join(
+                f"{p['phase']} {p['peak_gib']:.2f} / {p['end_gib']:.2f}" for p in phases), flush=True)
         save()
 
     base = results.get("padded", {}).get("ms")
