@@ -20,6 +20,7 @@ from packaging.version import Version
 import tfcompat
 from tests.helpers import pack
 from tfcompat.hf import fused as F
+from tfcompat.hf import swiglu_down as SD
 from tfcompat.selfcheck import sample_sequences, tiny_model
 
 FAMILIES = ["llama", "qwen2", "qwen3"]
@@ -29,7 +30,8 @@ class _Stub:
     """Torch versions of the three Liger ops (same call signatures), counting calls."""
 
     def __init__(self) -> None:
-        self.calls = {"rms_norm": 0, "silu_mul": 0, "rope": 0, "fused_moe": 0}
+        self.calls = {"rms_norm": 0, "silu_mul": 0, "swiglu_forward": 0, "swiglu_backward": 0, "rope": 0,
+                      "fused_moe": 0}
 
     def namespace(self) -> types.SimpleNamespace:
         def rms_norm(x, w, eps, offset, casting, in_place):
@@ -41,6 +43,20 @@ class _Stub:
         def silu_mul(a, b):
             self.calls["silu_mul"] += 1
             return torch.nn.functional.silu(a) * b
+
+        def swiglu_forward(a, b):
+            self.calls["swiglu_forward"] += 1
+            assert a.is_contiguous() and b.is_contiguous()
+            return a, b, torch.nn.functional.silu(a) * b
+
+        def swiglu_backward(a, b, dc):  # in place, as Liger's kernel
+            self.calls["swiglu_backward"] += 1
+            sig = torch.sigmoid(a)
+            silu = a * sig
+            da = dc * (silu * (1 - sig) + sig) * b
+            b.copy_(dc * silu)
+            a.copy_(da)
+            return a, b
 
         def rope(q, k, cos, sin, position_ids, unsqueeze_dim):
             self.calls["rope"] += 1
@@ -60,7 +76,8 @@ class _Stub:
                 out = out.index_add(0, token, y.float() * weights[token, k, None].float())
             return out.to(x.dtype)
 
-        return types.SimpleNamespace(rms_norm=rms_norm, silu_mul=silu_mul, rope=rope, fused_moe=fused_moe)
+        return types.SimpleNamespace(rms_norm=rms_norm, silu_mul=silu_mul, swiglu_forward=swiglu_forward,
+                                     swiglu_backward=swiglu_backward, rope=rope, fused_moe=fused_moe)
 
 
 @pytest.fixture
@@ -128,7 +145,7 @@ def test_explicit_request_refuses_non_exact_module_and_auto_skips_it(stub):
     with tfcompat.patch(model, fused="auto"):
         assert "forward" in vars(model.model.layers[0].mlp) and "forward" not in vars(model.model.layers[1].mlp)
         model(**_inputs(model), use_cache=False)
-    assert stub.calls["silu_mul"] == 1
+    assert stub.calls["swiglu_forward"] == 1 and stub.calls["silu_mul"] == 0
 
 
 def test_unknown_kernel_names_are_refused():
@@ -168,7 +185,10 @@ def test_fused_forward_routes_every_module_and_matches_unfused(stub, family):
         got = model(**inputs, use_cache=False).logits
         got.square().mean().backward()
         layers = model.config.num_hidden_layers
-        assert stub.calls["silu_mul"] == layers and stub.calls["rope"] == layers
+        # the activation once in the forward, once in the backward (one row block): the MLPs' saved tensors are
+        # their gate and up outputs, not the activation
+        assert stub.calls["swiglu_forward"] == 2 * layers and stub.calls["swiglu_backward"] == layers
+        assert stub.calls["silu_mul"] == 0 and stub.calls["rope"] == layers
         assert stub.calls["rms_norm"] == 2 * layers + 1 + (2 * layers if family == "qwen3" else 0)
         # outside the fused model's attention the original rotary runs (no kernel call)
         q = torch.randn(1, 2, 3, 16)
@@ -200,6 +220,85 @@ def test_rotary_swap_is_reference_counted_and_deepcopy_is_fused(stub):
     assert modeling.apply_rotary_pos_emb is not original  # the copy's handle still holds it
     vars(c)["_tfcompat_handle"].undo()
     assert modeling.apply_rotary_pos_emb is original
+
+
+def _swiglu_case(rows: int = 37, width: int = 24, hidden: int = 16):
+    """The leaves a0, b0 ``(1, rows, width)``, the down weight ``(hidden, width)`` and bias, float64, and a function
+    giving a, b as a projection's outputs (non-leaf; a fresh graph per call) and the weight and bias."""
+    gen = torch.Generator().manual_seed(0)
+    leaves = [torch.randn(*shape, generator=gen, dtype=torch.float64, requires_grad=True)
+              for shape in ((1, rows, width), (1, rows, width), (hidden, width), (hidden,))]
+    return leaves, lambda: (leaves[0] * 1.0, leaves[1] * 1.0, leaves[2], leaves[3])
+
+
+@pytest.mark.parametrize("block_rows", [None, 5, 1])
+def test_swiglu_down_is_silu_mul_then_linear(stub, monkeypatch, block_rows):
+    """Rule: the two-node down projection gives F.linear(silu(a) * b, W, bias) and its gradients for a, b, W and
+    the bias, in one row block and in several (the weight's gradient summed over them, remainder block included)."""
+    if block_rows is not None:
+        monkeypatch.setattr(SD, "BLOCK_ELEMENTS", 24 * block_rows)
+    leaves, inputs = _swiglu_case()
+    dy = torch.randn(1, 37, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    a, b, w, bias = inputs()
+    want = torch.nn.functional.linear(torch.nn.functional.silu(a) * b, w, bias)
+    want_grads = torch.autograd.grad(want, leaves, dy)
+    got = SD.swiglu_down(*inputs(), stub.namespace())
+    got_grads = torch.autograd.grad(got, leaves, dy)
+    torch.testing.assert_close(got, want)
+    for g, r in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, r)
+    assert stub.calls["swiglu_backward"] == (1 if block_rows is None else -(-37 // block_rows))
+
+
+def test_swiglu_down_holds_gate_and_up_outputs_only(stub):
+    """Rule: from the forward to the backward the down projection holds a, b and its weight, not the activation
+    (Liger's SiLUMul + linear hold it too: one more (T, I) tensor)."""
+    a, b, w, bias = _swiglu_case()[1]()
+    packed: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        SD.swiglu_down(a, b, w, bias, stub.namespace())
+    assert [t.data_ptr() for t in packed] == [a.data_ptr(), b.data_ptr(), w.data_ptr()]
+
+
+def test_swiglu_down_allows_one_backward(stub):
+    """Rule: a second backward through the same forward raises (the first overwrote a and b with their
+    gradients), instead of computing from gradients."""
+    y = SD.swiglu_down(*_swiglu_case()[1](), stub.namespace())
+    y.sum().backward(retain_graph=True)
+    with pytest.raises(tfcompat.errors.PatchedModelError, match="one backward per forward"):
+        y.sum().backward()
+
+
+def test_checkpoint_recompute_stops_before_the_activation(stub):
+    """Rule: under non-reentrant gradient checkpointing the layer's recompute stops at the MLP's saved gate and up
+    outputs: the activation runs once in the forward and once in the backward per layer (three times if the
+    recompute ran it), and the gradients are the unfused model's."""
+    model = tiny_model("qwen2").train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    inputs = _inputs(model)
+    with tfcompat.patch(model):
+        model(**inputs, use_cache=False).logits.square().mean().backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    with tfcompat.patch(model, fused=("swiglu",)):
+        model(**inputs, use_cache=False).logits.square().mean().backward()
+    layers = model.config.num_hidden_layers
+    assert stub.calls["swiglu_forward"] == 2 * layers and stub.calls["swiglu_backward"] == layers
+    for n, p in model.named_parameters():
+        if n in want:
+            torch.testing.assert_close(p.grad, want[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_a_down_projection_with_a_hook_keeps_its_call(stub):
+    """Rule: a down projection that is not a plain Linear call (a forward hook here; a LoRA or quantized layer
+    alike) is called as it is, after the SiLUMul kernel, so what it adds is not skipped."""
+    model = tiny_model("llama")
+    seen = []
+    model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    with tfcompat.patch(model, fused=("swiglu",)):
+        model(**_inputs(model), use_cache=False).logits.sum().backward()
+    layers = model.config.num_hidden_layers
+    assert len(seen) == 1 and stub.calls["silu_mul"] == 1 and stub.calls["swiglu_backward"] == layers - 1
 
 
 MOE = ["qwen3_moe", "mixtral"]

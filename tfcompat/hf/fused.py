@@ -54,6 +54,7 @@ import torch
 
 from ..errors import PatchError
 from ..registry.sources import function
+from . import swiglu_down
 from .changes import Record
 
 __all__ = ["KERNELS", "Fused", "FusedModule", "apply", "plan", "prepare"]
@@ -263,8 +264,12 @@ def _rms_norm_forward(module: torch.nn.Module, form: str, liger: types.SimpleNam
 
 def _swiglu_forward(module: torch.nn.Module, liger: types.SimpleNamespace) -> Callable[..., Any]:
     mlp: Any = module
+
     def forward(x: torch.Tensor) -> torch.Tensor:
-        return mlp.down_proj(liger.silu_mul(mlp.gate_proj(x), mlp.up_proj(x)))
+        a, b, down = mlp.gate_proj(x), mlp.up_proj(x), mlp.down_proj
+        if swiglu_down.usable(down, a, b):  # holds a and b only; its backward in row blocks
+            return swiglu_down.swiglu_down(a, b, down.weight, down.bias, liger)
+        return down(liger.silu_mul(a, b))
 
     return forward
 
@@ -505,7 +510,9 @@ def _liger() -> types.SimpleNamespace | None:
             fused_moe = importlib.import_module("liger_kernel.ops.fused_moe").LigerFusedMoEFunction.apply
         except (ImportError, AttributeError):  # liger-kernel < 0.8.5
             fused_moe = None
+        swiglu = importlib.import_module("liger_kernel.ops.swiglu")
         return types.SimpleNamespace(rms_norm=ops.LigerRMSNormFunction.apply, silu_mul=ops.LigerSiLUMulFunction.apply,
+                                     swiglu_forward=swiglu.swiglu_forward, swiglu_backward=swiglu.swiglu_backward,
                                      rope=rope.apply, fused_moe=fused_moe)
     except (ImportError, AttributeError, OSError, RuntimeError):  # not installed, or no usable triton
         return None
