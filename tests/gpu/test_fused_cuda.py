@@ -117,3 +117,40 @@ def test_fused_experts_bf16_within_bf16_noise(family):
     for n, g in got_grads.items():
         assert torch.isfinite(g).all(), n
         assert _rel(g, ref_grads[n]) <= 2 * _rel(low_grads[n], ref_grads[n]) + 1e-2, n
+
+
+@pytest.mark.parametrize("block_rows", [None, 1000])
+def test_swiglu_down_is_silu_mul_and_linear_with_liger_kernels(monkeypatch, block_rows):
+    """Rule: with Liger's real kernels the two-node down projection gives SiLUMul + linear's output and
+    gradients (fp32, rel 1e-5; the weight's gradient summed over row blocks, 4,100 rows in blocks of 1,000 here),
+    and in bf16 it holds one (T, I) tensor less from the forward to the backward."""
+    _liger()
+    from tfcompat.hf import fused as F
+    from tfcompat.hf import swiglu_down as SD
+
+    if block_rows is not None:
+        monkeypatch.setattr(SD, "BLOCK_ELEMENTS", 1536 * block_rows)
+    liger = F._liger()
+    rows, width, hidden = 4100, 1536, 512
+    for dtype in (torch.float32, torch.bfloat16):
+        gen = torch.Generator(device=DEVICE).manual_seed(0)
+        leaves = [torch.randn(*s, device=DEVICE, dtype=dtype, generator=gen).requires_grad_()
+                  for s in ((rows, width), (rows, width), (hidden, width))]
+        dy = torch.randn(rows, hidden, device=DEVICE, dtype=dtype, generator=gen)
+        outs, grads, held = [], [], []
+        for ours in (False, True):
+            a, b, w = leaves[0] * 1, leaves[1] * 1, leaves[2]
+            before = torch.cuda.memory_allocated()
+            y = (SD.swiglu_down(a, b, w, None, liger) if ours
+                 else torch.nn.functional.linear(liger.silu_mul(a, b), w))
+            del a, b
+            held.append(torch.cuda.memory_allocated() - before - y.numel() * y.element_size())
+            outs.append(y.detach().float())
+            grads.append([g.float() for g in torch.autograd.grad(y, leaves, dy)])
+            del y
+        if dtype == torch.float32:
+            torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+            for g, r in zip(grads[1], grads[0], strict=True):
+                torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+        else:
+            assert held[0] - held[1] == rows * width * 2, held  # the activation c, bf16
