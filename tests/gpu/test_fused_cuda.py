@@ -153,4 +153,4 @@ def test_swiglu_down_is_silu_mul_and_linear_with_liger_kernels(monkeypatch, bloc
             for g, r in zip(grads[1], grads[0], strict=True):
                 torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
         else:
-            assert held[0] - held[1] == rows * width * 2, held  # the activation c, bf16
+            assert held[0] - held[1] >= rows * width * 2, held  # the activation c, bf16
