@@ -289,6 +289,28 @@ def test_checkpoint_recompute_stops_before_the_activation(stub):
             torch.testing.assert_close(p.grad, want[n], rtol=1e-5, atol=1e-6, msg=n)
 
 
+@pytest.mark.parametrize("keep", [("attention", "mlp"), {"attention": 1.0, "mlp_in": 1.0}])
+@pytest.mark.parametrize("offload", [False, True])
+def test_swiglu_down_under_kept_and_offloaded_mlp(stub, keep, offload):
+    """Rule: with the MLP or its gate / up outputs kept through checkpointing (held, or offloaded and brought back)
+    the two-node down projection gives full checkpointing's gradients, and the kept MLP's recompute runs no
+    activation."""
+    model = tiny_model("qwen2").train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    inputs = _inputs(model)
+    with tfcompat.patch(model):
+        model(**inputs, use_cache=False).logits.square().mean().backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    with tfcompat.patch(model, fused=("swiglu",), checkpoint_keep=keep, checkpoint_offload=offload):
+        model(**inputs, use_cache=False).logits.square().mean().backward()
+    layers = model.config.num_hidden_layers
+    assert stub.calls["swiglu_forward"] == 2 * layers and stub.calls["swiglu_backward"] == layers
+    for n, p in model.named_parameters():
+        if n in want:
+            torch.testing.assert_close(p.grad, want[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
 def test_a_down_projection_with_a_hook_keeps_its_call(stub):
     """Rule: a down projection that is not a plain Linear call (a forward hook here; a LoRA or quantized layer
     alike) is called as it is, after the SiLUMul kernel, so what it adds is not skipped."""

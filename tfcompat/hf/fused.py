@@ -5,8 +5,11 @@
 - ``"rms_norm"``: an RMSNorm whose forward is one of the two forms Liger's ``LigerRMSNormFunction`` implements
   (its ``casting_mode``): llama's (normalize in fp32, cast back, times the weight; Llama, Qwen2/3 and their q/k
   norms, Mistral, ...) or gemma's (everything in fp32, times ``1 + weight``, cast back).
-- ``"swiglu"``: an MLP ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with a SiLU ``act_fn``, through
-  ``LigerSiLUMulFunction`` (silu(gate) * up in one kernel).
+- ``"swiglu"``: an MLP ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with a SiLU ``act_fn``, through Liger's
+  SiLUMul kernels (silu(gate) * up in one kernel). Where the down projection is a plain ``nn.Linear`` and a
+  gradient is wanted, it and the activation are two autograd nodes that hold gate / up's outputs only, not the
+  activation, and whose backward runs in row blocks (`tfcompat.hf.swiglu_down`): less memory from the forward to
+  the backward and at the backward's peak, and a checkpointed layer's recompute stops before the activation.
 - ``"rope"``: the modeling module's ``apply_rotary_pos_emb`` in the llama form (``q * cos + rotate_half(q) *
   sin``, cos/sin unsqueezed at dim 1), through ``LigerRopeFunction``, for the attention modules of this model.
 - ``"experts"``: a transformers 5.x MoE experts module (``@use_experts_implementation``: ``gate_up_proj`` ``(E, 2I,
