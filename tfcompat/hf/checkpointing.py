@@ -12,6 +12,9 @@ outputs of the named modules of each checkpointed layer out of that recompute:
   what ``"mlp"`` keeps (the projections' outputs and input, not the activation's output); the recompute still
   runs the activation, and stops before the down projection's matmul (its input is the last tensor the layer
   saves, and non-reentrant checkpointing stops the recompute there), so little of the MLP is left to recompute.
+  Under ``fused`` SwiGLU (`tfcompat.hf.swiglu_down`) the MLP itself holds the projections' outputs and not the
+  activation: ``"mlp"`` then keeps what ``"mlp_in"`` keeps and the MLP's output, and the recompute stops before
+  the activation.
 
 Per layer: a mapping ``{kind: layers}`` keeps a kind in some checkpointed layers only, ``layers`` a count
 (``int``, the last that many of the layers holding that kind's module), a fraction (``float`` in [0, 1], of
