@@ -122,7 +122,7 @@ def test_fused_experts_bf16_within_bf16_noise(family):
 @pytest.mark.parametrize("block_rows", [None, 1000])
 def test_swiglu_down_is_silu_mul_and_linear_with_liger_kernels(monkeypatch, block_rows):
     """Rule: with Liger's real kernels the two-node down projection gives SiLUMul + linear's output and
-    gradients (fp32, rel 1e-5; the weight's gradient summed over row blocks, 4,100 rows in blocks of 1,000 here),
+    gradients (fp32, within 1e-5 of each tensor's scale; 4,100 rows in one block and in blocks of 1,000),
     and in bf16 it holds one (T, I) tensor less from the forward to the backward."""
     _liger()
     from tfcompat.hf import fused as F
@@ -151,6 +151,7 @@ def test_swiglu_down_is_silu_mul_and_linear_with_liger_kernels(monkeypatch, bloc
         if dtype == torch.float32:
             torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
             for g, r in zip(grads[1], grads[0], strict=True):
-                torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+                # the blocks' matmuls may take other cuBLAS kernels: float32 summation order, as the model test
+                assert float((g - r).abs().max()) <= 1e-5 * max(1.0, float(r.abs().max()))
         else:
             assert held[0] - held[1] >= rows * width * 2, held  # the activation c, bf16
