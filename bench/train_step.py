@@ -62,6 +62,10 @@ kernel of its forward and backward) and elementwise / other, with each variant's
     python bench/train_step.py --moe --out train_step_moe.json          # Qwen3-30B-A3B-shaped MoE, 4 layers
     python bench/train_step.py --smoke                                  # CPU, tiny Qwen2, fp32
 
+``--memory [VARIANTS]`` adds one more step per variant, or per listed variant, and prints the caching allocator's
+peak per phase (each decoder layer's forward, the head, each layer's backward with its recompute and the copies it
+fetches, the embedding's backward) and what is allocated at each phase's end: where the step's peak is.
+
 ``--moe``: the text stack of a Qwen3-VL-30B-A3B-shaped ``Qwen3VLMoeForConditionalGeneration`` (Qwen3-30B-A3B's
 text dims: hidden 2048, 32 query / 4 KV heads of 128 with q/k norms, 128 experts of 768, top 8, vocab 151936,
 untied head; mrope; a one-block vision tower that the text-only batch never runs), ``--layers`` (default 4),
