@@ -311,6 +311,28 @@ def test_swiglu_down_under_kept_and_offloaded_mlp(stub, keep, offload):
             torch.testing.assert_close(p.grad, want[n], rtol=1e-5, atol=1e-6, msg=n)
 
 
+def test_swiglu_down_only_where_it_computes_the_module_call():
+    """Rule: the two-node path is taken for a plain Linear with a gradient wanted, and not without a gradient, under
+    autocast, with a hook, a subclass (a LoRA-like wrapper) or weights of another dtype."""
+    down = torch.nn.Linear(8, 4, bias=False)
+    a, b = torch.randn(3, 8, requires_grad=True), torch.randn(3, 8, requires_grad=True)
+    assert SD.usable(down, a, b)
+    with torch.no_grad():
+        assert not SD.usable(down, a, b)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not SD.usable(down, a, b)
+    assert not SD.usable(down, a.double(), b.double())
+
+    class Wrapped(torch.nn.Linear):
+        pass
+
+    assert not SD.usable(Wrapped(8, 4), a, b)
+    handle = down.register_forward_pre_hook(lambda m, i: None)
+    assert not SD.usable(down, a, b)
+    handle.remove()
+    assert SD.usable(down, a, b)
+
+
 def test_a_down_projection_with_a_hook_keeps_its_call(stub):
     """Rule: a down projection that is not a plain Linear call (a forward hook here; a LoRA or quantized layer
     alike) is called as it is, after the SiLUMul kernel, so what it adds is not skipped."""

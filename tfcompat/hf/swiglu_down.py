@@ -110,9 +110,10 @@ class _Down(torch.autograd.Function):
 
 def usable(down: torch.nn.Module, a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether `swiglu_down` computes what ``down(silu(a) * b)`` would: a plain ``nn.Linear`` without hooks or an
-    instance forward (a LoRA or a quantized layer is not), plain weights of a and b's dtype, no autocast, and a
-    gradient to compute (else the caller's path holds nothing anyway)."""
-    if type(down) is not torch.nn.Linear or "forward" in vars(down):
+    instance forward (a LoRA or a quantized layer is not), plain weights of a and b's dtype, no autocast, not under
+    torch.compile (`_Down` reads `_Saved`'s node, which a traced graph has not), and a gradient to compute (else the
+    caller's path holds nothing anyway)."""
+    if type(down) is not torch.nn.Linear or "forward" in vars(down) or torch.compiler.is_compiling():
         return False
     hooks = (down._forward_hooks, down._forward_pre_hooks, _module._global_forward_hooks,
              _module._global_forward_pre_hooks)
