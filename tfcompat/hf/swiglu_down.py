@@ -31,7 +31,6 @@ import torch.nn.functional as F
 from torch.nn.modules import module as _module
 
 from ..errors import PatchedModelError
-from ..heads._tiles import _accumulate_mm, _spans
 
 __all__ = ["BLOCK_ELEMENTS", "swiglu_down"]
 
@@ -88,7 +87,8 @@ class _Down(torch.autograd.Function):
         need_a, need_b, need_w, need_bias = ctx.needs_input_grad[1:5]
         width = a.shape[-1]
         a2, b2, dy2 = a.view(-1, width), b.view(-1, width), dy.reshape(-1, weight.shape[0])  # (T, I), (T, H)
-        blocks = _spans(a2.shape[0], max(1, BLOCK_ELEMENTS // width))
+        step = max(1, BLOCK_ELEMENTS // width)
+        blocks = [slice(r, r + step) for r in range(0, a2.shape[0], step)]
         grad_w = None
         if need_w:
             grad_w = (torch.empty_like(weight) if len(blocks) == 1
@@ -99,13 +99,22 @@ class _Down(torch.autograd.Function):
                 if len(blocks) == 1:
                     torch.mm(dy2[rows].T, c, out=grad_w)
                 else:
-                    _accumulate_mm(grad_w, dy2[rows].T, c)
+                    _add_product(grad_w, dy2[rows].T, c)
                 del c
             if need_a or need_b:
                 ctx.kernels.swiglu_backward(a2[rows], b2[rows], dy2[rows] @ weight)  # a, b <- da, db
         grad_bias = dy2.sum(0) if need_bias else None
         return (None, a if need_a else None, b if need_b else None,
                 None if grad_w is None else grad_w.to(weight.dtype), grad_bias, None)
+
+
+def _add_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``acc += a @ b`` with ``acc`` wider than a and b: on CUDA cuBLAS adds the float32 product into ``acc``
+    (``out_dtype``), elsewhere a and b are widened first."""
+    if acc.is_cuda and acc.dtype != a.dtype:
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
 
 
 def usable(down: torch.nn.Module, a: torch.Tensor, b: torch.Tensor) -> bool:
