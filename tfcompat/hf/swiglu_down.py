@@ -17,9 +17,10 @@ layer saved, here `_Saved`'s, so it runs neither the activation nor the down mat
 only after its forward has run, so its recompute would run the down matmul too. The activation is computed once
 in the forward and once in the backward, as with SiLUMul under checkpointing (once more without it).
 
-The gradients of ``a`` and ``b`` are Liger's SiLUMul's, bit for bit; the weight's gradient is the same product
-summed over row blocks in float32 (one block: the same matmul). One backward per forward: the first overwrites
-``a`` and ``b``, and a second raises.
+In one block every gradient is what Liger's SiLUMul + linear compute, with the same kernels on the same shapes. In
+several, each block's ``dy @ W`` may take another cuBLAS kernel than the whole one (another summation order) and
+the weight's gradient is summed over the blocks in float32, rounded once. One backward per forward: the first
+overwrites ``a`` and ``b``, and a second raises.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from torch.nn.modules import module as _module
 
 from ..errors import PatchedModelError
 
-__all__ = ["BLOCK_ELEMENTS", "swiglu_down"]
+__all__ = ["BLOCK_ELEMENTS", "swiglu_down", "usable"]
 
 BLOCK_ELEMENTS = 2**29
 """Elements of ``c`` per backward block (1 GiB in bf16, as its gradient): the backward's transient memory, against
