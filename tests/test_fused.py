@@ -269,10 +269,10 @@ def test_swiglu_down_allows_one_backward(stub):
         y.sum().backward()
 
 
-def test_checkpoint_recompute_stops_before_the_activation(stub):
-    """Rule: under non-reentrant gradient checkpointing the layer's recompute stops at the MLP's saved gate and up
-    outputs: the activation runs once in the forward and once in the backward per layer (three times if the
-    recompute ran it), and the gradients are the unfused model's."""
+def _checkpointed_against_unfused(stub, **patch_kwargs) -> None:
+    """A checkpointed qwen2 (non-reentrant) patched with fused SwiGLU and ``patch_kwargs``: the activation ran
+    twice per layer (the forward and the backward's block, not in the recompute) and the gradients are the
+    unfused patch's with full recompute."""
     model = tiny_model("qwen2").train()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     inputs = _inputs(model)
@@ -280,13 +280,20 @@ def test_checkpoint_recompute_stops_before_the_activation(stub):
         model(**inputs, use_cache=False).logits.square().mean().backward()
     want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
-    with tfcompat.patch(model, fused=("swiglu",)):
+    with tfcompat.patch(model, fused=("swiglu",), **patch_kwargs):
         model(**inputs, use_cache=False).logits.square().mean().backward()
     layers = model.config.num_hidden_layers
     assert stub.calls["swiglu_forward"] == 2 * layers and stub.calls["swiglu_backward"] == layers
     for n, p in model.named_parameters():
         if n in want:
             torch.testing.assert_close(p.grad, want[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_checkpoint_recompute_stops_before_the_activation(stub):
+    """Rule: under non-reentrant gradient checkpointing the layer's recompute stops at the MLP's saved gate and up
+    outputs: the activation runs once in the forward and once in the backward per layer (three times if the
+    recompute ran it), and the gradients are the unfused model's."""
+    _checkpointed_against_unfused(stub)
 
 
 @pytest.mark.parametrize("keep", [("attention", "mlp"), {"attention": 1.0, "mlp_in": 1.0}])
@@ -295,20 +302,7 @@ def test_swiglu_down_under_kept_and_offloaded_mlp(stub, keep, offload):
     """Rule: with the MLP or its gate / up outputs kept through checkpointing (held, or offloaded and brought back)
     the two-node down projection gives full checkpointing's gradients, and the kept MLP's recompute runs no
     activation."""
-    model = tiny_model("qwen2").train()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    inputs = _inputs(model)
-    with tfcompat.patch(model):
-        model(**inputs, use_cache=False).logits.square().mean().backward()
-    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
-    with tfcompat.patch(model, fused=("swiglu",), checkpoint_keep=keep, checkpoint_offload=offload):
-        model(**inputs, use_cache=False).logits.square().mean().backward()
-    layers = model.config.num_hidden_layers
-    assert stub.calls["swiglu_forward"] == 2 * layers and stub.calls["swiglu_backward"] == layers
-    for n, p in model.named_parameters():
-        if n in want:
-            torch.testing.assert_close(p.grad, want[n], rtol=1e-5, atol=1e-6, msg=n)
+    _checkpointed_against_unfused(stub, checkpoint_keep=keep, checkpoint_offload=offload)
 
 
 def test_swiglu_down_only_where_it_computes_the_module_call():
