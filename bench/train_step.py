@@ -35,7 +35,9 @@ A suffix sets a variant's gradient checkpointing: ``@none`` turns it off for the
 ``kind:A..B[..S]``: the layers ``range(A, B, S)``, ``kind:A..B..S/C..D``: the union of ranges), e.g.
 ``@attention+mlp_in:8`` (``checkpoint_keep={"attention": 1.0, "mlp_in": 8}``);
 ``offload`` among them moves what those modules keep to host memory (``patch(checkpoint_offload=True)``;
-``offload:N`` the first N layers keeping a module, ``offload:0.5`` a fraction), e.g. ``@attention+mlp_in+offload:20``;
+``offload:N`` the first N layers keeping a module, ``offload:0.5`` a fraction), e.g. ``@attention+mlp_in+offload:20``,
+and ``fetch:attention`` fetches the next layers' copies after each layer's MLP backward
+(``patch(checkpoint_fetch="attention")``);
 ``logits`` among them (``@logits``, ``@attention+logits``, ``@none+logits``) keeps the head's logits for its
 backward (tfcompat's head, ``keep_logits=True``: one lm-head matmul less, ``2 * T * V`` bytes more); ``loss``
 (``@loss``, ``@attention+offload+loss``) runs the step's loss inside the head (`tfcompat.heads.fused_loss`: its
@@ -327,15 +329,19 @@ class _Changes:
         self.undo.append(lambda: setattr(target, attr, old) if had else delattr(target, attr))
 
 
-def keep_policy(mode: str) -> tuple[dict[str, int | float | range | set[int]], bool | int | float]:
-    """``checkpoint_keep`` and ``checkpoint_offload`` of a suffix: "attention+mlp_in:8+offload:4" ->
-    ({"attention": 1.0, "mlp_in": 8}, 4) ("kind:0.5": a fraction of the layers; "kind:1..17..2": range(1, 17, 2);
-    "kind:1..17..2/24..28": the union of those ranges;
-    "offload" alone: True)."""
+def keep_policy(mode: str) -> dict[str, Any]:
+    """`tfcompat.patch`'s ``checkpoint_keep``, ``checkpoint_offload`` and ``checkpoint_fetch`` of a suffix:
+    "attention+mlp_in:8+offload:4" -> {"checkpoint_keep": {"attention": 1.0, "mlp_in": 8}, "checkpoint_offload": 4,
+    "checkpoint_fetch": "recompute"} ("kind:0.5": a fraction of the layers; "kind:1..17..2": range(1, 17, 2);
+    "kind:1..17..2/24..28": the union of those ranges; "offload" alone: True; "fetch:attention": checkpoint_fetch)."""
     policy: dict[str, int | float | range | set[int]] = {}
     offload: bool | int | float = False
+    fetch = "recompute"
     for token in mode.split("+") if mode else []:
         kind, _, n = token.partition(":")
+        if kind == "fetch":
+            fetch = n
+            continue
         layers: int | float | range | set[int] = (
             {i for part in n.split("/") for i in range(*map(int, part.split("..")))} if "/" in n
             else range(*map(int, n.split(".."))) if ".." in n else float(n) if "." in n else int(n) if n else 1.0)
@@ -343,38 +349,41 @@ def keep_policy(mode: str) -> tuple[dict[str, int | float | range | set[int]], b
             offload = layers if n else True
         else:
             policy[kind] = layers
-    return policy, offload
+    return {"checkpoint_keep": policy, "checkpoint_offload": offload, "checkpoint_fetch": fetch}
+
+
+NO_KEEP = {"checkpoint_keep": {}, "checkpoint_offload": False, "checkpoint_fetch": "recompute"}
 
 
 @contextlib.contextmanager
-def checkpointing(model: torch.nn.Module, mode: str, stock: bool
-                  ) -> Iterator[tuple[dict[str, int | float | range], bool | int | float]]:
+def checkpointing(model: torch.nn.Module, mode: str, stock: bool) -> Iterator[dict[str, Any]]:
     """A variant's checkpointing (the part of its name after ``@``): "" = full (as built), "none" = off for the
     variant, else kinds kept out of the recompute joined by ``+`` ("attention+mlp", "attention+mlp_in:8", with
-    "offload[:N]"); yields ``checkpoint_keep`` and ``checkpoint_offload`` for `tfcompat.patch`, or applies them
-    itself to a stock variant."""
+    "offload[:N]" and "fetch:attention"); yields `keep_policy`'s arguments for `tfcompat.patch`, or applies them
+    itself to a stock variant (and yields `NO_KEEP`)."""
     if mode == "none":
         model.gradient_checkpointing_disable()
         try:
-            yield {}, False
+            yield NO_KEEP
         finally:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return
-    policy, offload = keep_policy(mode)
-    if not stock or not policy:
-        yield policy, offload
+    kw = keep_policy(mode)
+    if not stock or not kw["checkpoint_keep"]:
+        yield kw
         return
     from tfcompat.errors import PatchError
     from tfcompat.hf import checkpointing as ckpt
 
     layer = stack_of(model).layers[0]
     attention_cls = type(next(c for c in layer.children() if type(c).__name__.endswith("Attention")))
-    keep_plan = ckpt.plan(model, ckpt.policy_of(policy), attention_cls, lambda cls, what, **kw: PatchError(what, **kw),
-                          ckpt.offload_of(offload))
+    keep_plan = ckpt.plan(model, ckpt.policy_of(kw["checkpoint_keep"]), attention_cls,
+                          lambda cls, what, **k: PatchError(what, **k), ckpt.offload_of(kw["checkpoint_offload"]),
+                          ckpt.fetch_of(kw["checkpoint_fetch"]))
     changes = _Changes()
     ckpt.apply(changes, keep_plan)
     try:
-        yield {}, False
+        yield NO_KEEP
     finally:
         for fn in reversed(changes.undo):
             fn()
@@ -387,11 +396,11 @@ def variant(model: torch.nn.Module, name: str, stock_attention: str, fused: Any)
     base, _, mode = name.partition("@")
     mode = "+".join(k for k in mode.split("+") if k not in HEAD_MODES)  # the head's, not the checkpointing's
     tf = base.startswith(("tfcompat", "liger_tfcompat"))
-    with checkpointing(model, mode, stock=not tf) as (keep, offload):
+    with checkpointing(model, mode, stock=not tf) as keep:
         if tf:
             backend = base[base.index("[") + 1:-1]
             with tfcompat.patch(model, backend=backend, fused=fused if base.startswith("tfcompat_fused") else False,
-                                checkpoint_keep=keep, checkpoint_offload=offload):
+                                **keep):
                 yield
             return
         set_attn(model, "flex_attention" if base in ("flex_packed", "liger_flex", "liger_flex_tfhead")
@@ -693,10 +702,11 @@ def main() -> None:
     for full in names:
         n, at, mode = full.partition("@")  # @none: no checkpointing; @attention+mlp: kept out of the recompute
         suffix = at + mode
-        kinds = {k.partition(":")[0] for k in mode.split("+")} - {*HEAD_MODES, "offload"} if mode else set()
+        kinds = {k.partition(":")[0] for k in mode.split("+")} - {*HEAD_MODES, "offload", "fetch"} if mode else set()
         if kinds and kinds != {"none"} and not kinds <= {"attention", "mlp", "mlp_in"}:
             raise SystemExit(f"unknown checkpointing {mode!r} in {full!r}: none, attention, mlp, mlp_in, "
-                             "attention+mlp, kind:N (the last N layers), each with +logits or +loss, +offload[:N]")
+                             "attention+mlp, kind:N (the last N layers), each with +logits or +loss, +offload[:N], "
+                             "+fetch:attention")
         if n == "liger_flex" and set(mode.split("+")) & set(HEAD_MODES):
             raise SystemExit(f"{full!r}: +logits and +loss are tfcompat's head's (Liger's keeps no logits and is "
                              "a fused loss already)")

@@ -186,11 +186,11 @@ def main() -> None:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         try:
-            with checkpointing(model, mode, stock=not tf) as (keep, offload):
+            with checkpointing(model, mode, stock=not tf) as keep:
                 if tf:
                     backend = base[base.index("[") + 1:-1] if "[" in base else "auto"
-                    with tfcompat.patch(model, backend=backend, fused=base.startswith("tfcompat_fused"),
-                                        checkpoint_keep=keep, checkpoint_offload=offload, vision_attention=vision):
+                    with tfcompat.patch(model, backend=backend, fused=base.startswith("tfcompat_fused"), **keep,
+                                        vision_attention=vision):
                         packed = tfcompat.pack(model, batch.examples).model_inputs
                         step = make_step(model, batch, packed, args.head, keep_logits, fused)
                         loss = float(step())

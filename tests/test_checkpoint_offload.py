@@ -41,31 +41,35 @@ class _Saves:
         monkeypatch.setattr(offload.Stash, "_save", counted)
 
 
-def _grads(family: str, keep, to_host, weight_seed: int = 5) -> tuple[float, dict[str, torch.Tensor]]:
+def _grads(family: str, keep, to_host, weight_seed: int = 5, fetch: str = "recompute"
+           ) -> tuple[float, dict[str, torch.Tensor]]:
     model = _model(family)
     inputs = pack(model, sample_sequences(model, LENGTHS, [None] * 3, seed=4))
     weight = torch.randn(sum(LENGTHS), model.config.vocab_size, generator=torch.Generator().manual_seed(weight_seed))
-    with tfcompat.patch(model, checkpoint_keep=keep, checkpoint_offload=to_host):
+    with tfcompat.patch(model, checkpoint_keep=keep, checkpoint_offload=to_host, checkpoint_fetch=fetch):
         loss = (model(**inputs, use_cache=False).logits[0].float() * weight).sum()
         loss.backward()
     return float(loss.detach()), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize(("family", "keep", "to_host", "offloading"), [
-    ("qwen2", ("attention", "mlp"), True, 3), ("llama", {"attention": 2, "mlp_in": 1.0}, True, 3),
-    ("qwen2", ("attention", "mlp_in"), 2, 2), ("qwen3", "attention", 0.34, 1),
-    ("qwen3_moe", ("attention", "mlp"), 1, 1), ("phi3", "mlp_in", True, 3)])
-def test_offloaded_gradients_equal_the_kept_path_bit_for_bit(family, keep, to_host, offloading, monkeypatch):
+@pytest.mark.parametrize(("family", "keep", "to_host", "offloading", "fetch"), [
+    ("qwen2", ("attention", "mlp"), True, 3, "recompute"),
+    ("llama", {"attention": 2, "mlp_in": 1.0}, True, 3, "attention"),
+    ("qwen2", ("attention", "mlp_in"), 2, 2, "recompute"), ("qwen3", "attention", 0.34, 1, "attention"),
+    ("qwen3_moe", ("attention", "mlp"), 1, 1, "recompute"), ("phi3", "mlp_in", True, 3, "recompute"),
+    ("qwen2", ("attention", "mlp_in"), True, 3, "attention")])
+def test_offloaded_gradients_equal_the_kept_path_bit_for_bit(family, keep, to_host, offloading, fetch, monkeypatch):
     """Rule: offloading what the kept modules save (every storage here: MIN_BYTES = 0) changes no bit of the loss
     or of any gradient against the same patch without offload, for dense and MoE blocks (tuple outputs), a fused
-    gate/up projection (phi3) and per-layer policies; a count or fraction offloads that many of the first layers
-    keeping a module (counted: stashes that copied something)."""
+    gate/up projection (phi3) and per-layer policies, with the next layers fetched at the recompute or at the kept
+    attention's gradient (llama there: a layer keeping only its MLP fetches at its recompute); a count or fraction
+    offloads that many of the first layers keeping a module (counted: stashes that copied something)."""
     if family not in causal_lm_types():
         pytest.skip(f"transformers {installed_transformers()} ships no {family}")
     monkeypatch.setattr(offload, "MIN_BYTES", 0)
     loss, kept = _grads(family, keep, False)
     saves = _Saves(monkeypatch)
-    loss_off, off = _grads(family, keep, to_host)
+    loss_off, off = _grads(family, keep, to_host, fetch=fetch)
     assert len(saves.per_stash) == offloading, saves.per_stash
     assert loss_off == loss
     assert off.keys() == kept.keys()
@@ -133,12 +137,58 @@ def test_the_next_layers_come_back_ahead_within_the_largest_layer():
     def back() -> list[bool]:
         return [not s._copies for s in stashes]  # fetched (or nothing to fetch)
 
-    stashes[6].fetch()  # ahead, in elements: layer 5 (1), 4 (+2), 3 passed over, 2 (+1 = 4 <= 4); 1 would make 5
+    stashes[6].fetch()  # its own only (layer 3 has none)
+    assert back() == [False, False, False, True, False, False, True]
+    stashes[6].fetch_ahead()  # in elements: layer 5 (1), 4 (+2), 3 passed over, 2 (+1 = 4 <= 4); 1 would make 5
     assert back() == [False, False, True, True, True, True, True]
-    stashes[2].fetch()  # layer 1 (1); layer 0 would make 5
+    stashes[2].fetch_ahead()  # layer 1 (1); layer 0 would make 5
     assert back() == [False, True, True, True, True, True, True]
-    stashes[1].fetch()  # the next that offloads comes ahead whatever its size
+    stashes[1].fetch_ahead()  # the next that offloads comes ahead whatever its size
     assert back() == [True] * 7
+
+
+@pytest.mark.parametrize("fetch", ["recompute", "attention"])
+def test_where_the_next_layers_copies_start_back(fetch, monkeypatch):
+    """Rule: each layer's backward fetches the next layers' copies ahead once; with ``checkpoint_fetch="recompute"``
+    before its MLP's backward (at its recompute), with ``"attention"`` after it and before its attention's backward
+    (observed by gradient hooks on each module's input, registered in the forward, and on the fetches)."""
+    monkeypatch.setattr(offload, "MIN_BYTES", 0)
+    model = _model("qwen2")
+    inputs = pack(model, sample_sequences(model, LENGTHS, [None] * 3, seed=4))
+    log: list[tuple[str, int]] = []
+    ahead = offload.Stash.fetch_ahead
+    stashes: list[offload.Stash] = []
+
+    def logged(stash):
+        log.append(("ahead", stashes.index(stash)))
+        ahead(stash)
+
+    def stashed(offloader, offloads, stash=offload.Offloader.stash):
+        stashes.append(stash(offloader, offloads))
+        return stashes[-1]
+
+    def on_input_grad(kind, i):
+        def hook(module, args, kwargs):
+            if i not in seen[kind]:  # the forward's call, not the recompute's (whose graph is never run)
+                seen[kind].add(i)
+                (args[0] if args else kwargs["hidden_states"]).register_hook(lambda g: log.append((kind, i)))
+        return hook
+
+    seen: dict[str, set[int]] = {"mlp": set(), "attention": set()}
+    monkeypatch.setattr(offload.Stash, "fetch_ahead", logged)
+    monkeypatch.setattr(offload.Offloader, "stash", stashed)
+    layers = model.model.layers
+    for i, layer in enumerate(layers):
+        layer.mlp.register_forward_pre_hook(on_input_grad("mlp", i), with_kwargs=True)
+        layer.self_attn.register_forward_pre_hook(on_input_grad("attention", i), with_kwargs=True)
+    with tfcompat.patch(model, checkpoint_keep="attention", checkpoint_offload=True, checkpoint_fetch=fetch):
+        model(**inputs, use_cache=False).logits.sum().backward()
+    n = len(layers)
+    if fetch == "recompute":
+        expected = [e for i in reversed(range(n)) for e in (("ahead", i), ("mlp", i), ("attention", i))]
+    else:
+        expected = [e for i in reversed(range(n)) for e in (("mlp", i), ("ahead", i), ("attention", i))]
+    assert log == expected
 
 
 def test_options_and_the_layers_offloaded():
@@ -165,4 +215,19 @@ def test_bad_offloads_are_refused_at_patch_time(keep, to_host, match):
     model = _model("qwen2")
     with pytest.raises(tfcompat.PatchError, match=match):
         tfcompat.patch(model, checkpoint_keep=keep, checkpoint_offload=to_host)
+    assert not tfcompat.is_patched(model)
+
+
+@pytest.mark.parametrize(("keep", "to_host", "fetch", "match"), [
+    ("attention", True, "late", "checkpoint_fetch='late'"),
+    ("attention", False, "attention", "checkpoint_fetch='attention' without checkpoint_offload"),
+    ((), False, "attention", "checkpoint_fetch='attention' without checkpoint_offload"),
+    ("mlp_in", True, "attention", "no layer keeps its attention"),
+])
+def test_bad_fetches_are_refused_at_patch_time(keep, to_host, fetch, match):
+    """Rule: checkpoint_fetch is "recompute" or "attention"; "attention" needs something offloaded and a layer
+    keeping its attention (else it would place nothing): a PatchError at patch(), nothing changed."""
+    model = _model("qwen2")
+    with pytest.raises(tfcompat.PatchError, match=match):
+        tfcompat.patch(model, checkpoint_keep=keep, checkpoint_offload=to_host, checkpoint_fetch=fetch)
     assert not tfcompat.is_patched(model)

@@ -31,11 +31,11 @@ def setup():
     return model, {k: v.to("cuda") for k, v in pack(model, seqs).items()}
 
 
-def _step(model, inputs, keep, to_host, syncs: list | None = None):
+def _step(model, inputs, keep, to_host, syncs: list | None = None, fetch: str = "recompute"):
     model.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    with tfcompat.patch(model, checkpoint_keep=keep, checkpoint_offload=to_host):
+    with tfcompat.patch(model, checkpoint_keep=keep, checkpoint_offload=to_host, checkpoint_fetch=fetch):
         if syncs is not None:
             torch.cuda.set_sync_debug_mode("warn")
         try:
@@ -52,14 +52,16 @@ def _step(model, inputs, keep, to_host, syncs: list | None = None):
     return float(loss.detach()), grads, torch.cuda.max_memory_allocated()
 
 
+@pytest.mark.parametrize("fetch", ["recompute", "attention"])
 @pytest.mark.parametrize("keep", [KEEP, {"attention": 1.0, "mlp_in": range(0, 8, 2)}])
-def test_every_offloaded_tensor_comes_back_bit_for_bit(setup, monkeypatch, keep):
+def test_every_offloaded_tensor_comes_back_bit_for_bit(setup, monkeypatch, keep, fetch):
     """Rule: under the real side streams and overlap, each saved tensor and kept output that went to host memory
     comes back equal bit for bit to its value when it was saved (a clone taken then, on the compute stream), so the
     backward runs on the kept path's tensors; counted, so the test cannot pass with nothing offloaded. Heavy and
-    light layers in turn (the second policy) fetch several layers ahead."""
+    light layers in turn (the second policy) fetch several layers ahead; the next layers fetched at the recompute
+    or after the MLP's backward."""
     model, inputs = setup
-    _step(model, inputs, keep, True)  # warm: the pinned host blocks cached
+    _step(model, inputs, keep, True, fetch=fetch)  # warm: the pinned host blocks cached
     saved: dict[int, torch.Tensor] = {}
     checked = []
     pack, unpack = offload.Stash.pack, offload._Packed.unpack
@@ -77,7 +79,7 @@ def test_every_offloaded_tensor_comes_back_bit_for_bit(setup, monkeypatch, keep)
 
     monkeypatch.setattr(offload.Stash, "pack", recorded)
     monkeypatch.setattr(offload._Packed, "unpack", compared)
-    _step(model, inputs, keep, True)
+    _step(model, inputs, keep, True, fetch=fetch)
     assert len(checked) >= 4 * DIMS["num_hidden_layers"] and all(checked), (len(checked), checked.count(False))
 
 
@@ -104,12 +106,39 @@ def test_offload_gives_the_kept_gradients_at_less_memory(setup):
     assert peak_off <= peak_full + 0.6 * (peak_kept - peak_full), (peak_full, peak_kept, peak_off)
 
 
-def test_offload_adds_no_host_sync(setup):
+def test_fetching_after_the_mlp_backward_lowers_the_peak(setup, monkeypatch):
+    """Rule: with ``checkpoint_fetch="attention"`` the next layer's copies are not held through a layer's MLP
+    backward (here the step's peak: the recomputed gate / up outputs), so the peak is lower than with
+    ``"recompute"`` by at least half of one layer's kept attention tensors; the loss is the same."""
+    model, inputs = setup
+    keep = {"attention": 1.0}
+    for fetch in ("recompute", "attention"):
+        _step(model, inputs, keep, True, fetch=fetch)  # warm
+    loss, _, peak = _step(model, inputs, keep, True)
+    loss_late, _, peak_late = _step(model, inputs, keep, True, fetch="attention")
+    stash_bytes: list[int] = []
+    save = offload.Stash._save
+
+    def counted(stash, src):
+        stash_bytes.append(src.numel())
+        return save(stash, src)
+
+    monkeypatch.setattr(offload.Stash, "_save", counted)
+    _step(model, inputs, keep, True)
+    per_layer = sum(stash_bytes) / DIMS["num_hidden_layers"]
+    print(f"peak GiB: fetch at the recompute {peak / 2**30:.4f}, after the MLP backward {peak_late / 2**30:.4f}; "
+          f"one layer's copies {per_layer / 2**30:.4f}")
+    assert loss_late == loss
+    assert peak_late <= peak - 0.5 * per_layer, (peak, peak_late, per_layer)
+
+
+@pytest.mark.parametrize("fetch", ["recompute", "attention"])
+def test_offload_adds_no_host_sync(setup, fetch):
     """Rule: the copies wait on events, not the host: a step with offload warns of no more synchronizing calls
     than the same step without (torch.cuda.set_sync_debug_mode("warn"), as bench/host_syncs.py counts)."""
     model, inputs = setup
-    _step(model, inputs, KEEP, True)  # warm
+    _step(model, inputs, KEEP, True, fetch=fetch)  # warm
     syncs: list[int] = []
     _step(model, inputs, KEEP, False, syncs)
-    _step(model, inputs, KEEP, True, syncs)
+    _step(model, inputs, KEEP, True, syncs, fetch=fetch)
     assert syncs[1] <= syncs[0], syncs

@@ -83,7 +83,7 @@ import functools
 import math
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, Literal, NamedTuple, cast, get_args
 
 import torch
 from torch.utils._pytree import tree_leaves, tree_map, tree_map_only
@@ -92,8 +92,8 @@ from ..errors import PatchedModelError, PatchError
 from . import kept_inputs
 from . import offload as hf_offload
 
-__all__ = ["KEEP", "CheckpointKeep", "KeepPlan", "Kept", "Offload", "Policy", "apply", "offload_of", "plan",
-           "policy_of"]
+__all__ = ["KEEP", "CheckpointKeep", "Fetch", "KeepPlan", "Kept", "Offload", "Policy", "apply", "fetch_of",
+           "offload_of", "plan", "policy_of"]
 
 KEEP: tuple[str, ...] = ("attention", "mlp", "mlp_in")
 Layers = int | float | range | tuple[int, ...]
@@ -105,6 +105,9 @@ CheckpointKeep = str | Collection[str] | Mapping[str, Layers | Collection[int]] 
 Offload = bool | int | float
 """``checkpoint_offload``: False, True (every layer keeping a module), a count or a fraction of those layers (the
 first)."""
+Fetch = Literal["recompute", "attention"]
+"""``checkpoint_fetch``: where in a layer's backward the offloaded copies of the layers next in the backward start
+back: when its recompute starts, or when the gradient reaches its kept attention's output (its MLP's backward done)."""
 _MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe")
 _MLP_IN_NAMES = ("gate_proj", "up_proj", "gate_up_proj")
 _FIX = "pass e.g. checkpoint_keep='attention', ('attention', 'mlp') or {'attention': 1.0, 'mlp': 8, 'mlp_in': 1.0}"
@@ -117,6 +120,7 @@ class KeepPlan(NamedTuple):
     kept: list[Kept]
     holders: list[torch.nn.Module]
     offloaded: list[torch.nn.Module]
+    fetch: Fetch = "recompute"
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,16 @@ def offload_of(offload: Offload) -> Offload:
     return offload
 
 
+def fetch_of(fetch: Fetch) -> Fetch:
+    """``checkpoint_fetch`` checked: one of `Fetch`'s values (`PatchError` otherwise)."""
+    if fetch not in get_args(Fetch):
+        raise PatchError(f"checkpoint_fetch={fetch!r}",
+                         why="it says where a layer's backward starts bringing back the next layers' offloaded copies",
+                         supported=", ".join(map(repr, get_args(Fetch))),
+                         fix="pass checkpoint_fetch='attention' for long sequences, else leave it out")
+    return fetch
+
+
 def _last(layers: list[torch.nn.Module], n: int | float) -> list[torch.nn.Module]:
     """The last ``n`` of ``layers`` (a count), or that fraction of them rounded to the nearest count."""
     count = math.floor(n * len(layers) + 0.5) if isinstance(n, float) else n
@@ -186,16 +200,21 @@ def _last(layers: list[torch.nn.Module], n: int | float) -> list[torch.nn.Module
 
 
 def plan(model: torch.nn.Module, keep: Policy, attention_cls: type, error: Callable[..., PatchError],
-         offload: Offload = False) -> KeepPlan:
+         offload: Offload = False, fetch: Fetch = "recompute") -> KeepPlan:
     """The kept modules, the modules whose checkpoint function gets the context and the offloaded layers, before
     anything changes.
 
-    ``keep``: `policy_of`'s pairs; ``offload``: `offload_of`'s value. ``error(PatchError, what, why=..., fix=...)``
-    builds the family's error. Raises when checkpointing is off or reentrant, a kind is found in no checkpointed
-    layer, a count exceeds the layers holding its kind, or offload is asked for where nothing is kept or for more
-    layers than keep a module.
+    ``keep``: `policy_of`'s pairs; ``offload``: `offload_of`'s value; ``fetch``: `fetch_of`'s.
+    ``error(PatchError, what, why=..., fix=...)`` builds the family's error. Raises when checkpointing is off or
+    reentrant, a kind is found in no checkpointed layer, a count exceeds the layers holding its kind, offload is
+    asked for where nothing is kept or for more layers than keep a module, or ``fetch="attention"`` where nothing
+    is offloaded or no layer keeps its attention.
     """
     policy = [(kind, n) for kind, n in keep if n]
+    if fetch != "recompute" and not (offload and policy):
+        raise error(PatchError, f"checkpoint_fetch={fetch!r} without checkpoint_offload",
+                    why="checkpoint_fetch places the copies checkpoint_offload brings back: nothing is offloaded",
+                    fix="pass checkpoint_offload (and checkpoint_keep) too, or leave checkpoint_fetch out")
     if not policy:
         if offload:
             raise error(PatchError, f"checkpoint_offload={offload!r} without checkpoint_keep",
@@ -257,7 +276,12 @@ def plan(model: torch.nn.Module, keep: Policy, attention_cls: type, error: Calla
     first = len(_last(keeping, offload)) if isinstance(offload, float) else len(keeping) if offload is True \
         else int(offload)
     offloaded = keeping[:first]
-    return KeepPlan(kept, holders, offloaded)
+    if fetch == "attention" and not any(k.kind == "attention" for k in kept):
+        raise error(PatchError, "checkpoint_fetch='attention' but no layer keeps its attention",
+                    why="the copies start back when the gradient reaches a kept attention module's output",
+                    fix="keep attention too, e.g. checkpoint_keep={'attention': 1.0, ...}, or leave checkpoint_fetch "
+                        "out")
+    return KeepPlan(kept, holders, offloaded, fetch)
 
 
 def _modules(layer: torch.nn.Module, attention_cls: type) -> dict[str, list[torch.nn.Module]]:
@@ -270,18 +294,18 @@ def _modules(layer: torch.nn.Module, attention_cls: type) -> dict[str, list[torc
 
 def apply(handle: Any, plan: KeepPlan) -> None:
     """Give each checkpoint function the context and each kept module its forward, recorded on the handle."""
-    kept, holders, offloaded = plan
+    kept, holders, offloaded, fetch = plan
     offloader = hf_offload.Offloader() if offloaded else None
     for m in holders:
         fn = cast(functools.partial, m._gradient_checkpointing_func)  # plan checked it
         to_host = any(m is x for x in offloaded)
         keeping = any(m is k.layer for k in kept)  # its recompute fetches the next layers' copies ahead
         handle._set("instance", m, "_gradient_checkpointing_func",
-                    _with_context(fn, offloader if keeping else None, to_host),
+                    _with_context(fn, offloader if keeping else None, to_host, fetch),
                     "checkpoint with tfcompat's context_fn (kept module outputs are not recomputed"
                     + ("; what they save goes to host memory)" if to_host else ")"))
     for k in kept:
-        handle._set("instance", k.module, "forward", _kept_forward(k.module.forward, k.layer),
+        handle._set("instance", k.module, "forward", _kept_forward(k.module.forward, k.layer, k.kind),
                     f"output kept through gradient checkpointing ({k.kind}), not recomputed")
 
 
@@ -291,11 +315,23 @@ def apply(handle: Any, plan: KeepPlan) -> None:
 class _Outputs:
     """One checkpointed call's kept outputs, in call order: appended in the forward, taken in the recompute."""
 
-    def __init__(self, stash: hf_offload.Stash | None) -> None:
+    def __init__(self, stash: hf_offload.Stash | None, fetch: Fetch) -> None:
         # (outputs detached or packed by the stash, their requires_grad, the generators after the call if it drew)
         self.items: list[tuple[Any, Any, _Rng | None]] = []
         self.taken = 0
         self.stash = stash  # the layer's offloaded tensors, where it offloads
+        self.ahead_at_recompute = fetch == "recompute"  # else a kept attention output's gradient fetches ahead
+
+    def fetch_ahead_at_gradient(self, out: Any) -> None:
+        """The backward reaching ``out`` (its first tensor that requires grad) fetches the next layers' copies."""
+        stash = self.stash
+        if stash is None or self.ahead_at_recompute:
+            return
+        t = next((x for x in tree_leaves(out) if isinstance(x, torch.Tensor) and x.requires_grad), None)
+        if t is None:  # no gradient will reach it: the recompute fetches ahead
+            self.ahead_at_recompute = True
+            return
+        t.register_hook(lambda grad: stash.fetch_ahead())
 
 
 _SCOPE: contextvars.ContextVar[tuple[_Outputs, bool] | None] = contextvars.ContextVar("tfcompat_kept", default=None)
@@ -306,7 +342,9 @@ def _scope(outputs: _Outputs, recompute: bool) -> Iterator[None]:
     if recompute:
         outputs.taken = 0  # a second backward (retain_graph) recomputes again
         if outputs.stash is not None:
-            outputs.stash.fetch()  # this layer's tensors back, and the next layers' of the backward ahead
+            outputs.stash.fetch()  # this layer's tensors back
+            if outputs.ahead_at_recompute:
+                outputs.stash.fetch_ahead()  # and the next layers' of the backward
     token = _SCOPE.set((outputs, recompute))
     try:
         yield
@@ -316,23 +354,25 @@ def _scope(outputs: _Outputs, recompute: bool) -> Iterator[None]:
             outputs.stash.close()
 
 
-def _context_fn(offloader: hf_offload.Offloader | None, to_host: bool
+def _context_fn(offloader: hf_offload.Offloader | None, to_host: bool, fetch: Fetch
                 ) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
-    outputs = _Outputs(None if offloader is None else offloader.stash(to_host))
+    outputs = _Outputs(None if offloader is None else offloader.stash(to_host), fetch)
     return _scope(outputs, False), _scope(outputs, True)
 
 
-def _with_context(fn: functools.partial, offloader: hf_offload.Offloader | None, to_host: bool) -> Callable[..., Any]:
+def _with_context(fn: functools.partial, offloader: hf_offload.Offloader | None, to_host: bool, fetch: Fetch
+                  ) -> Callable[..., Any]:
     """transformers' checkpoint function (a partial of ``checkpoint`` with ``use_reentrant=False``) plus the
-    context_fn (with the patch's offloader where the layer keeps modules; ``to_host``: it offloads them)."""
-    return functools.partial(fn, context_fn=functools.partial(_context_fn, offloader, to_host))
+    context_fn (with the patch's offloader where the layer keeps modules; ``to_host``: it offloads them; ``fetch``:
+    where its backward fetches the next layers' copies)."""
+    return functools.partial(fn, context_fn=functools.partial(_context_fn, offloader, to_host, fetch))
 
 
 def _hold(t: torch.Tensor) -> torch.Tensor:
     return t.detach()  # the saved tensor's data without its autograd history
 
 
-def _kept_forward(forward: Callable[..., Any], layer: torch.nn.Module) -> Callable[..., Any]:
+def _kept_forward(forward: Callable[..., Any], layer: torch.nn.Module, kind: str) -> Callable[..., Any]:
     @functools.wraps(forward)
     def kept(*args: Any, **kwargs: Any) -> Any:
         scope = _SCOPE.get()
@@ -359,6 +399,8 @@ def _kept_forward(forward: Callable[..., Any], layer: torch.nn.Module) -> Callab
         with torch.autograd.graph.saved_tensors_hooks(inputs.pack(pack), kept_inputs.unpack):
             out = forward(*args, **kwargs)
         after = _Rng.of(args, kwargs)
+        if kind == "attention":
+            outputs.fetch_ahead_at_gradient(out)
         outputs.items.append((tree_map_only(torch.Tensor, pack, out),
                               tree_map_only(torch.Tensor, lambda t: t.requires_grad, out),
                               None if after == before else after))

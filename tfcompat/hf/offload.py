@@ -175,9 +175,12 @@ class Stash:
         self._open.clear()
 
     def fetch(self) -> None:
-        """Copy this layer's storages back, and ahead those of the layers next in the backward: the next that
-        offloads, and more while the bytes ahead stay within the largest layer's."""
+        """Copy this layer's storages back (those not fetched ahead yet)."""
         self._fetch()
+
+    def fetch_ahead(self) -> None:
+        """Copy back those of the layers next in the backward: the next that offloads, and more while the bytes
+        ahead stay within the largest layer's."""
         ahead, largest = 0, self._offloader.largest()
         for stash in self._offloader.before(self):
             if not stash.nbytes:

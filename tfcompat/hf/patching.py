@@ -139,6 +139,7 @@ def patch(
     fused: hf_fused.Fused = False,
     checkpoint_keep: hf_checkpointing.CheckpointKeep = (),
     checkpoint_offload: hf_checkpointing.Offload = False,
+    checkpoint_fetch: hf_checkpointing.Fetch = "recompute",
     vision_attention: bool = False,
     prove: bool | None = None,
 ) -> PatchHandle:
@@ -165,6 +166,10 @@ def patch(
     checkpoint_offload: what ``checkpoint_keep`` keeps goes to pinned host memory in the forward and comes back in
         the backward, ahead of its layer, overlapped on side streams (`tfcompat.hf.offload`; the same gradients):
         False (default), True (every layer keeping a module), a count or fraction of those layers (the first).
+    checkpoint_fetch: where in a layer's backward the next layers' offloaded copies start back: ``"recompute"``
+        (default: when its recompute starts; the copies have the whole layer's backward to arrive) or
+        ``"attention"`` (when the gradient reaches its kept attention's output: its MLP's backward is done, and the
+        copies are not held through it; for long sequences, whose attention backward covers the copies).
     vision_attention: the vision (or audio) towers that split their patches at boundaries (``cu_seqlens``: per
         image, or per window) run their attention as one varlen call per block on ``backend``, rather than one
         call per image or window after a host sync (`tfcompat.hf.vision_attention`; transformers 5.x's Qwen2-VL,
@@ -191,9 +196,10 @@ def patch(
                          fix="pass vision_attention=True to route the vision towers' attention, else leave it out")
     keep = hf_checkpointing.policy_of(checkpoint_keep)
     offload = hf_checkpointing.offload_of(checkpoint_offload)
+    fetch = hf_checkpointing.fetch_of(checkpoint_fetch)
     options = {"remove_padding": remove_padding, "ulysses_group": ulysses_group, "backend": backend,
                "linear_backend": linear_backend, "fused": fused, "checkpoint_keep": keep,
-               "checkpoint_offload": offload, "vision_attention": vision_attention}
+               "checkpoint_offload": offload, "checkpoint_fetch": fetch, "vision_attention": vision_attention}
     existing = vars(model).get(_HANDLE_ATTR)
     if existing is not None and existing.active:
         if existing.options != options:
@@ -226,7 +232,7 @@ def patch(
                              why="tfcompat replaces those layers' forwards with a loop over the row's sequences; the "
                              "modules kept from recomputation are the packed path's", supported="checkpoint_keep=()",
                              fix="patch without checkpoint_keep")
-    keep_plan = hf_checkpointing.plan(model, keep, resolved.attention_cls, resolved.error, offload)
+    keep_plan = hf_checkpointing.plan(model, keep, resolved.attention_cls, resolved.error, offload, fetch)
     towers = hf_vision_attention.plan(model, plan.configs, resolved, backend) if vision_attention else []
     is_derived = resolved.entry.derived is not None or resolved.entry.derived_vision is not None
     # the copy's own patch proves nothing again; it routes its towers as this one does
