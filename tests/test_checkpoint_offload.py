@@ -147,11 +147,14 @@ def test_the_next_layers_come_back_ahead_within_the_largest_layer():
     assert back() == [True] * 7
 
 
-@pytest.mark.parametrize("fetch", ["recompute", "attention"])
-def test_where_the_next_layers_copies_start_back(fetch, monkeypatch):
+@pytest.mark.parametrize(("fetch", "keep", "late"), [
+    ("recompute", "attention", set()), ("attention", "attention", {0, 1, 2}),
+    ("attention", {"attention": range(2), "mlp_in": 1.0}, {0, 1})])
+def test_where_the_next_layers_copies_start_back(fetch, keep, late, monkeypatch):
     """Rule: each layer's backward fetches the next layers' copies ahead once; with ``checkpoint_fetch="recompute"``
     before its MLP's backward (at its recompute), with ``"attention"`` after it and before its attention's backward
-    (observed by gradient hooks on each module's input, registered in the forward, and on the fetches)."""
+    where the layer keeps its attention, at its recompute where it does not (observed by gradient hooks on each
+    module's input, registered in the forward, and on the fetches)."""
     monkeypatch.setattr(offload, "MIN_BYTES", 0)
     model = _model("qwen2")
     inputs = pack(model, sample_sequences(model, LENGTHS, [None] * 3, seed=4))
@@ -181,13 +184,10 @@ def test_where_the_next_layers_copies_start_back(fetch, monkeypatch):
     for i, layer in enumerate(layers):
         layer.mlp.register_forward_pre_hook(on_input_grad("mlp", i), with_kwargs=True)
         layer.self_attn.register_forward_pre_hook(on_input_grad("attention", i), with_kwargs=True)
-    with tfcompat.patch(model, checkpoint_keep="attention", checkpoint_offload=True, checkpoint_fetch=fetch):
+    with tfcompat.patch(model, checkpoint_keep=keep, checkpoint_offload=True, checkpoint_fetch=fetch):
         model(**inputs, use_cache=False).logits.sum().backward()
-    n = len(layers)
-    if fetch == "recompute":
-        expected = [e for i in reversed(range(n)) for e in (("ahead", i), ("mlp", i), ("attention", i))]
-    else:
-        expected = [e for i in reversed(range(n)) for e in (("mlp", i), ("ahead", i), ("attention", i))]
+    expected = [e for i in reversed(range(len(layers)))
+                for e in ((("mlp", i), ("ahead", i)) if i in late else (("ahead", i), ("mlp", i))) + (("attention", i),)]
     assert log == expected
 
 

@@ -299,9 +299,11 @@ def apply(handle: Any, plan: KeepPlan) -> None:
     for m in holders:
         fn = cast(functools.partial, m._gradient_checkpointing_func)  # plan checked it
         to_host = any(m is x for x in offloaded)
-        keeping = any(m is k.layer for k in kept)  # its recompute fetches the next layers' copies ahead
+        keeping = any(m is k.layer for k in kept)  # its backward fetches the next layers' copies ahead
+        # at its recompute, or at its kept attention's gradient
+        at = fetch if any(m is k.layer and k.kind == "attention" for k in kept) else "recompute"
         handle._set("instance", m, "_gradient_checkpointing_func",
-                    _with_context(fn, offloader if keeping else None, to_host, fetch),
+                    _with_context(fn, offloader if keeping else None, to_host, at),
                     "checkpoint with tfcompat's context_fn (kept module outputs are not recomputed"
                     + ("; what they save goes to host memory)" if to_host else ")"))
     for k in kept:
