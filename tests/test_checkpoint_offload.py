@@ -186,8 +186,8 @@ def test_where_the_next_layers_copies_start_back(fetch, keep, late, monkeypatch)
         layer.self_attn.register_forward_pre_hook(on_input_grad("attention", i), with_kwargs=True)
     with tfcompat.patch(model, checkpoint_keep=keep, checkpoint_offload=True, checkpoint_fetch=fetch):
         model(**inputs, use_cache=False).logits.sum().backward()
-    expected = [e for i in reversed(range(len(layers)))
-                for e in ((("mlp", i), ("ahead", i)) if i in late else (("ahead", i), ("mlp", i))) + (("attention", i),)]
+    order = {True: ("mlp", "ahead", "attention"), False: ("ahead", "mlp", "attention")}
+    expected = [(what, i) for i in reversed(range(len(layers))) for what in order[i in late]]
     assert log == expected
 
 
