@@ -69,6 +69,15 @@ fit the link: ``"mlp_in"`` in every third offloaded layer and the last four (``{
 offload 24) ran 1.19-1.20x Liger + flex at 1.01x its memory, where every second layer left the GPU waiting for the
 copies out (section 19).
 
+Where the copies start back (``patch(checkpoint_fetch=...)``): ``"recompute"`` (default) fetches the next layers'
+copies when a layer's recompute starts: they have the layer's whole backward to arrive, and are held through it.
+``"attention"`` fetches them when the gradient reaches the layer's kept attention output (a hook on it from the
+forward): after its MLP's backward, whose recomputed (or kept) gate / up outputs and their gradients are a layer's
+peak, and before its attention's backward, which must then cover the copies (a layer not keeping its attention
+fetches at its recompute; in a parallel block, attention and MLP side by side, the gradient reaches both at once).
+Long sequences are the case: the attention's backward grows with the square of the length, the copies with the
+length.
+
 Needs gradient checkpointing on, non-reentrant, before `patch` (`PatchError` otherwise). Enabling it again after
 the patch replaces the checkpoint function; a kept module then raises `PatchedModelError` in the next checkpointed
 forward rather than silently recomputing. Not for ``torch.compile`` of a checkpointed layer (its ``context_fn``
