@@ -8,12 +8,14 @@ a control corrupts the copies and must change them (the gradients do come from t
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 
 import tfcompat
 from tests.helpers import pack
-from tfcompat.hf import offload
+from tfcompat.hf import checkpointing, offload
 from tfcompat.registry.derive import causal_lm_types
 from tfcompat.registry.versions import installed_transformers
 from tfcompat.selfcheck import sample_sequences, tiny_model
@@ -55,6 +57,7 @@ def _grads(family: str, keep, to_host, weight_seed: int = 5, fetch: str = "recom
 @pytest.mark.parametrize(("family", "keep", "to_host", "offloading", "fetch"), [
     ("qwen2", ("attention", "mlp"), True, 3, "recompute"),
     ("llama", {"attention": 2, "mlp_in": 1.0}, True, 3, "attention"),
+    ("llama", {"attention": 1.0, "mlp_in": 2}, True, 3, "mlp_in"),
     ("qwen2", ("attention", "mlp_in"), 2, 2, "recompute"), ("qwen3", "attention", 0.34, 1, "attention"),
     ("qwen3_moe", ("attention", "mlp"), 1, 1, "recompute"), ("phi3", "mlp_in", True, 3, "recompute"),
     ("qwen2", ("attention", "mlp_in"), True, 3, "attention")])
@@ -147,14 +150,17 @@ def test_the_next_layers_come_back_ahead_within_the_largest_layer():
     assert back() == [True] * 7
 
 
-@pytest.mark.parametrize(("fetch", "keep", "late"), [
-    ("recompute", "attention", set()), ("attention", "attention", {0, 1, 2}),
-    ("attention", {"attention": range(2), "mlp_in": 1.0}, {0, 1})])
-def test_where_the_next_layers_copies_start_back(fetch, keep, late, monkeypatch):
-    """Rule: each layer's backward fetches the next layers' copies ahead once; with ``checkpoint_fetch="recompute"``
-    before its MLP's backward (at its recompute), with ``"attention"`` after it and before its attention's backward
-    where the layer keeps its attention, at its recompute where it does not (observed by gradient hooks on each
-    module's input, registered in the forward, and on the fetches)."""
+@pytest.mark.parametrize(("fetch", "keep", "at"), [
+    ("recompute", "attention", {}), ("attention", "attention", {0: "attention", 1: "attention", 2: "attention"}),
+    ("attention", {"attention": range(2), "mlp_in": 1.0}, {0: "attention", 1: "attention"}),
+    ("mlp_in", ("attention", "mlp_in"), {0: "mlp_in", 1: "mlp_in", 2: "mlp_in"}),
+    ("mlp_in", {"attention": 1.0, "mlp_in": range(1, 3)}, {1: "mlp_in", 2: "mlp_in"})])
+def test_where_the_next_layers_copies_start_back(fetch, keep, at, monkeypatch):
+    """Rule: each layer's backward fetches the next layers' copies ahead once: with ``checkpoint_fetch="recompute"``
+    before its MLP's backward (at its recompute); with ``"mlp_in"`` after the down projection's and the
+    activation's backward, before gate / up's; with ``"attention"`` after the MLP's backward, before the
+    attention's; a layer not keeping a module of that kind at its recompute (observed by gradient hooks on the
+    modules' inputs, registered in the forward, and on the fetches)."""
     monkeypatch.setattr(offload, "MIN_BYTES", 0)
     model = _model("qwen2")
     inputs = pack(model, sample_sequences(model, LENGTHS, [None] * 3, seed=4))
@@ -177,18 +183,48 @@ def test_where_the_next_layers_copies_start_back(fetch, keep, late, monkeypatch)
                 (args[0] if args else kwargs["hidden_states"]).register_hook(lambda g: log.append((kind, i)))
         return hook
 
-    seen: dict[str, set[int]] = {"mlp": set(), "attention": set()}
+    seen: dict[str, set[int]] = {"down": set(), "mlp": set(), "attention": set()}
     monkeypatch.setattr(offload.Stash, "fetch_ahead", logged)
     monkeypatch.setattr(offload.Offloader, "stash", stashed)
     layers = model.model.layers
     for i, layer in enumerate(layers):
+        layer.mlp.down_proj.register_forward_pre_hook(on_input_grad("down", i), with_kwargs=True)
         layer.mlp.register_forward_pre_hook(on_input_grad("mlp", i), with_kwargs=True)
         layer.self_attn.register_forward_pre_hook(on_input_grad("attention", i), with_kwargs=True)
     with tfcompat.patch(model, checkpoint_keep=keep, checkpoint_offload=True, checkpoint_fetch=fetch):
         model(**inputs, use_cache=False).logits.sum().backward()
-    order = {True: ("mlp", "ahead", "attention"), False: ("ahead", "mlp", "attention")}
-    expected = [(what, i) for i in reversed(range(len(layers))) for what in order[i in late]]
+    # the inputs' gradients in backward order: the down projection's, the MLP's (gate / up's), the attention's
+    order = {"recompute": ("ahead", "down", "mlp", "attention"), "mlp_in": ("down", "ahead", "mlp", "attention"),
+             "attention": ("down", "mlp", "ahead", "attention")}
+    expected = [(what, i) for i in reversed(range(len(layers))) for what in order[at.get(i, "recompute")]]
     assert log == expected
+
+
+@pytest.mark.parametrize("fetch", ["recompute", "mlp_in", "attention"])
+def test_a_layers_kept_outputs_are_freed_with_its_backward(fetch, monkeypatch):
+    """Rule: what a layer keeps (its outputs and their copies brought back) is released when its backward is done,
+    not held to the end of the step by the graph: when the gradient reaches the embedding, no layer's is alive
+    (the fetch hooks on the kept outputs, which live as long as the graph, hold them weakly)."""
+    monkeypatch.setattr(offload, "MIN_BYTES", 0)
+    model = _model("qwen2")
+    inputs = pack(model, sample_sequences(model, LENGTHS, [None] * 3, seed=4))
+    made: list[weakref.ref] = []
+    init = checkpointing._Outputs.__init__
+
+    def recorded(self, *args):
+        init(self, *args)
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(checkpointing._Outputs, "__init__", recorded)
+    alive: list[int] = []
+    embed = model.get_input_embeddings()
+    embed.register_forward_hook(lambda m, a, out: out.register_hook(
+        lambda g: alive.append(sum(r() is not None for r in made))) and None)
+    with tfcompat.patch(model, checkpoint_keep=("attention", "mlp_in"), checkpoint_offload=True,
+                        checkpoint_fetch=fetch):
+        loss = model(**inputs, use_cache=False).logits.sum()
+        loss.backward()
+    assert len(made) == len(model.model.layers) and alive == [0], (len(made), alive)
 
 
 def test_options_and_the_layers_offloaded():
@@ -223,10 +259,12 @@ def test_bad_offloads_are_refused_at_patch_time(keep, to_host, match):
     ("attention", False, "attention", "checkpoint_fetch='attention' without checkpoint_offload"),
     ((), False, "attention", "checkpoint_fetch='attention' without checkpoint_offload"),
     ("mlp_in", True, "attention", "no layer keeps its attention"),
+    ("attention", True, "mlp_in", "no layer keeps its mlp_in"),
 ])
 def test_bad_fetches_are_refused_at_patch_time(keep, to_host, fetch, match):
-    """Rule: checkpoint_fetch is "recompute" or "attention"; "attention" needs something offloaded and a layer
-    keeping its attention (else it would place nothing): a PatchError at patch(), nothing changed."""
+    """Rule: checkpoint_fetch is "recompute", "mlp_in" or "attention"; the last two need something offloaded and a
+    layer keeping a module of that kind (else they would place nothing): a PatchError at patch(), nothing
+    changed."""
     model = _model("qwen2")
     with pytest.raises(tfcompat.PatchError, match=match):
         tfcompat.patch(model, checkpoint_keep=keep, checkpoint_offload=to_host, checkpoint_fetch=fetch)

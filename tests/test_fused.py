@@ -296,13 +296,15 @@ def test_checkpoint_recompute_stops_before_the_activation(stub):
     _checkpointed_against_unfused(stub)
 
 
-@pytest.mark.parametrize("keep", [("attention", "mlp"), {"attention": 1.0, "mlp_in": 1.0}])
-@pytest.mark.parametrize("offload", [False, True])
-def test_swiglu_down_under_kept_and_offloaded_mlp(stub, keep, offload):
-    """Rule: with the MLP or its gate / up outputs kept through checkpointing (held, or offloaded and brought back)
-    the two-node down projection gives full checkpointing's gradients, and the kept MLP's recompute runs no
-    activation."""
-    _checkpointed_against_unfused(stub, checkpoint_keep=keep, checkpoint_offload=offload)
+@pytest.mark.parametrize(("keep", "offload", "fetch"), [
+    (("attention", "mlp"), False, "recompute"), (("attention", "mlp"), True, "recompute"),
+    ({"attention": 1.0, "mlp_in": 1.0}, False, "recompute"), ({"attention": 1.0, "mlp_in": 1.0}, True, "recompute"),
+    ({"attention": 1.0, "mlp_in": 1.0}, True, "mlp_in"), ({"attention": 1.0, "mlp_in": 1.0}, True, "attention")])
+def test_swiglu_down_under_kept_and_offloaded_mlp(stub, keep, offload, fetch):
+    """Rule: with the MLP or its gate / up outputs kept through checkpointing (held, or offloaded and brought back,
+    the next layers' copies fetched at the recompute, at gate / up's gradient or at the attention's) the two-node
+    down projection gives full checkpointing's gradients, and the kept MLP's recompute runs no activation."""
+    _checkpointed_against_unfused(stub, checkpoint_keep=keep, checkpoint_offload=offload, checkpoint_fetch=fetch)
 
 
 def test_swiglu_down_only_where_it_computes_the_module_call():

@@ -52,7 +52,7 @@ def _step(model, inputs, keep, to_host, syncs: list | None = None, fetch: str = 
     return float(loss.detach()), grads, torch.cuda.max_memory_allocated()
 
 
-@pytest.mark.parametrize("fetch", ["recompute", "attention"])
+@pytest.mark.parametrize("fetch", ["recompute", "mlp_in", "attention"])
 @pytest.mark.parametrize("keep", [KEEP, {"attention": 1.0, "mlp_in": range(0, 8, 2)}])
 def test_every_offloaded_tensor_comes_back_bit_for_bit(setup, monkeypatch, keep, fetch):
     """Rule: under the real side streams and overlap, each saved tensor and kept output that went to host memory
@@ -106,33 +106,22 @@ def test_offload_gives_the_kept_gradients_at_less_memory(setup):
     assert peak_off <= peak_full + 0.6 * (peak_kept - peak_full), (peak_full, peak_kept, peak_off)
 
 
-def test_fetching_after_the_mlp_backward_lowers_the_peak(setup, monkeypatch):
-    """Rule: with ``checkpoint_fetch="attention"`` the next layer's copies are not held through a layer's MLP
-    backward (here the step's peak: the recomputed gate / up outputs), so the peak is lower than with
-    ``"recompute"`` by at least half of one layer's kept attention tensors; the loss is the same."""
+@pytest.mark.parametrize("fetch", ["mlp_in", "attention"])
+def test_fetching_later_in_the_backward_holds_no_more(setup, fetch):
+    """Rule: fetching the next layers' copies at gate / up's gradient or at the attention's, rather than at the
+    recompute, holds them for less of each layer's backward: the step's peak is not higher, and the loss and the
+    gradients are the same (bits: above; here the peak, measured warm)."""
     model, inputs = setup
-    keep = {"attention": 1.0}
-    for fetch in ("recompute", "attention"):
-        _step(model, inputs, keep, True, fetch=fetch)  # warm
-    loss, _, peak = _step(model, inputs, keep, True)
-    loss_late, _, peak_late = _step(model, inputs, keep, True, fetch="attention")
-    stash_bytes: list[int] = []
-    save = offload.Stash._save
-
-    def counted(stash, src):
-        stash_bytes.append(src.numel())
-        return save(stash, src)
-
-    monkeypatch.setattr(offload.Stash, "_save", counted)
-    _step(model, inputs, keep, True)
-    per_layer = sum(stash_bytes) / DIMS["num_hidden_layers"]
-    print(f"peak GiB: fetch at the recompute {peak / 2**30:.4f}, after the MLP backward {peak_late / 2**30:.4f}; "
-          f"one layer's copies {per_layer / 2**30:.4f}")
+    for at in ("recompute", fetch):
+        _step(model, inputs, KEEP, True, fetch=at)  # warm
+    loss, _, peak = _step(model, inputs, KEEP, True)
+    loss_late, _, peak_late = _step(model, inputs, KEEP, True, fetch=fetch)
+    print(f"peak GiB: fetch at the recompute {peak / 2**30:.4f}, at {fetch} {peak_late / 2**30:.4f}")
     assert loss_late == loss
-    assert peak_late <= peak - 0.5 * per_layer, (peak, peak_late, per_layer)
+    assert peak_late <= peak, (peak, peak_late)
 
 
-@pytest.mark.parametrize("fetch", ["recompute", "attention"])
+@pytest.mark.parametrize("fetch", ["recompute", "mlp_in", "attention"])
 def test_offload_adds_no_host_sync(setup, fetch):
     """Rule: the copies wait on events, not the host: a step with offload warns of no more synchronizing calls
     than the same step without (torch.cuda.set_sync_debug_mode("warn"), as bench/host_syncs.py counts)."""

@@ -114,9 +114,10 @@ CheckpointKeep = str | Collection[str] | Mapping[str, Layers | Collection[int]] 
 Offload = bool | int | float
 """``checkpoint_offload``: False, True (every layer keeping a module), a count or a fraction of those layers (the
 first)."""
-Fetch = Literal["recompute", "attention"]
+Fetch = Literal["recompute", "mlp_in", "attention"]
 """``checkpoint_fetch``: where in a layer's backward the offloaded copies of the layers next in the backward start
-back: when its recompute starts, or when the gradient reaches its kept attention's output (its MLP's backward done)."""
+back: when its recompute starts, or when the gradient reaches its kept module of that kind (``"mlp_in"``: the MLP's
+activation and down projection done; ``"attention"``: the whole MLP done)."""
 _MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe")
 _MLP_IN_NAMES = ("gate_proj", "up_proj", "gate_up_proj")
 _FIX = "pass e.g. checkpoint_keep='attention', ('attention', 'mlp') or {'attention': 1.0, 'mlp': 8, 'mlp_in': 1.0}"
@@ -285,10 +286,10 @@ def plan(model: torch.nn.Module, keep: Policy, attention_cls: type, error: Calla
     first = len(_last(keeping, offload)) if isinstance(offload, float) else len(keeping) if offload is True \
         else int(offload)
     offloaded = keeping[:first]
-    if fetch == "attention" and not any(k.kind == "attention" for k in kept):
-        raise error(PatchError, "checkpoint_fetch='attention' but no layer keeps its attention",
-                    why="the copies start back when the gradient reaches a kept attention module's output",
-                    fix="keep attention too, e.g. checkpoint_keep={'attention': 1.0, ...}, or leave checkpoint_fetch "
+    if fetch != "recompute" and not any(k.kind == fetch for k in kept):
+        raise error(PatchError, f"checkpoint_fetch={fetch!r} but no layer keeps its {fetch}",
+                    why=f"the copies start back when the gradient reaches a kept {fetch} module's output",
+                    fix=f"keep {fetch} too, e.g. checkpoint_keep={{{fetch!r}: 1.0, ...}}, or leave checkpoint_fetch "
                         "out")
     return KeepPlan(kept, holders, offloaded, fetch)
 
@@ -309,8 +310,8 @@ def apply(handle: Any, plan: KeepPlan) -> None:
         fn = cast(functools.partial, m._gradient_checkpointing_func)  # plan checked it
         to_host = any(m is x for x in offloaded)
         keeping = any(m is k.layer for k in kept)  # its backward fetches the next layers' copies ahead
-        # at its recompute, or at its kept attention's gradient
-        at = fetch if any(m is k.layer and k.kind == "attention" for k in kept) else "recompute"
+        # at its recompute, or at the gradient of its kept module of the kind fetch names
+        at = fetch if any(m is k.layer and k.kind == fetch for k in kept) else "recompute"
         handle._set("instance", m, "_gradient_checkpointing_func",
                     _with_context(fn, offloader if keeping else None, to_host, at),
                     "checkpoint with tfcompat's context_fn (kept module outputs are not recomputed"
@@ -331,18 +332,31 @@ class _Outputs:
         self.items: list[tuple[Any, Any, _Rng | None]] = []
         self.taken = 0
         self.stash = stash  # the layer's offloaded tensors, where it offloads
-        self.ahead_at_recompute = fetch == "recompute"  # else a kept attention output's gradient fetches ahead
+        self.fetch = fetch  # the kind of kept module whose output's gradient fetches ahead, or "recompute"
+        self.ahead = None if stash is None else _Ahead(stash)
 
     def fetch_ahead_at_gradient(self, out: Any) -> None:
         """The backward reaching ``out`` (its first tensor that requires grad) fetches the next layers' copies."""
-        stash = self.stash
-        if stash is None or self.ahead_at_recompute:
-            return
         t = next((x for x in tree_leaves(out) if isinstance(x, torch.Tensor) and x.requires_grad), None)
-        if t is None:  # no gradient will reach it: the recompute fetches ahead
-            self.ahead_at_recompute = True
+        if self.ahead is None or t is None:  # no gradient will reach it: the recompute fetches ahead
+            self.fetch = "recompute"
             return
-        t.register_hook(lambda grad: stash.fetch_ahead())
+        t.register_hook(self.ahead)
+
+
+class _Ahead:
+    """One layer's fetch of the next layers' copies: once per backward, at the first gradient hook that fires (of
+    gate's and up's, whichever the backward reaches first). Holds the stash alone: the hooks live as long as the
+    graph, the kept outputs only to the layer's backward."""
+
+    def __init__(self, stash: hf_offload.Stash) -> None:
+        self.stash = stash
+        self.done = False
+
+    def __call__(self, grad: torch.Tensor | None = None) -> None:
+        if not self.done:
+            self.done = True
+            self.stash.fetch_ahead()
 
 
 _SCOPE: contextvars.ContextVar[tuple[_Outputs, bool] | None] = contextvars.ContextVar("tfcompat_kept", default=None)
@@ -354,8 +368,10 @@ def _scope(outputs: _Outputs, recompute: bool) -> Iterator[None]:
         outputs.taken = 0  # a second backward (retain_graph) recomputes again
         if outputs.stash is not None:
             outputs.stash.fetch()  # this layer's tensors back
-            if outputs.ahead_at_recompute:
-                outputs.stash.fetch_ahead()  # and the next layers' of the backward
+            ahead = cast(_Ahead, outputs.ahead)  # with the stash
+            ahead.done = False
+            if outputs.fetch == "recompute":
+                ahead()  # and the next layers' of the backward
     token = _SCOPE.set((outputs, recompute))
     try:
         yield
@@ -410,7 +426,7 @@ def _kept_forward(forward: Callable[..., Any], layer: torch.nn.Module, kind: str
         with torch.autograd.graph.saved_tensors_hooks(inputs.pack(pack), kept_inputs.unpack):
             out = forward(*args, **kwargs)
         after = _Rng.of(args, kwargs)
-        if kind == "attention":
+        if kind == outputs.fetch:
             outputs.fetch_ahead_at_gradient(out)
         outputs.items.append((tree_map_only(torch.Tensor, pack, out),
                               tree_map_only(torch.Tensor, lambda t: t.requires_grad, out),
