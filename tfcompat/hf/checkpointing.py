@@ -71,12 +71,18 @@ copies out (section 19).
 
 Where the copies start back (``patch(checkpoint_fetch=...)``): ``"recompute"`` (default) fetches the next layers'
 copies when a layer's recompute starts: they have the layer's whole backward to arrive, and are held through it.
-``"attention"`` fetches them when the gradient reaches the layer's kept attention output (a hook on it from the
-forward): after its MLP's backward, whose recomputed (or kept) gate / up outputs and their gradients are a layer's
-peak, and before its attention's backward, which must then cover the copies (a layer not keeping its attention
-fetches at its recompute; in a parallel block, attention and MLP side by side, the gradient reaches both at once).
-Long sequences are the case: the attention's backward grows with the square of the length, the copies with the
-length.
+``"mlp_in"`` fetches them when the gradient reaches the layer's kept gate / up outputs (a hook on them from the
+forward): after the activation's and the down projection's backward, the layer's peak under ``fused`` SwiGLU, and
+before gate / up's and the attention's, which must then cover the copies. ``"attention"`` fetches them when the
+gradient reaches the layer's kept attention output: after the whole MLP's backward, before the attention's alone. A
+layer not keeping a module of that kind fetches at its recompute; in a parallel block (attention and MLP side by
+side) the gradient reaches both at once. Later costs time where the rest of the backward is shorter than the
+copies: long sequences are the case (the attention's backward grows with the square of the length, the copies
+with the length). At 70,703 tokens in four sequences, 4 layers, ``"mlp_in"`` kept in every layer and offloaded in the
+first 3 (bench/RESULTS.md section 22): ``"mlp_in"`` 1.38x Liger + flex at 1.06x its memory (22.5 GiB), where
+``"recompute"`` held 23.1 GiB with ``"mlp_in"`` in two layers; ``"attention"`` 18.6 GiB (0.87x) but 1.21-1.27x (the
+copies outlast the attention's backward). On the 28-layer step ``"attention"`` ran 1.06x where ``"recompute"`` ran
+1.20x: a layer's backward there is shorter than a heavy layer's copies.
 
 Needs gradient checkpointing on, non-reentrant, before `patch` (`PatchError` otherwise). Enabling it again after
 the patch replaces the checkpoint function; a kept module then raises `PatchedModelError` in the next checkpointed

@@ -167,9 +167,10 @@ def patch(
         the backward, ahead of its layer, overlapped on side streams (`tfcompat.hf.offload`; the same gradients):
         False (default), True (every layer keeping a module), a count or fraction of those layers (the first).
     checkpoint_fetch: where in a layer's backward the next layers' offloaded copies start back: ``"recompute"``
-        (default: when its recompute starts; the copies have the whole layer's backward to arrive) or
-        ``"attention"`` (when the gradient reaches its kept attention's output: its MLP's backward is done, and the
-        copies are not held through it; for long sequences, whose attention backward covers the copies).
+        (default: when its recompute starts; the copies have the whole layer's backward to arrive), ``"mlp_in"``
+        (when the gradient reaches its kept gate / up outputs: not held through the activation's and down
+        projection's backward) or ``"attention"`` (at its kept attention's output: not held through the MLP's
+        backward); later holds less and leaves the copies less time: for long sequences.
     vision_attention: the vision (or audio) towers that split their patches at boundaries (``cu_seqlens``: per
         image, or per window) run their attention as one varlen call per block on ``backend``, rather than one
         call per image or window after a host sync (`tfcompat.hf.vision_attention`; transformers 5.x's Qwen2-VL,
