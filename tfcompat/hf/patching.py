@@ -170,7 +170,7 @@ def patch(
         (default: when its recompute starts; the copies have the whole layer's backward to arrive), ``"mlp_in"``
         (when the gradient reaches its kept gate / up outputs: not held through the activation's and down
         projection's backward) or ``"attention"`` (at its kept attention's output: not held through the MLP's
-        backward); later holds less and leaves the copies less time: for long sequences.
+        backward); later holds them for less of the backward and leaves them less time: for long sequences.
     vision_attention: the vision (or audio) towers that split their patches at boundaries (``cu_seqlens``: per
         image, or per window) run their attention as one varlen call per block on ``backend``, rather than one
         call per image or window after a host sync (`tfcompat.hf.vision_attention`; transformers 5.x's Qwen2-VL,
