@@ -18,15 +18,17 @@ comparison can fail (the unpatched row with positions running on across sequence
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 import tfcompat
 from tfcompat.errors import InvalidInputError, PatchError, UnknownFamilyError, UnsupportedVersionError
+from tfcompat.hf import offload as hf_offload
 from tfcompat.hf.rounding import is_rounding, to_float64
 from tfcompat.inputs.derived_vision import owner_of
 from tfcompat.inputs.token_types import required, with_prefix_suffix
@@ -264,14 +266,21 @@ def check(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> 
                    f"gradients {grad_diff:.2e}", max(diff, grad_diff))
 
 
-KEPT = (("attention", "mlp"), {"attention": 1.0, "mlp_in": 1.0})
+KEPT: tuple[dict[str, Any], ...] = (
+    {"checkpoint_keep": ("attention", "mlp")},
+    {"checkpoint_keep": {"attention": 1.0, "mlp_in": 1.0}},
+    {"checkpoint_keep": {"attention": 1.0, "mlp_in": 1.0}, "checkpoint_offload": True, "checkpoint_fetch": "mlp_in"},
+    {"checkpoint_keep": ("attention", "mlp"), "checkpoint_offload": True, "checkpoint_fetch": "attention"},
+)
+"""`kept_check`'s policies: patch arguments (offloaded ones copy every storage: `offload.MIN_BYTES` is 0 there)."""
 KEPT_TOLERANCE = 1e-6  # the same kernels on the same values as full recompute: only summation order may differ
 
 
 def kept_check(model_type: str, seed: int = 0) -> Outcome:
     """The packed row under non-reentrant gradient checkpointing (train mode) with kept modules (each `KEPT` policy
-    the patch accepts) against the same patch with full recompute: every parameter's gradient (`compare_gradients`)
-    within `KEPT_TOLERANCE`. ``refused`` where the patch refuses every policy, ``skipped`` without checkpointing."""
+    the patch accepts, kept or offloaded with each fetch point) against the same patch with full recompute: every
+    parameter's gradient (`compare_gradients`) within `KEPT_TOLERANCE`. ``refused`` where the patch refuses every
+    policy, ``skipped`` without checkpointing."""
     try:
         model = build(model_type, attention_implementations(model_type)[-1], seed=seed)
         if not model.supports_gradient_checkpointing:
@@ -283,8 +292,9 @@ def kept_check(model_type: str, seed: int = 0) -> Outcome:
     except Exception as exc:  # noqa: BLE001
         return _unbuildable(model_type, exc)
 
-    def grads(keep: Any) -> dict[str, torch.Tensor] | Outcome:
-        handle = _patch(model_type, model, checkpoint_keep=keep)
+    def grads(options: dict[str, Any]) -> dict[str, torch.Tensor] | Outcome:
+        with _every_storage_offloaded():
+            handle = _patch(model_type, model, **options)
         if isinstance(handle, Outcome):
             return handle
         with handle:
@@ -294,7 +304,7 @@ def kept_check(model_type: str, seed: int = 0) -> Outcome:
             except Exception as exc:  # noqa: BLE001
                 return Outcome(model_type, "fail", f"patched forward raised {_reason(exc)}")
 
-    full = grads(())
+    full = grads({})
     if isinstance(full, Outcome):
         return full
     diffs, refusals = [], []
@@ -312,6 +322,17 @@ def kept_check(model_type: str, seed: int = 0) -> Outcome:
     if diff <= KEPT_TOLERANCE:
         return Outcome(model_type, "pass", diff=diff)
     return Outcome(model_type, "fail", f"kept modules' gradients differ from full recompute by {diff:.2e}", diff)
+
+
+@contextlib.contextmanager
+def _every_storage_offloaded() -> Iterator[None]:
+    """A patch made inside offloads every storage its kept modules save (tiny models' are under `MIN_BYTES`)."""
+    before = hf_offload.MIN_BYTES
+    hf_offload.MIN_BYTES = 0
+    try:
+        yield
+    finally:
+        hf_offload.MIN_BYTES = before
 
 
 def stock_check(model_type: str, attn_implementation: str = "eager", seed: int = 0) -> Outcome:
