@@ -205,7 +205,7 @@ def fetch_of(fetch: Fetch) -> Fetch:
         raise PatchError(f"checkpoint_fetch={fetch!r}",
                          why="it says where a layer's backward starts bringing back the next layers' offloaded copies",
                          supported=", ".join(map(repr, get_args(Fetch))),
-                         fix="pass checkpoint_fetch='attention' for long sequences, else leave it out")
+                         fix="pass checkpoint_fetch='mlp_in' or 'attention' for long sequences, else leave it out")
     return fetch
 
 
@@ -223,8 +223,8 @@ def plan(model: torch.nn.Module, keep: Policy, attention_cls: type, error: Calla
     ``keep``: `policy_of`'s pairs; ``offload``: `offload_of`'s value; ``fetch``: `fetch_of`'s.
     ``error(PatchError, what, why=..., fix=...)`` builds the family's error. Raises when checkpointing is off or
     reentrant, a kind is found in no checkpointed layer, a count exceeds the layers holding its kind, offload is
-    asked for where nothing is kept or for more layers than keep a module, or ``fetch="attention"`` where nothing
-    is offloaded or no layer keeps its attention.
+    asked for where nothing is kept or for more layers than keep a module, or ``fetch`` names a kind where nothing
+    is offloaded or no layer keeps that kind.
     """
     policy = [(kind, n) for kind, n in keep if n]
     if fetch != "recompute" and not (offload and policy):
