@@ -36,8 +36,8 @@ A suffix sets a variant's gradient checkpointing: ``@none`` turns it off for the
 ``@attention+mlp_in:8`` (``checkpoint_keep={"attention": 1.0, "mlp_in": 8}``);
 ``offload`` among them moves what those modules keep to host memory (``patch(checkpoint_offload=True)``;
 ``offload:N`` the first N layers keeping a module, ``offload:0.5`` a fraction), e.g. ``@attention+mlp_in+offload:20``,
-and ``fetch:attention`` fetches the next layers' copies after each layer's MLP backward
-(``patch(checkpoint_fetch="attention")``);
+and ``fetch:KIND`` (``mlp_in``, ``attention``) fetches the next layers' copies later in each layer's backward
+(``patch(checkpoint_fetch=KIND)``);
 ``logits`` among them (``@logits``, ``@attention+logits``, ``@none+logits``) keeps the head's logits for its
 backward (tfcompat's head, ``keep_logits=True``: one lm-head matmul less, ``2 * T * V`` bytes more); ``loss``
 (``@loss``, ``@attention+offload+loss``) runs the step's loss inside the head (`tfcompat.heads.fused_loss`: its
@@ -333,7 +333,7 @@ def keep_policy(mode: str) -> dict[str, Any]:
     """`tfcompat.patch`'s ``checkpoint_keep``, ``checkpoint_offload`` and ``checkpoint_fetch`` of a suffix:
     "attention+mlp_in:8+offload:4" -> {"checkpoint_keep": {"attention": 1.0, "mlp_in": 8}, "checkpoint_offload": 4,
     "checkpoint_fetch": "recompute"} ("kind:0.5": a fraction of the layers; "kind:1..17..2": range(1, 17, 2);
-    "kind:1..17..2/24..28": the union of those ranges; "offload" alone: True; "fetch:attention": checkpoint_fetch)."""
+    "kind:1..17..2/24..28": the union of those ranges; "offload" alone: True; "fetch:mlp_in": checkpoint_fetch)."""
     policy: dict[str, int | float | range | set[int]] = {}
     offload: bool | int | float = False
     fetch = "recompute"
@@ -359,7 +359,7 @@ NO_KEEP = {"checkpoint_keep": {}, "checkpoint_offload": False, "checkpoint_fetch
 def checkpointing(model: torch.nn.Module, mode: str, stock: bool) -> Iterator[dict[str, Any]]:
     """A variant's checkpointing (the part of its name after ``@``): "" = full (as built), "none" = off for the
     variant, else kinds kept out of the recompute joined by ``+`` ("attention+mlp", "attention+mlp_in:8", with
-    "offload[:N]" and "fetch:attention"); yields `keep_policy`'s arguments for `tfcompat.patch`, or applies them
+    "offload[:N]" and "fetch:KIND"); yields `keep_policy`'s arguments for `tfcompat.patch`, or applies them
     itself to a stock variant (and yields `NO_KEEP`)."""
     if mode == "none":
         model.gradient_checkpointing_disable()
@@ -706,7 +706,7 @@ def main() -> None:
         if kinds and kinds != {"none"} and not kinds <= {"attention", "mlp", "mlp_in"}:
             raise SystemExit(f"unknown checkpointing {mode!r} in {full!r}: none, attention, mlp, mlp_in, "
                              "attention+mlp, kind:N (the last N layers), each with +logits or +loss, +offload[:N], "
-                             "+fetch:attention")
+                             "+fetch:mlp_in|attention")
         if n == "liger_flex" and set(mode.split("+")) & set(HEAD_MODES):
             raise SystemExit(f"{full!r}: +logits and +loss are tfcompat's head's (Liger's keeps no logits and is "
                              "a fused loss already)")
