@@ -352,6 +352,72 @@ def test_mlp_in_leaves_no_mlp_matmul_to_recompute(monkeypatch):
     assert run("mlp_in") == {"gate/up": 0, "down": 0}
 
 
+@pytest.mark.parametrize("to_host", [False, True])
+@pytest.mark.parametrize("retain", [False, True])
+def test_a_kept_output_goes_once_the_backward_has_passed_it(to_host, retain, monkeypatch):
+    """Rule: a kept output is let go when the gradient reaches it (every use of it in the backward is done), not with
+    its layer's whole backward: when the gradient reaches a layer's MLP input, that layer's gate / up outputs are
+    gone (held on the GPU, their blocks are freed: the storages expire) and its attention output is not; when it
+    reaches the attention's input, that output is gone too; layers the backward has not reached hold all theirs.
+    Under ``retain_graph`` all stay, and the second backward gives the first's gradients again."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    monkeypatch.setattr(offload, "MIN_BYTES", 0)
+    model = _model("qwen2")
+    inputs = pack(model, sample_sequences(model, LENGTHS, [None] * 3, seed=4))
+    made: list[checkpointing._Outputs] = []
+    init = checkpointing._Outputs.__init__
+
+    def recorded(self, *args):
+        init(self, *args)
+        made.append(self)
+
+    monkeypatch.setattr(checkpointing._Outputs, "__init__", recorded)
+    seen: list[tuple[str, int, list[list[bool]], list[bool]]] = []
+    storages: dict[int, list[StorageWeakRef]] = {}
+
+    def at_input_grad(what, i):
+        def hook(module, args, kwargs):
+            if (what, i) not in forwards:  # the forward's call, not the recompute's (whose graph is never run)
+                forwards.add((what, i))
+                x = args[0] if args else kwargs["hidden_states"]
+                x.register_hook(lambda g: seen.append((what, i, [[it is None for it in o.items] for o in made],
+                                                       [r.expired() for r in storages[i]])) and None)
+        return hook
+
+    def stored(i):
+        def hook(module, args, out):
+            if len(storages.setdefault(i, [])) < 2:
+                storages[i].append(StorageWeakRef(out.untyped_storage()))
+        return hook
+
+    forwards: set[tuple[str, int]] = set()
+    for i, layer in enumerate(model.model.layers):
+        layer.mlp.register_forward_pre_hook(at_input_grad("mlp", i), with_kwargs=True)
+        layer.self_attn.register_forward_pre_hook(at_input_grad("attention", i), with_kwargs=True)
+        layer.mlp.gate_proj.register_forward_hook(stored(i))
+        layer.mlp.up_proj.register_forward_hook(stored(i))
+    with tfcompat.patch(model, checkpoint_keep=("attention", "mlp_in"), checkpoint_offload=to_host):
+        loss = model(**inputs, use_cache=False).logits.float().pow(2).mean()
+        loss.backward(retain_graph=retain)
+        if retain:
+            first = {n: p.grad.clone() for n, p in model.named_parameters()}
+            model.zero_grad()
+            loss.backward()
+            for n, p in model.named_parameters():
+                torch.testing.assert_close(p.grad, first[n], rtol=0, atol=0, msg=n)
+    # per backward, per layer: its items (attention, gate, up) let go; gate / up's storages expired (not offloaded)
+    n = len(model.model.layers)
+    expected = []
+    for keeps in [True, False] if retain else [False]:
+        for i in reversed(range(n)):
+            for what, mine in (("mlp", [False, True, True]), ("attention", [True, True, True])):
+                gone = [[True] * 3 if j > i else mine if j == i else [False] * 3 for j in range(n)]
+                expected.append((what, i, [[False] * 3] * n if keeps else gone, [] if to_host else [not keeps] * 2))
+    got = [(what, i, gone, [] if to_host else expired) for what, i, gone, expired in seen]
+    assert got == expected
+
+
 def test_counts_and_fractions_select_the_last_layers():
     """Rule: a count or fraction keeps a kind in the last layers holding it; "mlp" takes precedence over "mlp_in" in a
     layer both select; the handle's options hold the sorted pairs and patching again with them returns the handle."""

@@ -96,7 +96,8 @@ import contextlib
 import contextvars
 import functools
 import math
-from collections.abc import Callable, Collection, Iterator, Mapping
+import weakref
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, cast, get_args
 
@@ -331,23 +332,49 @@ def apply(handle: Any, plan: KeepPlan) -> None:
 
 
 class _Outputs:
-    """One checkpointed call's kept outputs, in call order: appended in the forward, taken in the recompute."""
+    """One checkpointed call's kept outputs, in call order: appended in the forward, taken in the recompute, let go
+    when the backward has passed them."""
 
     def __init__(self, stash: hf_offload.Stash | None, fetch: Fetch) -> None:
-        # (outputs detached or packed by the stash, their requires_grad, the generators after the call if it drew)
-        self.items: list[tuple[Any, Any, _Rng | None]] = []
+        # (outputs detached or packed by the stash, their requires_grad, the generators after the call if it drew);
+        # None once let go
+        self.items: list[tuple[Any, Any, _Rng | None] | None] = []
         self.taken = 0
+        self.recomputed_in = -1  # the graph task (backward) of the last recompute
         self.stash = stash  # the layer's offloaded tensors, where it offloads
         self.fetch = fetch  # the kind of kept module whose output's gradient fetches ahead, or "recompute"
         self.ahead = None if stash is None else _Ahead(stash)
 
-    def fetch_ahead_at_gradient(self, out: Any) -> None:
-        """The backward reaching ``out`` (its first tensor that requires grad) fetches the next layers' copies."""
+    def at_gradient(self, out: Any, i: int, fetch_ahead: bool) -> None:
+        """The backward reaching item ``i``'s output ``out`` (its first tensor that requires grad) lets the item go,
+        and, with ``fetch_ahead``, fetches the next layers' copies (after: the blocks let go serve the copies)."""
         t = next((x for x in tree_leaves(out) if isinstance(x, torch.Tensor) and x.requires_grad), None)
+        if t is not None:
+            t.register_hook(_LetGo(weakref.ref(self), i))
+        if not fetch_ahead:
+            return
         if self.ahead is None or t is None:  # no gradient will reach it: the recompute fetches ahead
             self.fetch = "recompute"
             return
         t.register_hook(self.ahead)
+
+
+class _LetGo:
+    """A kept output's gradient hook: once the gradient reaches it, every use of it in the backward is done, and the
+    layer's hold on it (the GPU block of a layer's gate / up outputs: two thirds of what ``"mlp_in"`` keeps) goes then
+    rather than with the layer's whole backward. Kept where a later backward may recompute again (``retain_graph``)
+    or this backward has not taken it. Weak: the hooks live as long as the graph."""
+
+    def __init__(self, outputs: weakref.ref[_Outputs], i: int) -> None:
+        self.outputs = outputs
+        self.i = i
+
+    def __call__(self, grad: torch.Tensor | None = None) -> None:
+        outputs = self.outputs()
+        if (outputs is not None and outputs.taken > self.i
+                and outputs.recomputed_in == torch._C._current_graph_task_id()
+                and not torch._C._autograd._get_current_graph_task_keep_graph()):
+            outputs.items[self.i] = None
 
 
 class _Ahead:
@@ -368,29 +395,39 @@ class _Ahead:
 _SCOPE: contextvars.ContextVar[tuple[_Outputs, bool] | None] = contextvars.ContextVar("tfcompat_kept", default=None)
 
 
-@contextlib.contextmanager
-def _scope(outputs: _Outputs, recompute: bool) -> Iterator[None]:
-    if recompute:
-        outputs.taken = 0  # a second backward (retain_graph) recomputes again
-        if outputs.stash is not None:
-            outputs.stash.fetch()  # this layer's tensors back
-            ahead = cast(_Ahead, outputs.ahead)  # with the stash
-            ahead.done = False
-            if outputs.fetch == "recompute":
-                ahead()  # and the next layers' of the backward
-    token = _SCOPE.set((outputs, recompute))
-    try:
-        yield
-    finally:
-        _SCOPE.reset(token)
-        if not recompute and outputs.stash is not None:
-            outputs.stash.close()
+class _Scope:
+    """The context of a checkpointed call (``context_fn``'s): around its forward, or around its recompute. Entered
+    again by a second backward under ``retain_graph`` (checkpointing keeps one context per call), so a class: a
+    generator's context enters once."""
+
+    def __init__(self, outputs: _Outputs, recompute: bool) -> None:
+        self.outputs = outputs
+        self.recompute = recompute
+        self.tokens: list[contextvars.Token] = []
+
+    def __enter__(self) -> None:
+        outputs = self.outputs
+        if self.recompute:
+            outputs.taken = 0  # a second backward (retain_graph) recomputes again
+            outputs.recomputed_in = torch._C._current_graph_task_id()
+            if outputs.stash is not None:
+                outputs.stash.fetch()  # this layer's tensors back
+                ahead = cast(_Ahead, outputs.ahead)  # with the stash
+                ahead.done = False
+                if outputs.fetch == "recompute":
+                    ahead()  # and the next layers' of the backward
+        self.tokens.append(_SCOPE.set((outputs, self.recompute)))
+
+    def __exit__(self, *exc: object) -> None:
+        _SCOPE.reset(self.tokens.pop())
+        if not self.recompute and self.outputs.stash is not None:
+            self.outputs.stash.close()
 
 
 def _context_fn(offloader: hf_offload.Offloader | None, to_host: bool, fetch: Fetch
                 ) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
     outputs = _Outputs(None if offloader is None else offloader.stash(to_host), fetch)
-    return _scope(outputs, False), _scope(outputs, True)
+    return _Scope(outputs, False), _Scope(outputs, True)
 
 
 def _with_context(fn: functools.partial, offloader: hf_offload.Offloader | None, to_host: bool, fetch: Fetch
@@ -420,7 +457,7 @@ def _kept_forward(forward: Callable[..., Any], layer: torch.nn.Module, kind: str
         outputs, recompute = scope
         inputs = kept_inputs.Inputs(args, kwargs)  # in both passes: checkpointing drops them, then recomputes them
         if recompute:
-            held, grads, drawn = outputs.items[outputs.taken]
+            held, grads, drawn = cast(tuple, outputs.items[outputs.taken])  # let go only after this backward's take
             outputs.taken += 1
             if drawn is not None:  # the module drew random numbers in the forward: the rest of the layer draws on
                 drawn.restore()  # from where it left them, as in the forward
@@ -432,11 +469,10 @@ def _kept_forward(forward: Callable[..., Any], layer: torch.nn.Module, kind: str
         with torch.autograd.graph.saved_tensors_hooks(inputs.pack(pack), kept_inputs.unpack):
             out = forward(*args, **kwargs)
         after = _Rng.of(args, kwargs)
-        if kind == outputs.fetch:
-            outputs.fetch_ahead_at_gradient(out)
         outputs.items.append((tree_map_only(torch.Tensor, pack, out),
                               tree_map_only(torch.Tensor, lambda t: t.requires_grad, out),
                               None if after == before else after))
+        outputs.at_gradient(out, len(outputs.items) - 1, fetch_ahead=kind == outputs.fetch)
         return out
 
     return kept
