@@ -45,7 +45,10 @@ What a kept module saves of its own input (the projections' input, the normed hi
 layer's recompute produces it again, and the backward takes it from there (`tfcompat.hf.kept_inputs`; a quarter of
 what kept attention held).
 
-Memory: what the kept modules save stays from the forward until the layer's backward. On a 28-layer
+Memory: what the kept modules save stays from the forward until the backward has used it: their saved tensors
+until their own backward, their outputs until the gradient reaches them (a hook lets the layer's hold go then: a
+layer's gate / up outputs, what ``"mlp_in"`` holds, go before their projections' backward, not with the layer's
+whole backward; under ``retain_graph`` they stay for the next backward's recompute). On a 28-layer
 Qwen2.5-7B-shaped step of 19,679 tokens (bench/RESULTS.md section 11): full checkpointing 31 GiB peak, ``"attention"``
 38 GiB (1.04x faster), ``("attention", "mlp")`` 102 GiB (1.22x faster; checkpointing off: 98 GiB, as fast). Per
 layer there (section 13): ``"mlp_in"`` keeps 1.52 GiB and saves 8 ms, ``"mlp"`` 2.35 GiB for the same; the first ~10
@@ -361,8 +364,8 @@ class _Outputs:
 
 class _LetGo:
     """A kept output's gradient hook: once the gradient reaches it, every use of it in the backward is done, and the
-    layer's hold on it (the GPU block of a layer's gate / up outputs: two thirds of what ``"mlp_in"`` keeps) goes then
-    rather than with the layer's whole backward. Kept where a later backward may recompute again (``retain_graph``)
+    layer's hold on it (the GPU block of a gate / up output: what ``"mlp_in"`` holds) goes then rather than with the
+    layer's whole backward. Kept where a later backward may recompute again (``retain_graph``)
     or this backward has not taken it. Weak: the hooks live as long as the graph."""
 
     def __init__(self, outputs: weakref.ref[_Outputs], i: int) -> None:
