@@ -150,6 +150,31 @@ def test_the_next_layers_come_back_ahead_within_the_largest_layer():
     assert back() == [True] * 7
 
 
+def test_a_share_of_the_copies_ahead_comes_back_first_and_the_rest_later():
+    """Rule: ``fetch_ahead(share)`` brings back, of the copies ahead not back yet, those that left first while the
+    bytes before each stay under that share of theirs (whole storages, at least one); a later call brings more, and
+    ``share=1`` the rest (`_Ahead` splits a layer's fetch over its gate and up gradients this way)."""
+    offloader = offload.Offloader(min_bytes=1)
+    stashes, packed = [], []
+    for sizes in ([4], [2, 1, 1], [1]):  # float32 elements per saved tensor, per layer in forward order
+        stash = offloader.stash(True)
+        packed.append([stash.pack(torch.randn(n)) for n in sizes])
+        stash.close()
+        stashes.append(stash)
+
+    def back() -> list[list[bool]]:
+        return [[p.copy.back is not None for p in layer] for layer in packed]
+
+    stashes[2].fetch_ahead(0.5)  # layer 1's 16 bytes ahead (layer 0's would make 32): 8 before the second copy
+    assert back() == [[False], [True, False, False], [False]]
+    stashes[2].fetch_ahead(0.01)  # at least one
+    assert back() == [[False], [True, True, False], [False]]
+    stashes[2].fetch_ahead()
+    assert back() == [[False], [True, True, True], [False]]
+    stashes[1].fetch_ahead(0.5)  # a single storage comes whole
+    assert back() == [[True], [True, True, True], [False]]
+
+
 @pytest.mark.parametrize(("fetch", "keep", "at"), [
     ("recompute", "attention", {}), ("attention", "attention", {0: "attention", 1: "attention", 2: "attention"}),
     ("attention", {"attention": range(2), "mlp_in": 1.0}, {0: "attention", 1: "attention"}),
@@ -168,9 +193,9 @@ def test_where_the_next_layers_copies_start_back(fetch, keep, at, monkeypatch):
     ahead = offload.Stash.fetch_ahead
     stashes: list[offload.Stash] = []
 
-    def logged(stash):
+    def logged(stash, share=1.0):
         log.append(("ahead", stashes.index(stash)))
-        ahead(stash)
+        ahead(stash, share)
 
     def stashed(offloader, offloads, stash=offload.Offloader.stash):
         stashes.append(stash(offloader, offloads))
@@ -194,7 +219,8 @@ def test_where_the_next_layers_copies_start_back(fetch, keep, at, monkeypatch):
     with tfcompat.patch(model, checkpoint_keep=keep, checkpoint_offload=True, checkpoint_fetch=fetch):
         model(**inputs, use_cache=False).logits.sum().backward()
     # the inputs' gradients in backward order: the down projection's, the MLP's (gate / up's), the attention's
-    order = {"recompute": ("ahead", "down", "mlp", "attention"), "mlp_in": ("down", "ahead", "mlp", "attention"),
+    order = {"recompute": ("ahead", "down", "mlp", "attention"),
+             "mlp_in": ("down", "ahead", "ahead", "mlp", "attention"),  # a part at gate's gradient, a part at up's
              "attention": ("down", "mlp", "ahead", "attention")}
     expected = [(what, i) for i in reversed(range(len(layers))) for what in order[at.get(i, "recompute")]]
     assert log == expected

@@ -99,7 +99,6 @@ import contextlib
 import contextvars
 import functools
 import math
-import weakref
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, cast, get_args
@@ -335,96 +334,87 @@ def apply(handle: Any, plan: KeepPlan) -> None:
 
 
 class _Outputs:
-    """One checkpointed call's kept outputs, in call order: appended in the forward, taken in the recompute, let go
-    when the backward has passed them."""
+    """One checkpointed call's kept outputs, in call order: appended in the forward, taken in the recompute."""
 
     def __init__(self, stash: hf_offload.Stash | None, fetch: Fetch) -> None:
-        # (outputs detached or packed by the stash, their requires_grad, the generators after the call if it drew);
-        # None once let go
-        self.items: list[tuple[Any, Any, _Rng | None] | None] = []
+        # (outputs detached or packed by the stash, their requires_grad, the generators after the call if it drew)
+        self.items: list[tuple[Any, Any, _Rng | None]] = []
         self.taken = 0
-        self.recomputed_in = -1  # the graph task (backward) of the last recompute
         self.stash = stash  # the layer's offloaded tensors, where it offloads
         self.fetch = fetch  # the kind of kept module whose output's gradient fetches ahead, or "recompute"
         self.ahead = None if stash is None else _Ahead(stash)
 
-    def at_gradient(self, out: Any, i: int, fetch_ahead: bool) -> None:
-        """The backward reaching item ``i``'s output ``out`` (its first tensor that requires grad) lets the item go,
-        and, with ``fetch_ahead``, fetches the next layers' copies (after: the blocks let go serve the copies)."""
+    def fetch_ahead_at_gradient(self, out: Any) -> None:
+        """The backward reaching ``out`` (its first tensor that requires grad) fetches a part of the next layers'
+        copies."""
         t = next((x for x in tree_leaves(out) if isinstance(x, torch.Tensor) and x.requires_grad), None)
-        if t is not None:
-            t.register_hook(_LetGo(weakref.ref(self), i))
-        if not fetch_ahead:
+        if self.ahead is None or t is None:  # no gradient will reach it
+            if self.ahead is None or not self.ahead.parts:  # nor an earlier output's: the recompute fetches ahead
+                self.fetch = "recompute"
             return
-        if self.ahead is None or t is None:  # no gradient will reach it: the recompute fetches ahead
-            self.fetch = "recompute"
-            return
+        self.ahead.parts += 1
         t.register_hook(self.ahead)
 
 
-class _LetGo:
-    """A kept output's gradient hook: once the gradient reaches it, every use of it in the backward is done, and the
-    layer's hold on it (the GPU block of a gate / up output: what ``"mlp_in"`` holds) goes then rather than with the
-    layer's whole backward. Kept where a later backward may recompute again (``retain_graph``)
-    or this backward has not taken it. Weak: the hooks live as long as the graph."""
-
-    def __init__(self, outputs: weakref.ref[_Outputs], i: int) -> None:
-        self.outputs = outputs
-        self.i = i
-
-    def __call__(self, grad: torch.Tensor | None = None) -> None:
-        outputs = self.outputs()
-        if (outputs is not None and outputs.taken > self.i
-                and outputs.recomputed_in == torch._C._current_graph_task_id()
-                and not torch._C._autograd._get_current_graph_task_keep_graph()):
-            outputs.items[self.i] = None
-
-
 class _Ahead:
-    """One layer's fetch of the next layers' copies: once per backward, at the first gradient hook that fires (of
-    gate's and up's, whichever the backward reaches first). Holds the stash alone: the hooks live as long as the
-    graph, the kept outputs only to the layer's backward."""
+    """One layer's fetch of the next layers' copies at the gradient hooks of its kept outputs of the fetch kind, in
+    as many parts as it has hooks (gate's and up's: two), one per hook as the backward reaches them: the first
+    brings the copies that left first up to about half their bytes, the last the rest. Split, the second part comes
+    back into the blocks the first projection's backward freed (its output's gradient), and the link is as busy (it
+    queues behind the first). Holds the stash alone: the hooks live as long as the graph, the kept outputs only to
+    the layer's recompute."""
 
     def __init__(self, stash: hf_offload.Stash) -> None:
         self.stash = stash
-        self.done = False
+        self.parts = 0  # hooks registered in the forward
+        self.fired = 0  # in this backward
 
     def __call__(self, grad: torch.Tensor | None = None) -> None:
-        if not self.done:
-            self.done = True
-            self.stash.fetch_ahead()
+        left = self.parts - self.fired
+        if left > 0:
+            self.fired += 1
+            self.stash.fetch_ahead(1 / left)
 
 
 _SCOPE: contextvars.ContextVar[tuple[_Outputs, bool] | None] = contextvars.ContextVar("tfcompat_kept", default=None)
 
 
 class _Scope:
-    """The context of a checkpointed call (``context_fn``'s): around its forward, or around its recompute. Entered
-    again by a second backward under ``retain_graph`` (checkpointing keeps one context per call), so a class: a
-    generator's context enters once."""
+    """The context of a checkpointed call (``context_fn``'s): around its forward, or around its recompute. After a
+    recompute it lets the layer's kept outputs go (what the backward still needs of them, the recompute's saved
+    tensors hold), unless the backward keeps the graph (``retain_graph``): a second backward enters it again (a class:
+    a generator's context enters once)."""
 
     def __init__(self, outputs: _Outputs, recompute: bool) -> None:
-        self.outputs = outputs
+        self.outputs: _Outputs | None = outputs
         self.recompute = recompute
         self.tokens: list[contextvars.Token] = []
 
     def __enter__(self) -> None:
         outputs = self.outputs
+        if outputs is None:
+            raise PatchedModelError(
+                "a checkpointed layer was recomputed again after a backward that did not retain its graph",
+                why="the kept module outputs went with that backward's recompute",
+                fix="pass retain_graph=True to every backward but the last through the same graph")
         if self.recompute:
-            outputs.taken = 0  # a second backward (retain_graph) recomputes again
-            outputs.recomputed_in = torch._C._current_graph_task_id()
+            outputs.taken = 0
             if outputs.stash is not None:
                 outputs.stash.fetch()  # this layer's tensors back
                 ahead = cast(_Ahead, outputs.ahead)  # with the stash
-                ahead.done = False
+                ahead.fired = 0
                 if outputs.fetch == "recompute":
-                    ahead()  # and the next layers' of the backward
+                    ahead.stash.fetch_ahead()  # and the next layers' of the backward
         self.tokens.append(_SCOPE.set((outputs, self.recompute)))
 
     def __exit__(self, *exc: object) -> None:
         _SCOPE.reset(self.tokens.pop())
-        if not self.recompute and self.outputs.stash is not None:
-            self.outputs.stash.close()
+        outputs = cast(_Outputs, self.outputs)
+        if not self.recompute:
+            if outputs.stash is not None:
+                outputs.stash.close()
+        elif not torch._C._autograd._get_current_graph_task_keep_graph():  # outside a backward: True
+            self.outputs = None
 
 
 def _context_fn(offloader: hf_offload.Offloader | None, to_host: bool, fetch: Fetch
@@ -460,7 +450,7 @@ def _kept_forward(forward: Callable[..., Any], layer: torch.nn.Module, kind: str
         outputs, recompute = scope
         inputs = kept_inputs.Inputs(args, kwargs)  # in both passes: checkpointing drops them, then recomputes them
         if recompute:
-            held, grads, drawn = cast(tuple, outputs.items[outputs.taken])  # let go only after this backward's take
+            held, grads, drawn = outputs.items[outputs.taken]
             outputs.taken += 1
             if drawn is not None:  # the module drew random numbers in the forward: the rest of the layer draws on
                 drawn.restore()  # from where it left them, as in the forward
@@ -472,10 +462,11 @@ def _kept_forward(forward: Callable[..., Any], layer: torch.nn.Module, kind: str
         with torch.autograd.graph.saved_tensors_hooks(inputs.pack(pack), kept_inputs.unpack):
             out = forward(*args, **kwargs)
         after = _Rng.of(args, kwargs)
+        if kind == outputs.fetch:
+            outputs.fetch_ahead_at_gradient(out)
         outputs.items.append((tree_map_only(torch.Tensor, pack, out),
                               tree_map_only(torch.Tensor, lambda t: t.requires_grad, out),
                               None if after == before else after))
-        outputs.at_gradient(out, len(outputs.items) - 1, fetch_ahead=kind == outputs.fetch)
         return out
 
     return kept

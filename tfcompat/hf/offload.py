@@ -53,6 +53,7 @@ class _Copy:
     device. ``saved``: the copy to the host is done; ``ready``: the copy back is."""
 
     host: torch.Tensor | None
+    nbytes: int
     device: torch.device
     streams: tuple[torch.cuda.Stream, torch.cuda.Stream] | None  # (to the host, back); None on CPU
     saved: torch.cuda.Event | None
@@ -159,7 +160,7 @@ class Stash:
     def _save(self, src: torch.Tensor) -> _Copy:
         self.nbytes += src.numel()
         if src.device.type != "cuda":
-            return _Copy(src.clone(), src.device, None, None)
+            return _Copy(src.clone(), src.numel(), src.device, None, None)
         streams = self._offloader.streams(src.device)
         host = torch.empty(src.numel(), dtype=torch.uint8, pin_memory=True)
         out = streams[0]
@@ -169,7 +170,7 @@ class Stash:
         src.record_stream(out)  # the block is not reused before the copy is done
         saved = torch.cuda.Event()
         saved.record(out)
-        return _Copy(host, src.device, streams, saved)
+        return _Copy(host, src.numel(), src.device, streams, saved)
 
     def close(self) -> None:
         """The forward of the layer is done: its blocks are the allocator's once copied."""
@@ -177,25 +178,39 @@ class Stash:
 
     def fetch(self) -> None:
         """Copy this layer's storages back (those not fetched ahead yet)."""
-        self._fetch()
+        _fetch_each_device(self._pending())
 
-    def fetch_ahead(self) -> None:
+    def fetch_ahead(self, share: float = 1.0) -> None:
         """Copy back those of the layers next in the backward: the next that offloads, and more while the bytes
-        ahead stay within the largest layer's."""
-        ahead, largest = 0, self._offloader.largest()
+        ahead stay within the largest layer's. ``share`` < 1: of their copies not back yet, only the first to have
+        left (whole storages, at least one) while the bytes before each stay under that share of theirs; a later
+        call brings more."""
+        ahead, largest, pending = 0, self._offloader.largest(), []
         for stash in self._offloader.before(self):
             if not stash.nbytes:
                 continue
             if ahead and ahead + stash.nbytes > largest:
                 break
             ahead += stash.nbytes
-            stash._fetch()
+            pending += stash._pending()
+        limit, before = share * sum(c.nbytes for c in pending), 0
+        for i, c in enumerate(pending):
+            if i and before >= limit:
+                pending = pending[:i]
+                break
+            before += c.nbytes
+        _fetch_each_device(pending)
 
-    def _fetch(self) -> None:
+    def _pending(self) -> list[_Copy]:
+        """This layer's copies not fetched yet, in the order they left (and the list pruned to them)."""
         copies = [c for r in self._copies if (c := r()) is not None and c.back is None]
-        self._copies = []
-        for device in dict.fromkeys(c.device for c in copies):  # one layer is on one device, as a rule
-            _fetch([c for c in copies if c.device == device])
+        self._copies = [weakref.ref(c) for c in copies]
+        return copies
+
+
+def _fetch_each_device(copies: list[_Copy]) -> None:
+    for device in dict.fromkeys(c.device for c in copies):  # one layer is on one device, as a rule
+        _fetch([c for c in copies if c.device == device])
 
 
 class Offloader:
