@@ -45,10 +45,10 @@ What a kept module saves of its own input (the projections' input, the normed hi
 layer's recompute produces it again, and the backward takes it from there (`tfcompat.hf.kept_inputs`; a quarter of
 what kept attention held).
 
-Memory: what the kept modules save stays from the forward until the backward has used it: their saved tensors
-until their own backward, their outputs until the gradient reaches them (a hook lets the layer's hold go then: a
-layer's gate / up outputs, what ``"mlp_in"`` holds, go before their projections' backward, not with the layer's
-whole backward; under ``retain_graph`` they stay for the next backward's recompute). On a 28-layer
+Memory: what the kept modules save stays from the forward until the layer's backward: their saved tensors until
+their own backward, their outputs until the recompute has taken them (then the recompute's saved tensors hold what
+the backward still needs: a layer's gate / up outputs go with the activation's backward; under ``retain_graph``
+the layer holds them for the next backward's recompute). On a 28-layer
 Qwen2.5-7B-shaped step of 19,679 tokens (bench/RESULTS.md section 11): full checkpointing 31 GiB peak, ``"attention"``
 38 GiB (1.04x faster), ``("attention", "mlp")`` 102 GiB (1.22x faster; checkpointing off: 98 GiB, as fast). Per
 layer there (section 13): ``"mlp_in"`` keeps 1.52 GiB and saves 8 ms, ``"mlp"`` 2.35 GiB for the same; the first ~10
@@ -74,9 +74,12 @@ copies out (section 19).
 
 Where the copies start back (``patch(checkpoint_fetch=...)``): ``"recompute"`` (default) fetches the next layers'
 copies when a layer's recompute starts: they have the layer's whole backward to arrive, and are held through it.
-``"mlp_in"`` fetches them when the gradient reaches the layer's kept gate / up outputs (a hook on them from the
+``"mlp_in"`` fetches them when the gradient reaches the layer's kept gate / up outputs (hooks on them from the
 forward): after the activation's and the down projection's backward, the layer's peak under ``fused`` SwiGLU, and
-before gate / up's and the attention's, which must then cover the copies. ``"attention"`` fetches them when the
+before gate / up's and the attention's, which must then cover the copies; in two parts, one per projection: those
+that left first up to about half the bytes before the first projection's backward, the rest before the second's,
+into the blocks of the first's output gradient, freed by then (the second part queues behind the first on the
+link, so it arrives as early as fetched whole). ``"attention"`` fetches them when the
 gradient reaches the layer's kept attention output: after the whole MLP's backward, before the attention's alone. A
 layer not keeping a module of that kind fetches at its recompute; in a parallel block (attention and MLP side by
 side) the gradient reaches both at once. Later costs time where the rest of the backward is shorter than the
@@ -126,7 +129,8 @@ first)."""
 Fetch = Literal["recompute", "mlp_in", "attention"]
 """``checkpoint_fetch``: where in a layer's backward the offloaded copies of the layers next in the backward start
 back: when its recompute starts, or when the gradient reaches its kept module of that kind (``"mlp_in"``: the MLP's
-activation and down projection done; ``"attention"``: the whole MLP done)."""
+activation and down projection done, half before each of gate / up's backward; ``"attention"``: the whole MLP
+done)."""
 _MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe")
 _MLP_IN_NAMES = ("gate_proj", "up_proj", "gate_up_proj")
 _FIX = "pass e.g. checkpoint_keep='attention', ('attention', 'mlp') or {'attention': 1.0, 'mlp': 8, 'mlp_in': 1.0}"

@@ -6,8 +6,9 @@ the chosen layers are copied to pinned host memory as they are saved, on a side 
 stream (an event, not the host); their GPU blocks are freed once the copy is done (the caching allocator's
 ``record_stream``), so the compute stream never waits for the copy. When a layer's recompute starts, its tensors
 (`Stash.fetch`) and those of the next layers of the backward (`Stash.fetch_ahead`; with ``checkpoint_fetch=
-"mlp_in"`` or ``"attention"`` later, when the gradient reaches the layer's kept module of that kind) are copied
-back on a second side stream, and the backward waits for them on an event. Ahead goes at least the next offloading
+"mlp_in"`` or ``"attention"`` later, when the gradient reaches the layer's kept module of that kind, in as many
+parts as it has such outputs) are copied back on a second side stream, and the backward waits for them on an
+event. Ahead goes at least the next offloading
 layer, and more while the bytes ahead stay within the largest layer's: the link stays busy through layers that
 offload little (a light layer's backward is the time a heavy one's copy needs), and the memory held ahead is at
 most one layer's, as with one layer ahead. No host sync in the forward or the backward. The bytes come back as they

@@ -169,8 +169,9 @@ def patch(
     checkpoint_fetch: where in a layer's backward the next layers' offloaded copies start back: ``"recompute"``
         (default: when its recompute starts; the copies have the whole layer's backward to arrive), ``"mlp_in"``
         (when the gradient reaches its kept gate / up outputs: not held through the activation's and down
-        projection's backward) or ``"attention"`` (at its kept attention's output: not held through the MLP's
-        backward); later holds them for less of the backward and leaves them less time: for long sequences.
+        projection's backward; half before each projection's backward) or ``"attention"`` (at its kept
+        attention's output: not held through the MLP's backward); later holds them for less of the backward and
+        leaves them less time: for long sequences.
     vision_attention: the vision (or audio) towers that split their patches at boundaries (``cu_seqlens``: per
         image, or per window) run their attention as one varlen call per block on ``backend``, rather than one
         call per image or window after a host sync (`tfcompat.hf.vision_attention`; transformers 5.x's Qwen2-VL,
