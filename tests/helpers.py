@@ -1,11 +1,15 @@
 """Test helpers: one assert_close with explicit tolerances, per-token comparison of packed outputs, and the tests'
-own packing of `tfcompat.selfcheck.Sequence` samples (`pack`, `packed_inputs`)."""
+own packing of `tfcompat.selfcheck.Sequence` samples (`pack`, `packed_inputs`), and a CPU model of the memory a
+step holds (`LiveBytes`)."""
 
 from __future__ import annotations
 
 from typing import Any, cast
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import tfcompat
 from tfcompat.selfcheck import Sequence
@@ -72,3 +76,25 @@ def packed_inputs(model: torch.nn.Module, seqs: list[Sequence]) -> dict[str, Any
     vision = {k: inputs.pop(k) for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")}
     embedded = tfcompat.embed_inputs(model, inputs.pop("input_ids"), **vision)
     return {**inputs, **embedded.model_inputs()}
+
+
+class LiveBytes(TorchDispatchMode):
+    """The bytes of the storages alive, after each op run under it, as a CPU model of a GPU's allocated memory
+    without its caching (every storage an op returns, counted until it is freed); ``peaks``: the most, per phase
+    (``phase``, set by the caller, e.g. at each layer's backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase: Any = None
+        self.peaks: dict[Any, int] = {}
+        self._live: dict[int, tuple[Any, int]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        self._live = {k: v for k, v in self._live.items() if not v[0].expired()}  # before: addresses are reused
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
+                s = t.untyped_storage()
+                self._live.setdefault(s.data_ptr(), (StorageWeakRef(s), s.nbytes()))
+        self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), sum(n for _, n in self._live.values()))
+        return out

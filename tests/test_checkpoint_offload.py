@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tfcompat
-from tests.helpers import pack
+from tests.helpers import LiveBytes, pack
 from tfcompat.hf import checkpointing, offload
 from tfcompat.registry.derive import causal_lm_types
 from tfcompat.registry.versions import installed_transformers
@@ -224,6 +224,54 @@ def test_where_the_next_layers_copies_start_back(fetch, keep, at, monkeypatch):
              "attention": ("down", "mlp", "ahead", "attention")}
     expected = [(what, i) for i in reversed(range(len(layers))) for what in order[at.get(i, "recompute")]]
     assert log == expected
+
+
+def test_the_fetch_at_gate_and_up_in_two_parts_holds_less(monkeypatch):
+    """Rule: with ``checkpoint_fetch="mlp_in"`` a layer's backward brings the next layer's copies in two parts, about
+    half at the first of gate's and up's gradients, the rest at the second, once the first projection's backward has
+    freed its output's gradient: each layer's backward that fetches ahead holds at its peak one gate output less than
+    with the whole fetch at the first (the control: the hook fetching all at once), and no more than with the fetch
+    at the recompute. Measured on CPU as the bytes of the storages alive (`LiveBytes`), with the two-node SwiGLU down
+    projection (Liger's ops as torch, its backward in row blocks as at long context on a GPU). Same loss."""
+    from tests.test_fused import _Stub
+    from tfcompat.hf import fused, swiglu_down
+
+    namespace = _Stub().namespace()
+    monkeypatch.setattr(fused, "_liger", lambda: namespace)
+    monkeypatch.setattr(swiglu_down, "BLOCK_ELEMENTS", 2**16)
+    monkeypatch.setattr(offload, "MIN_BYTES", 0)
+    dims = dict(num_hidden_layers=4, hidden_size=64, intermediate_size=512, num_attention_heads=4,
+                num_key_value_heads=2)
+    lengths = [300, 200, 500]
+
+    def peaks(fetch: str) -> tuple[float, dict]:
+        model = tiny_model("qwen2", "sdpa", **dims).train()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        inputs = pack(model, sample_sequences(model, lengths, [None] * 3, seed=4))
+        live = LiveBytes()
+        for i, layer in enumerate(model.model.layers):
+            layer.register_full_backward_pre_hook(lambda m, g, i=i: setattr(live, "phase", i))
+        with tfcompat.patch(model, checkpoint_keep=("attention", "mlp_in"), checkpoint_offload=3,
+                            checkpoint_fetch=fetch, fused=("swiglu",)), live:
+            loss = model(**inputs, use_cache=False).logits.float().square().mean()
+            loss.backward()
+        return float(loss.detach()), live.peaks
+
+    loss, split = peaks("mlp_in")
+    at_recompute = peaks("recompute")[1]
+    whole = checkpointing._Ahead.__call__
+
+    def at_once(self, grad=None):
+        self.fired = self.parts - 1
+        whole(self, grad)
+
+    monkeypatch.setattr(checkpointing._Ahead, "__call__", at_once)
+    loss_whole, at_first = peaks("mlp_in")
+    one = sum(lengths) * dims["intermediate_size"] * 4  # a gate output, float32
+    assert loss == loss_whole
+    for i in (3, 2, 1):  # the layers that fetch ahead (layer 0 has none after it)
+        assert split[i] <= at_first[i] - one, (i, split, at_first)
+        assert split[i] <= at_recompute[i], (i, split, at_recompute)
 
 
 @pytest.mark.parametrize("fetch", ["recompute", "mlp_in", "attention"])
