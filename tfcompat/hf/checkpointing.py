@@ -79,7 +79,7 @@ forward): after the activation's and the down projection's backward, the layer's
 before gate / up's and the attention's, which must then cover the copies; in two parts, one per projection: those
 that left first up to about half the bytes before the first projection's backward, the rest before the second's,
 into the blocks of the first's output gradient, freed by then (the second part queues behind the first on the
-link, so it arrives as early as fetched whole). ``"attention"`` fetches them when the
+link; bench/RESULTS.md section 23). ``"attention"`` fetches them when the
 gradient reaches the layer's kept attention output: after the whole MLP's backward, before the attention's alone. A
 layer not keeping a module of that kind fetches at its recompute; in a parallel block (attention and MLP side by
 side) the gradient reaches both at once. Later costs time where the rest of the backward is shorter than the
@@ -364,8 +364,8 @@ class _Ahead:
     """One layer's fetch of the next layers' copies at the gradient hooks of its kept outputs of the fetch kind, in
     as many parts as it has hooks (gate's and up's: two), one per hook as the backward reaches them: the first
     brings the copies that left first up to about half their bytes, the last the rest. Split, the second part comes
-    back into the blocks the first projection's backward freed (its output's gradient), and the link is as busy (it
-    queues behind the first). Holds the stash alone: the hooks live as long as the graph, the kept outputs only to
+    back into the blocks the first projection's backward freed (its output's gradient), and queues behind the first
+    on the link. Holds the stash alone: the hooks live as long as the graph, the kept outputs only to
     the layer's recompute."""
 
     def __init__(self, stash: hf_offload.Stash) -> None:
