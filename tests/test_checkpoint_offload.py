@@ -278,7 +278,7 @@ def test_the_fetch_at_gate_and_up_in_two_parts_holds_less(monkeypatch):
 def test_a_layers_kept_outputs_are_freed_with_its_backward(fetch, monkeypatch):
     """Rule: what a layer keeps (its outputs and their copies brought back) is released when its backward is done,
     not held to the end of the step by the graph: when the gradient reaches the embedding, no layer's is alive
-    (the fetch hooks on the kept outputs, which live as long as the graph, hold them weakly)."""
+    (the fetch hooks on the kept outputs, which live as long as the graph, hold the layer's stash alone)."""
     monkeypatch.setattr(offload, "MIN_BYTES", 0)
     model = _model("qwen2")
     inputs = pack(model, sample_sequences(model, LENGTHS, [None] * 3, seed=4))
