@@ -4,6 +4,7 @@ step holds (`LiveBytes`)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, cast
 
 import torch
@@ -98,3 +99,19 @@ class LiveBytes(TorchDispatchMode):
                 self._live.setdefault(s.data_ptr(), (StorageWeakRef(s), s.nbytes()))
         self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), sum(n for _, n in self._live.values()))
         return out
+
+
+def record_kept_outputs(monkeypatch: Any) -> list[weakref.ref]:
+    """Weak references to every `tfcompat.hf.checkpointing._Outputs` made from now on (one per checkpointed layer
+    call keeping modules), in the order made: whether a layer's kept outputs are still held."""
+    from tfcompat.hf import checkpointing
+
+    made: list[weakref.ref] = []
+    init = checkpointing._Outputs.__init__
+
+    def recorded(self: Any, *args: Any) -> None:
+        init(self, *args)
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(checkpointing._Outputs, "__init__", recorded)
+    return made

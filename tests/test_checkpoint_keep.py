@@ -8,14 +8,13 @@ backward (counted).
 from __future__ import annotations
 
 import copy
-import weakref
 
 import pytest
 import torch
 import transformers
 
 import tfcompat
-from tests.helpers import pack
+from tests.helpers import pack, record_kept_outputs
 from tfcompat.errors import PatchedModelError
 from tfcompat.hf import attention as hf_attention
 from tfcompat.hf import checkpointing, kept_inputs, offload
@@ -366,14 +365,7 @@ def test_kept_outputs_go_with_the_recompute_unless_the_graph_is_retained(to_host
     monkeypatch.setattr(offload, "MIN_BYTES", 0)
     model = _model("qwen2")
     inputs = pack(model, sample_sequences(model, LENGTHS, [None] * 3, seed=4))
-    made: list[weakref.ref] = []
-    init = checkpointing._Outputs.__init__
-
-    def recorded(self, *args):
-        init(self, *args)
-        made.append(weakref.ref(self))
-
-    monkeypatch.setattr(checkpointing._Outputs, "__init__", recorded)
+    made = record_kept_outputs(monkeypatch)
     seen: list[tuple[int, list[bool], list[bool]]] = []
     storages: dict[int, list[StorageWeakRef]] = {}
 

@@ -8,13 +8,11 @@ a control corrupts the copies and must change them (the gradients do come from t
 
 from __future__ import annotations
 
-import weakref
-
 import pytest
 import torch
 
 import tfcompat
-from tests.helpers import LiveBytes, pack
+from tests.helpers import LiveBytes, pack, record_kept_outputs
 from tfcompat.hf import checkpointing, offload
 from tfcompat.registry.derive import causal_lm_types
 from tfcompat.registry.versions import installed_transformers
@@ -282,14 +280,7 @@ def test_a_layers_kept_outputs_are_freed_with_its_backward(fetch, monkeypatch):
     monkeypatch.setattr(offload, "MIN_BYTES", 0)
     model = _model("qwen2")
     inputs = pack(model, sample_sequences(model, LENGTHS, [None] * 3, seed=4))
-    made: list[weakref.ref] = []
-    init = checkpointing._Outputs.__init__
-
-    def recorded(self, *args):
-        init(self, *args)
-        made.append(weakref.ref(self))
-
-    monkeypatch.setattr(checkpointing._Outputs, "__init__", recorded)
+    made = record_kept_outputs(monkeypatch)
     alive: list[int] = []
     embed = model.get_input_embeddings()
     embed.register_forward_hook(lambda m, a, out: out.register_hook(
