@@ -1,17 +1,16 @@
-# sourced on the device from the repo root: FA4 + liger-kernel from carried wheels into /tmp/fa4site (once per
-# machine). FA4's cu13 libs (the 92 MB nvidia-cutlass-dsl-libs-cu13 wheel's two .so files, stubs dropped) travel as
+# sourced on the device from the repo root: FA4 + liger-kernel from carried wheels (.h28/w*/) into /tmp/fa4site (each
+# wheel once per machine, so they may come over two calls). FA4's cu13 libs (the 92 MB nvidia-cutlass-dsl-libs-cu13 wheel's two .so files, stubs dropped) travel as
 # two xz tars: .h28/p1/ir.tar.xz (the MLIR module, 50 MB) in call 1, .h28/p2/rt.tar.xz (the runtime) in call 2 on
 # the same warm machine. Without the runtime, liger-kernel alone.
 SITE=/tmp/fa4site
-if [ ! -f $SITE/.wheels ]; then
-  python3 -c "
-import glob, zipfile
-ws = sorted(glob.glob('.h28/whl/*.whl'))
+python3 -c "
+import glob, os, zipfile
+ws = [w for w in sorted(glob.glob('.h28/w*/*.whl')) if not os.path.exists('$SITE/.' + os.path.basename(w))]
 for w in ws:
     zipfile.ZipFile(w).extractall('$SITE')
+    open('$SITE/.' + os.path.basename(w), 'w').close()
 print('unzipped', len(ws), 'wheels')
-" && touch $SITE/.wheels
-fi
+"
 [ -f .h28/p1/ir.tar.xz ] && [ ! -f $SITE/.ir ] && tar xJf .h28/p1/ir.tar.xz -C $SITE && touch $SITE/.ir
 [ -f .h28/p2/rt.tar.xz ] && [ ! -f $SITE/.rt ] && tar xJf .h28/p2/rt.tar.xz -C $SITE && touch $SITE/.rt
 # flash_attn.cute raises RuntimeError at import without the runtime: hidden until it is there
