@@ -108,3 +108,21 @@ def test_the_doctor_names_a_type_the_proof_refuses_or_leaves_unproven(monkeypatc
     assert "proof of qwen3_moe: unproven: no tiny copy builds" in out and "proof of mistral: refused" in out
     md = cli.markdown(cli.doctor(["mistral", "qwen3_moe"]))
     assert "(0 of the 1 that patch); not: `qwen3_moe` (unproven: no tiny copy builds)" in md
+
+
+def test_the_doctor_says_where_fla_refuses_its_gated_backward(monkeypatch, capsys):
+    """Rule: fla installed but refused by its own guard (Hopper, Triton 3.4 to 3.7.0, no tilelang) is named with the
+    fix, since linear_backend="auto" then silently takes the slower torch path."""
+    from tfcompat.core import _linear_kernels
+
+    reason = "fla refuses its gated chunk backward on Hopper with Triton >= 3.4, < 3.7.1 (fla issue #640)"
+    monkeypatch.setattr(_linear_kernels, "fla_rule", lambda: object())
+    monkeypatch.setattr(_linear_kernels, "fla_rule_refusal", lambda: reason)
+    monkeypatch.setattr(cli, "families", lambda: {"llama": families()["llama"]})
+    assert main(["doctor", "--types", "none"]) == 0
+    out = capsys.readouterr().out
+    assert f"(not used: {reason}; install tilelang or Triton >= 3.7.1)" in out
+    monkeypatch.setattr(_linear_kernels, "fla_rule", lambda: None)
+    assert main(["doctor", "--json", "--types", "none"]) == 0
+    assert json.loads(capsys.readouterr().out)["flash_linear_attention_refused"] is None
+

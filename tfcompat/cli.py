@@ -41,6 +41,8 @@ def doctor(types: str | Sequence[str] = "all") -> dict[str, Any]:
         "flash_attn": _version("flash-attn") or _version("flash_attn"),
         # the Gated DeltaNet kernels linear_backend="auto" takes on CUDA where installed (else tfcompat's torch path)
         "flash_linear_attention": _version("flash-linear-attention") or _version("fla-core"),
+        # why fla's own guard refuses its gated backward here (then "auto" takes the torch path), or None
+        "flash_linear_attention_refused": _fla_refusal(),
         "causal_conv1d": _version("causal-conv1d") or _version("causal_conv1d"),
         "families": [],
     }
@@ -119,11 +121,19 @@ def _module_present(module: str) -> bool:
         return False
 
 
+def _fla_refusal() -> str | None:
+    from .core import _linear_kernels
+
+    return _linear_kernels.fla_rule_refusal() if _linear_kernels.fla_rule() is not None else None
+
+
 def _print(report: dict[str, Any]) -> None:
+    fla = report["flash_linear_attention"] or "not installed"
+    if report["flash_linear_attention_refused"]:
+        fla += f" (not used: {report['flash_linear_attention_refused']}; install tilelang or Triton >= 3.7.1)"
     print(f"tfcompat {report['tfcompat']}  python {report['python']}  torch {report['torch']}  "
           f"transformers {report['transformers']}  flash-attn {report['flash_attn'] or 'not installed'}  "
-          f"flash-linear-attention {report['flash_linear_attention'] or 'not installed'}  "
-          f"causal-conv1d {report['causal_conv1d'] or 'not installed'}")
+          f"flash-linear-attention {fla}  causal-conv1d {report['causal_conv1d'] or 'not installed'}")
     for row in report["families"]:
         mark = "FAIL" if not row["ok"] else "ok  " if row["status"] == "resolved" else "n/a "
         if row["status"] == "resolved":
