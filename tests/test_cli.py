@@ -125,4 +125,3 @@ def test_the_doctor_says_where_fla_refuses_its_gated_backward(monkeypatch, capsy
     monkeypatch.setattr(_linear_kernels, "fla_rule", lambda: None)
     assert main(["doctor", "--json", "--types", "none"]) == 0
     assert json.loads(capsys.readouterr().out)["flash_linear_attention_refused"] is None
-
