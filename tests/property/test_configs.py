@@ -34,11 +34,14 @@ pytestmark = [pytest.mark.broad, pytest.mark.sweep, pytest.mark.usefixtures("one
 SETTINGS = settings(max_examples=8, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 
-# a broad set: dense, windowed, layer-type patterns, softcaps, sinks, experts, MLA, q/k norms, partial rotary
+# a broad set: dense, windowed, layer-type patterns, softcaps, sinks, experts, MLA, q/k norms, partial rotary, and
+# layers run per sequence
 TYPES = [
     "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "cohere", "cohere2", "gpt_oss", "mixtral",
     "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "olmo2", "olmo3", "phimoe", "starcoder2", "granite",
     "granitemoe", "exaone4", "ministral", "glm4", "smollm3", "dots1",
+    # decoder layers run per sequence (`tfcompat.hf.mixers`) on the rope their text model computes for the row
+    "falcon", "deepseek_v32", "glm_moe_dsa", "axk2",
 ]  # not gemma4_text: every drawn config fails its own config round trip (per-layer head_dim), so no example runs;
 # tests/test_derived.py and tests/test_mask_rules.py check Gemma 4 packed against stock in float32 and float64
 CI_REFERENCES = {"llama", "mistral"}

@@ -35,7 +35,7 @@ from ..errors import InvalidInputError, PatchedModelError
 from ..inputs.vision_inputs import check_vision_inputs
 from ..registry import Resolved
 from ..registry.records import TextModelLayout
-from .rope_lengths import LengthRule, check_lengths, length_rules
+from .rope_lengths import LengthRule, check_lengths, rules_of
 
 __all__ = ["CACHE_ARGS", "Router", "to_text_model_layout"]
 
@@ -85,19 +85,19 @@ class Router:
     stock: ``(config, implementation before the patch)`` for every config the patch set to ``key``.
     eager: the family module's ``eager_attention_forward`` (the stock function of ``"eager"``).
     vision_config: the config holding the vision placeholder token ids (the top model's), or None.
+    text_configs: the text models' configs, whose rotary embeddings turn the row's positions into frequencies (those
+    of decoder layers run per sequence too, which set no attention key).
     axes: the text model's number of M-RoPE axes (3; HunYuan-VL's XD-RoPE: its config's), the contract's rows
     after the text row.
     """
 
     def __init__(self, r: Resolved, key: str, stock: list[tuple[Any, str]], eager: Callable[..., Any] | None,
-                 group: Any, vision_config: Any = None, axes: int = 3) -> None:
+                 group: Any, vision_config: Any = None, text_configs: tuple[Any, ...] = (), axes: int = 3) -> None:
         self.r, self.key, self.stock, self.eager, self.group = r, key, stock, eager, group
         self.vision_config, self.axes = vision_config, axes
         self.context = StockContext(stock[0][1] if stock else "eager", eager)
         # ropes whose frequencies follow the call's longest position (`tfcompat.hf.rope_lengths`)
-        self.rope_rules: set[LengthRule] = set()
-        for config, _ in stock:
-            self.rope_rules |= length_rules(getattr(config, "text_config", None) or config, r.rope_config(config))
+        self.rope_rules: set[LengthRule] = rules_of([c for c, _ in stock] + list(text_configs), r.rope_config)
         # the path the text model's latest forward took (read after it by `tfcompat.hf.pooling`)
         self.last: ForwardContext | StockContext | None = None
         # the path the model given to `tfcompat.patch` decided for the call in progress (its forward may pass the

@@ -254,7 +254,7 @@ def patch(
     router = Router(resolved, hf_attention.ATTENTION_KEY, [(c, c._attn_implementation) for c in plan.configs],
                     getattr(resolved.module, "eager_attention_forward", None), ulysses_group,
                     vision_config=model.config if resolved.spec.is_vision else None,
-                    axes=mrope_axes(resolved, model))
+                    text_configs=tuple(tm.config for tm in plan.text_models), axes=mrope_axes(resolved, model))
     hooks = vision_hooks(vision, resolved, router)
     for config in plan.configs:
         handle._set("config", config, "_attn_implementation", hf_attention.ATTENTION_KEY,

@@ -46,6 +46,7 @@ from ..tiny_models import (
     tiny_config,
     tiny_copy,
 )
+from .rope_lengths import answered_lengths, rules_of
 from .rounding import is_rounding, to_float64
 
 __all__ = ["ENV", "LENGTHS", "REFUSAL", "TOLERANCE", "Proof", "is_wanted", "prove"]
@@ -211,14 +212,18 @@ def _isolated() -> Iterator[None]:
 
 def _variants(tiny: torch.nn.Module, resolved: Resolved, images: bool) -> list[list[dict[str, torch.Tensor]]]:
     """The sequences a proof packs: an encoder-decoder model's (`tfcompat.tiny_models.encoder_decoder_examples`:
-    decoder ids, each with its image), else `sample_examples` of `LENGTHS`: as they are, and where the owner builds its
-    mask from token types, with token types as a prefix-suffix processor returns them (0 over the first half, 1 over
-    the rest; for any owner a layout to mask as stock does) in every example; the first only where the owner masks a
-    row without token types causally (`tfcompat.inputs.token_types`: else packed rows without them are refused)."""
+    decoder ids, each with its image), else `sample_examples` of `LENGTHS` (past the switch of a rope that follows
+    the call's length: `tfcompat.hf.rope_lengths.answered_lengths`): as they are, and where the owner builds its mask
+    from token types, with token types as a prefix-suffix processor returns them (0 over the first half, 1 over the
+    rest; for any owner a layout to mask as stock does) in every example; the first only where the owner masks a row
+    without token types causally (`tfcompat.inputs.token_types`: else packed rows without them are refused)."""
     try:
         if resolved.entry.encoder_decoder is not None:
             return [encoder_decoder_examples(tiny, LENGTHS)]
-        examples = sample_examples(tiny, LENGTHS, images=images)
+        configs = [m.config for m in tiny.modules() if isinstance(m, resolved.text_model_cls)] or [tiny.config]
+        # a length-dependent rope's switch among the lengths would refuse the packed row: lengths it answers
+        examples = sample_examples(tiny, answered_lengths(rules_of(configs, resolved.rope_config), LENGTHS),
+                                   images=images)
     except TinyModelError as exc:
         raise _Unbuildable(_first_line(exc)) from None
     v = resolved.entry.derived_vision

@@ -9,11 +9,12 @@ batch is answered per sequence only where both agree (`check_lengths`), from the
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from ..errors import InvalidInputError
 
-__all__ = ["LengthRule", "check_lengths", "length_rules"]
+__all__ = ["LengthRule", "answered_lengths", "check_lengths", "length_rules", "rules_of"]
 
 
 class LengthRule(NamedTuple):
@@ -42,25 +43,51 @@ def length_rules(config: Any, rope: dict[str, Any]) -> set[LengthRule]:
     return rules
 
 
-def check_lengths(rules: set[LengthRule], lengths: tuple[int, ...], error: Any) -> None:
-    """`InvalidInputError` (built by ``error(cls, what, why=..., fix=...)``) where a sequence of ``lengths`` (those
-    of one forward) would take other rope frequencies alone than in the packed batch."""
+def rules_of(configs: Iterable[Any], rope_config: Callable[[Any], dict[str, Any]]) -> set[LengthRule]:
+    """The length-dependent ropes of ``configs`` (a model's, its text model's), each read by ``rope_config``
+    (`tfcompat.registry.Resolved.rope_config`)."""
+    return {rule for c in configs for rule in length_rules(getattr(c, "text_config", None) or c, rope_config(c))}
+
+
+def answered_lengths(rules: set[LengthRule], lengths: tuple[int, ...]) -> tuple[int, ...]:
+    """``lengths``, or where ``rules`` refuse them packed, lengths they answer: each moved past the largest switch
+    (longrope takes its long factors for all), else as many of one length past it (dynamic scales all alike)."""
+    past = max((rule.original for rule in rules), default=0)
+    moved = tuple(n + past for n in lengths)
+    return next((c for c in (lengths, moved) if _refusal(rules, c) is None), (max(moved),) * len(lengths))
+
+
+def _refusal(rules: set[LengthRule], lengths: tuple[int, ...]) -> tuple[LengthRule, int] | None:
+    """The first rule under which a sequence of ``lengths`` takes other frequencies alone than packed, and the
+    length of such a sequence; None where every sequence takes the same."""
     longest = max(lengths)
     for rule in sorted(rules):
         if longest <= rule.original:
             continue
         if rule.rope_type == "longrope":
             other = next((n for n in lengths if n <= rule.original), None)
-            alone = f"the short factors (at most {rule.original} tokens)"
         else:
             other = next((n for n in lengths if n != longest), None)
-            alone = f"frequencies scaled for its own length (past {rule.original} tokens, scaled per length)"
-        if other is None:
-            continue
-        raise error(
-            InvalidInputError, f"a packed batch whose sequences take other {rule.rope_type} rope frequencies alone",
-            why=f"{rule.rope_type} rope rotates by the longest position of the call: packed, every sequence takes the "
-            f"frequencies of the longest ({longest} tokens); alone, the one of {other} tokens takes {alone}",
-            fix=f"pack sequences of one side of {rule.original} tokens together "
-            f"({'all at most or all past it' if rule.rope_type == 'longrope' else 'all at most it, or of one length'})"
-            ", or run longer ones alone")
+        if other is not None:
+            return rule, other
+    return None
+
+
+def check_lengths(rules: set[LengthRule], lengths: tuple[int, ...], error: Any) -> None:
+    """`InvalidInputError` (built by ``error(cls, what, why=..., fix=...)``) where a sequence of ``lengths`` (those
+    of one forward) would take other rope frequencies alone than in the packed batch."""
+    found = _refusal(rules, lengths)
+    if found is None:
+        return
+    (rule, other), longest = found, max(lengths)
+    if rule.rope_type == "longrope":
+        alone = f"the short factors (at most {rule.original} tokens)"
+    else:
+        alone = f"frequencies scaled for its own length (past {rule.original} tokens, scaled per length)"
+    raise error(
+        InvalidInputError, f"a packed batch whose sequences take other {rule.rope_type} rope frequencies alone",
+        why=f"{rule.rope_type} rope rotates by the longest position of the call: packed, every sequence takes the "
+        f"frequencies of the longest ({longest} tokens); alone, the one of {other} tokens takes {alone}",
+        fix=f"pack sequences of one side of {rule.original} tokens together "
+        f"({'all at most or all past it' if rule.rope_type == 'longrope' else 'all at most it, or of one length'})"
+        ", or run longer ones alone")
