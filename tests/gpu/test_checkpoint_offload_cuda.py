@@ -134,10 +134,9 @@ def test_offload_adds_no_host_sync(setup, fetch):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "on an H100 the peak was 0.0059 GiB lower, not half a gate output (0.0156; bench/RESULTS.md section 24). The "
-    "likely cause: record_stream on the fetched blocks keeps the one Liger writes gate's gradient over until the "
-    "side stream's later copies are done, past the second part's fetch. bench/results/2026-12-06-parts/"
-    "fetch_owner_stream.patch drops record_stream there; not yet run on a GPU"))
+    "on an H100 and an H200 the peak was 0.0059 GiB lower, not half a gate output (0.0156; bench/RESULTS.md sections "
+    "24, 25). Not record_stream on the fetched blocks: without it (bench/results/2026-12-06-parts/"
+    "fetch_owner_stream.patch) the H200 gave the same peaks, here and in the long-context step; cause not found"))
 def test_the_fetch_at_gate_and_up_in_two_parts_lowers_the_peak(setup, monkeypatch):
     """Rule: with ``checkpoint_fetch="mlp_in"`` a layer's backward brings the next layer's copies in two parts, about
     half at the first of gate's and up's gradients, the rest at the second, after the first projection's backward
