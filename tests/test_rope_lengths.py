@@ -61,8 +61,8 @@ def test_answers_packed_rows_of_one_side_per_sequence(rope_type, lengths, model_
 @pytest.mark.parametrize("model_type", ["llama", "falcon"])
 @pytest.mark.parametrize("via", ["raw", "pack"])
 @pytest.mark.parametrize(("rope_type", "lengths", "alone"), [
-    ("longrope", (5, 12), "the one of 5 tokens takes the short factors"),
-    ("dynamic", (12, 10), "the one of 10 tokens takes frequencies scaled for its own length")])
+    ("longrope", (5, 12), "the one of 5 takes the short factors"),
+    ("dynamic", (12, 10), "the one of 10 takes frequencies scaled for its own length")])
 @torch.no_grad()
 def test_refuses_packed_rows_whose_sequences_rotate_otherwise_alone(rope_type, lengths, alone, via, model_type,
                                                                     monkeypatch):
@@ -80,8 +80,8 @@ def test_refuses_packed_rows_whose_sequences_rotate_otherwise_alone(rope_type, l
         m.setattr(forward, "check_lengths", lambda *args: None)
         assert compare(handle.model(**raw, use_cache=False).logits[0], expected) > 1e-4
     with tfcompat.patch(model), pytest.raises(tfcompat.InvalidInputError, match=(
-            rf"(?s)other {rope_type} rope frequencies alone.*family: {model_type}.*longest \({max(lengths)} tokens\); "
-            rf"alone, {alone}.*fix: pack sequences of one side of {ORIGINAL} tokens")):
+            rf"(?s)other {rope_type} rope frequencies alone.*family: {model_type}.*longest \({max(lengths)} positions\); "
+            rf"alone, {alone}.*fix: pack sequences of one side of {ORIGINAL} positions")):
         model(**inputs, use_cache=False)
 
 

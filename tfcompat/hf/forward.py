@@ -35,7 +35,7 @@ from ..errors import InvalidInputError, PatchedModelError
 from ..inputs.vision_inputs import check_vision_inputs
 from ..registry import Resolved
 from ..registry.records import TextModelLayout
-from .rope_lengths import LengthRule, check_lengths, rules_of
+from .rope_lengths import LengthRule, check_lengths, rules_of, seen_lengths
 
 __all__ = ["CACHE_ARGS", "Router", "to_text_model_layout"]
 
@@ -97,7 +97,7 @@ class Router:
         self.vision_config, self.axes = vision_config, axes
         self.context = StockContext(stock[0][1] if stock else "eager", eager)
         # ropes whose frequencies follow the call's longest position (`tfcompat.hf.rope_lengths`)
-        self.rope_rules: set[LengthRule] = rules_of([c for c, _ in stock] + list(text_configs), r.rope_config)
+        self.rope_rules: set[LengthRule] = rules_of([c for c, _ in stock] + list(text_configs), r)
         # the path the text model's latest forward took (read after it by `tfcompat.hf.pooling`)
         self.last: ForwardContext | StockContext | None = None
         # the path the model given to `tfcompat.patch` decided for the call in progress (its forward may pass the
@@ -123,11 +123,16 @@ class Router:
                                fix="build one row of position ids per row of tokens")
         return positions
 
-    def check_rope_lengths(self, seqs: PackedSeqs) -> None:
+    def check_rope_lengths(self, seqs: PackedSeqs, rows: torch.Tensor | None = None, offset: int = 0) -> None:
         """`InvalidInputError` where a length-dependent rope would rotate a sequence of ``seqs`` otherwise packed
-        than alone (`tfcompat.hf.rope_lengths`); from the host lengths, no sync."""
-        if self.rope_rules:
-            check_lengths(self.rope_rules, seqs.lengths, self.r.error)
+        than alone (`tfcompat.hf.rope_lengths`). The rope switches on the largest position + 1 it is given: each
+        sequence's length plus ``offset`` (where its owner numbers positions from ``offset``, PaliGemma's 1) from
+        the host, no sync; over M-RoPE ``rows`` ``(A, B, L)``, which an image keeps below the token count, their
+        largest per sequence (one sync per forward, for such a rope only)."""
+        if not self.rope_rules:
+            return
+        lengths = seqs.lengths if rows is None else seen_lengths(rows, seqs)
+        check_lengths(self.rope_rules, tuple(n + offset for n in lengths), self.r.error)
 
     def check_key(self) -> None:
         """`PatchedModelError` when a config no longer names tfcompat's key (``set_attn_implementation`` after

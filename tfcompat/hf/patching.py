@@ -744,7 +744,7 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
                           fix="pass position_ids: tfcompat.rope_index(model, ids, ...) per sequence, concatenated on "
                           "dim -1")
         positions = router.positions(a["position_ids"], tokens)  # the split `decide` made, where it made one
-        router.check_rope_lengths(ctx.seqs)
+        rows = positions.mrope if a["position_ids"].ndim == 3 else None  # given M-RoPE rows, which the rope reads
         if ctx.group is not group:
             raise r.error(InvalidInputError, "the shard's group is not the group the model was patched with",
                           why=f"patched with {_describe(group)}, inputs sharded over {_describe(ctx.group)}",
@@ -767,6 +767,7 @@ def _packed_text_forward(original: Callable[..., Any], r: Resolved, backend: Bac
             a["position_ids"] = own(tokens, ctx.seqs)
         if offset:  # where the owner starts a sequence's row given none (PaliGemma's 1-indexed positions)
             a["position_ids"] = a["position_ids"] + offset
+        router.check_rope_lengths(ctx.seqs, rows, offset)
         mask = a.get("attention_mask")
         # ctx.mask: a 4-D mask `Router.decide` found equal to the boundaries' block-diagonal causal mask
         if mask is not None and mask is not ctx.mask and not (isinstance(mask, torch.Tensor)

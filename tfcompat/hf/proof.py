@@ -46,7 +46,7 @@ from ..tiny_models import (
     tiny_config,
     tiny_copy,
 )
-from .rope_lengths import answered_lengths, rules_of
+from .rope_lengths import ALONE, answered_lengths, rules_of
 from .rounding import is_rounding, to_float64
 
 __all__ = ["ENV", "LENGTHS", "REFUSAL", "TOLERANCE", "Proof", "is_wanted", "prove"]
@@ -154,6 +154,10 @@ def _outcome(model: torch.nn.Module, resolved: Resolved, apply: Apply, own: Any,
             except PatchError as exc:
                 return _wrong(resolved, name, f"the patch of the tiny copy is refused: {_first_line(exc)}")
             diff = _packed_diff(tiny, runs, handle)
+            if isinstance(diff, str) and ALONE in diff:  # sequences that a rope of the call's length rotates
+                # otherwise alone (whose lengths images set): one sequence, repeated
+                runs = [_stock(tiny, examples) for examples in _variants(tiny, resolved, images, alike=True)]
+                diff = _packed_diff(tiny, runs, apply(tiny))
             if isinstance(diff, str):
                 return _wrong(resolved, name, diff)
             if not diff <= TOLERANCE:  # NaN too
@@ -210,20 +214,23 @@ def _isolated() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def _variants(tiny: torch.nn.Module, resolved: Resolved, images: bool) -> list[list[dict[str, torch.Tensor]]]:
+def _variants(tiny: torch.nn.Module, resolved: Resolved, images: bool, alike: bool = False
+              ) -> list[list[dict[str, torch.Tensor]]]:
     """The sequences a proof packs: an encoder-decoder model's (`tfcompat.tiny_models.encoder_decoder_examples`:
     decoder ids, each with its image), else `sample_examples` of `LENGTHS` (past the switch of a rope that follows
     the call's length: `tfcompat.hf.rope_lengths.answered_lengths`): as they are, and where the owner builds its mask
     from token types, with token types as a prefix-suffix processor returns them (0 over the first half, 1 over the
     rest; for any owner a layout to mask as stock does) in every example; the first only where the owner masks a row
-    without token types causally (`tfcompat.inputs.token_types`: else packed rows without them are refused)."""
+    without token types causally (`tfcompat.inputs.token_types`: else packed rows without them are refused).
+    alike: the first sequence of each, repeated."""
     try:
         if resolved.entry.encoder_decoder is not None:
             return [encoder_decoder_examples(tiny, LENGTHS)]
         configs = [m.config for m in tiny.modules() if isinstance(m, resolved.text_model_cls)] or [tiny.config]
         # a length-dependent rope's switch among the lengths would refuse the packed row: lengths it answers
-        examples = sample_examples(tiny, answered_lengths(rules_of(configs, resolved.rope_config), LENGTHS),
+        examples = sample_examples(tiny, answered_lengths(rules_of(configs, resolved), LENGTHS),
                                    images=images)
+        examples = [examples[0]] * len(examples) if alike else examples
     except TinyModelError as exc:
         raise _Unbuildable(_first_line(exc)) from None
     v = resolved.entry.derived_vision

@@ -9,12 +9,21 @@ batch is answered per sequence only where both agree (`check_lengths`), from the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import torch
+
+from ..core.packing import PackedSeqs
 from ..errors import InvalidInputError
 
-__all__ = ["LengthRule", "answered_lengths", "check_lengths", "length_rules", "rules_of"]
+if TYPE_CHECKING:
+    from ..registry import Resolved
+
+__all__ = ["ALONE", "LengthRule", "answered_lengths", "check_lengths", "length_rules", "rules_of", "seen_lengths"]
+
+
+ALONE = "rope frequencies alone"  # how the refusal's first line ends
 
 
 class LengthRule(NamedTuple):
@@ -24,15 +33,21 @@ class LengthRule(NamedTuple):
     original: int
 
 
-def length_rules(config: Any, rope: dict[str, Any]) -> set[LengthRule]:
+def length_rules(config: Any, rope: dict[str, Any], key: str = "rope_parameters") -> set[LengthRule]:
     """The length-dependent ropes of a text ``config`` whose flat rope settings are ``rope``
-    (`tfcompat.registry.rotary.rope_config`; one dict per layer type where the model keeps them so)."""
+    (`tfcompat.registry.rotary.rope_config`; one dict per layer type where the model keeps them so). key: where
+    the release keeps them (`tfcompat.registry.records.Entry.rope_config_key`): a longrope switches at its
+    ``rope_parameters``' original length, or under ``rope_scaling`` (4.x) at the config's own (else at
+    ``max_position_embeddings``), whatever the scaling dict says."""
     per_type = [v for v in rope.values() if isinstance(v, dict)] or [rope]
     rules: set[LengthRule] = set()
     for settings in per_type:
         kind = str(settings.get("rope_type", "default"))
         if "dynamic" in kind:  # transformers' own test of the name
             original = getattr(config, "max_position_embeddings", None)
+        elif kind == "longrope" and key == "rope_scaling":
+            own = hasattr(config, "original_max_position_embeddings")  # transformers' own test
+            original = config.original_max_position_embeddings if own else config.max_position_embeddings
         elif kind == "longrope":
             original = settings.get("original_max_position_embeddings",
                                     getattr(config, "original_max_position_embeddings", None))
@@ -43,10 +58,11 @@ def length_rules(config: Any, rope: dict[str, Any]) -> set[LengthRule]:
     return rules
 
 
-def rules_of(configs: Iterable[Any], rope_config: Callable[[Any], dict[str, Any]]) -> set[LengthRule]:
-    """The length-dependent ropes of ``configs`` (a model's, its text model's), each read by ``rope_config``
-    (`tfcompat.registry.Resolved.rope_config`)."""
-    return {rule for c in configs for rule in length_rules(getattr(c, "text_config", None) or c, rope_config(c))}
+def rules_of(configs: Iterable[Any], r: Resolved) -> set[LengthRule]:
+    """The length-dependent ropes of ``configs`` (a model's, its text model's) on ``r``'s release."""
+    key = r.entry.rope_config_key
+    return {rule for c in configs
+            for rule in length_rules(getattr(c, "text_config", None) or c, r.rope_config(c), key)}
 
 
 def answered_lengths(rules: set[LengthRule], lengths: tuple[int, ...]) -> tuple[int, ...]:
@@ -73,6 +89,18 @@ def _refusal(rules: set[LengthRule], lengths: tuple[int, ...]) -> tuple[LengthRu
     return None
 
 
+def seen_lengths(rows: torch.Tensor, seqs: PackedSeqs) -> tuple[int, ...]:
+    """Per sequence of ``seqs``, the largest of its positions in ``rows`` ``(A, B, L)`` (M-RoPE's ``[t; h; w]``) + 1:
+    the length the rope takes it for alone. One host copy."""
+    flat = rows.reshape(rows.shape[0], -1).amax(0)  # (B L,)
+    if flat.numel() != seqs.total:
+        return seqs.lengths
+    owner = torch.repeat_interleave(torch.arange(len(seqs.lengths), device=flat.device),
+                                    torch.tensor(seqs.lengths, device=flat.device), output_size=seqs.total)
+    top = torch.full((len(seqs.lengths),), -1, dtype=flat.dtype, device=flat.device)
+    return tuple(int(n) + 1 for n in top.scatter_reduce_(0, owner, flat, "amax").tolist())
+
+
 def check_lengths(rules: set[LengthRule], lengths: tuple[int, ...], error: Any) -> None:
     """`InvalidInputError` (built by ``error(cls, what, why=..., fix=...)``) where a sequence of ``lengths`` (those
     of one forward) would take other rope frequencies alone than in the packed batch."""
@@ -81,13 +109,13 @@ def check_lengths(rules: set[LengthRule], lengths: tuple[int, ...], error: Any) 
         return
     (rule, other), longest = found, max(lengths)
     if rule.rope_type == "longrope":
-        alone = f"the short factors (at most {rule.original} tokens)"
+        alone = f"the short factors (at most {rule.original} positions)"
     else:
-        alone = f"frequencies scaled for its own length (past {rule.original} tokens, scaled per length)"
+        alone = f"frequencies scaled for its own length (past {rule.original} positions, scaled per length)"
     raise error(
-        InvalidInputError, f"a packed batch whose sequences take other {rule.rope_type} rope frequencies alone",
+        InvalidInputError, f"a packed batch whose sequences take other {rule.rope_type} {ALONE}",
         why=f"{rule.rope_type} rope rotates by the longest position of the call: packed, every sequence takes the "
-        f"frequencies of the longest ({longest} tokens); alone, the one of {other} tokens takes {alone}",
-        fix=f"pack sequences of one side of {rule.original} tokens together "
+        f"frequencies of the longest ({longest} positions); alone, the one of {other} takes {alone}",
+        fix=f"pack sequences of one side of {rule.original} positions together "
         f"({'all at most or all past it' if rule.rope_type == 'longrope' else 'all at most it, or of one length'})"
         ", or run longer ones alone")

@@ -43,6 +43,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 
 from ..core.context import CONTEXT_KWARG, ForwardContext
+from ..core.position_ids import split_positions
 from ..errors import InvalidInputError, PatchError
 from ..inputs.derived_vision import owner_of
 from ..inputs.token_types import TokenTypeRule, owner_mask, remember, token_type_rule
@@ -240,6 +241,17 @@ class _ImageBlocks:
                 "implementation, rows without padding",
                 fix=f"build the model with attn_implementation='sdpa', or leave {marked[0]} out of packed rows (images "
                 "then attend causally, as stock does without them)")
+        # the stock rotary reads the row's positions: numbered as the owner numbers a sequence given none (1-indexed
+        # PaliGemma), and refused where a length-dependent rope would take another length for one alone
+        offset = self.r.entry.derived_vision.position_offset if self.r.entry.derived_vision is not None else 0
+        positions = kwargs.get("position_ids")
+        rows = None
+        if isinstance(positions, torch.Tensor) and positions.ndim == 3:
+            rows = split_positions(positions, seq_len=positions.shape[-1], family=self.r.family,
+                                   axes=self.router.axes).mrope
+        self.router.check_rope_lengths(ctx.seqs, rows, offset)
+        if offset and isinstance(positions, torch.Tensor):
+            kwargs["position_ids"] = positions + offset
         kwargs[CONTEXT_KWARG] = self.router.context  # an ordinary forward from here down: stock attention and masks
         kwargs["attention_mask"] = None  # all ones (checked): transformers then finds the sequences from positions
         if "use_cache" in kwargs:  # a cache of a packed row serves no later call
