@@ -80,8 +80,8 @@ def test_refuses_packed_rows_whose_sequences_rotate_otherwise_alone(rope_type, l
         m.setattr(forward, "check_lengths", lambda *args: None)
         assert compare(handle.model(**raw, use_cache=False).logits[0], expected) > 1e-4
     with tfcompat.patch(model), pytest.raises(tfcompat.InvalidInputError, match=(
-            rf"(?s)other {rope_type} rope frequencies alone.*family: {model_type}.*longest \({max(lengths)} positions\); "
-            rf"alone, {alone}.*fix: pack sequences of one side of {ORIGINAL} positions")):
+            rf"(?s)other {rope_type} rope frequencies alone.*family: {model_type}.*longest \({max(lengths)} "
+            rf"positions\); alone, {alone}.*fix: pack sequences of one side of {ORIGINAL} positions")):
         model(**inputs, use_cache=False)
 
 
