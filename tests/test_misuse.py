@@ -152,6 +152,10 @@ def test_refuses_bad_group_labels_and_sp_labels():
     run_world(misuse_workers.group_and_labels_checks, 2)
 
 
+def test_refuses_a_rope_of_the_call_length_under_ulysses():
+    run_world(misuse_workers.length_rope_under_ulysses, 2)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_refuses_sliding_layer_types_without_a_window(family):
     """A layer that config.layer_types marks sliding while its attention passes no window (set after the model was

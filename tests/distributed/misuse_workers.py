@@ -33,3 +33,13 @@ def group_and_labels_checks(rank: int, world: int) -> None:
         with pytest.raises(tfcompat.InvalidInputError, match="labels passed to a sequence-parallel forward") as info:
             model(**shard.model_inputs, labels=shard.labels)
         assert "shard.labels" in info.value.fix
+
+
+def length_rope_under_ulysses(rank: int, world: int) -> None:
+    from tests.test_rope_lengths import _model
+
+    model = _model("dynamic")  # each rank's rotary would read its own slice's largest position
+    with pytest.raises(tfcompat.PatchError, match=r"(?s)follow the call's length, under sequence parallelism.*"
+                       r"dynamic rope.*fix: patch without ulysses_group") as info:
+        tfcompat.patch(model, ulysses_group=dist.group.WORLD)
+    assert not tfcompat.is_patched(model), info.value

@@ -65,6 +65,7 @@ from .changes import Record
 from .features import ModuleFeatures, module_features, unsupported
 from .forward import Router, to_text_model_layout
 from .pooling import is_sequence_classifier, pooled_forward, scores_holder
+from .rope_lengths import rules_of
 from .vision import plan_vision, shared_kwargs, vision_hooks
 
 __all__ = ["PatchHandle", "Record", "is_patched", "patch"]
@@ -227,6 +228,15 @@ def patch(
                              fix="patch without ulysses_group")
     plan = _plan(model, resolved, ulysses_group, linear_backend, backend,
                  crossed.decoder if crossed is not None else model)
+    if ulysses_group is not None:
+        lengths = rules_of([*plan.configs, *(tm.config for tm in plan.text_models)], resolved)
+        if lengths:
+            raise resolved.error(
+                PatchError, "a rope whose frequencies follow the call's length, under sequence parallelism",
+                why=f"{', '.join(sorted({rule.rope_type for rule in lengths}))} rope rotates by the largest position "
+                "its text model is given, and under Ulysses each rank's is given its own slice of the row: a rank "
+                "would rotate a sequence with other frequencies than the sequence takes alone",
+                supported="ulysses_group=None with such a rope", fix="patch without ulysses_group")
     vision = plan_vision(model, resolved, plan.text_models, [f[0] for f in plan.features], ulysses_group)
     fused_modules = hf_fused.prepare(model, fused, resolved.family, resolved.transformers_version)
     if any(n for _, n in keep) and plan.mixers.note.startswith(hf_mixers.LAYER_NOTE):
