@@ -9,6 +9,7 @@ stay patched).
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Callable
 from importlib import metadata
@@ -112,12 +113,38 @@ def _image_blocks_of_patch_size(bug: UpstreamBug) -> None:
             model(**image_sequence(model), use_cache=False)
 
 
+def _dynamic_mask_skipped_by_sdpa(bug: UpstreamBug) -> None:
+    """One sequence without padding: the sdpa model and its eager copy (the same weights, the dynamic mask's ``A``
+    drawn, not left at its zero init, where the mask is constant) differ; control: on the same release, the sdpa
+    model given one padded batch of that sequence and a shorter one agrees with eager on the full sequence."""
+    from tests.every_type import sample_sequences
+    from tfcompat.tiny_models import tiny_model
+
+    (model_type,) = _types_of(bug)
+    model = tiny_model(model_type, attn_implementation="sdpa")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".A"):
+                p.normal_()
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    seq = sample_sequences(model.config, lengths=[9], seed=0)[0][None]  # (1, 9)
+    padded = torch.cat([seq, torch.cat([seq[:, :5], torch.zeros_like(seq[:, :4])], -1)])  # (2, 9), right padding
+    mask = torch.tensor([[1] * 9, [1] * 5 + [0] * 4])
+    with torch.no_grad():
+        alone, reference = model(input_ids=seq).logits[0], eager(input_ids=seq).logits[0]
+        batch = model(input_ids=padded, attention_mask=mask).logits[0]
+    assert ((alone - reference).abs().max() / reference.abs().max()) > 1e-2
+    assert ((batch - reference).abs().max() / reference.abs().max()) < 1e-5
+
+
 REAL: dict[str, Callable[[UpstreamBug], None]] = {
     "llama4_moe_scores_misaligned": _moe_scores_misaligned,
     "llama4_pad_token_id_on_composite": _pad_token_id_on_composite,
     "llama4_output_image_outputs": _output_image_outputs,
     "bool_config_field_typed_int": _bool_config_field_typed_int,
     "smolvlm_image_blocks_of_patch_size": _image_blocks_of_patch_size,
+    "doge_dynamic_mask_skipped_by_sdpa": _dynamic_mask_skipped_by_sdpa,
 }
 
 

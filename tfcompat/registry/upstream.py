@@ -79,6 +79,14 @@ UPSTREAM_BUGS: tuple[UpstreamBug, ...] = (
         "by patch_size') wherever an image's token count is not a multiple of the patch size (SmolVLM2-2.2B: 81 "
         "tokens, patch 14), so there is no stock model to match (5.20.0 and 5.21 take the count from the features)",
         fix="use transformers <= 5.20.0 or >= 5.21 for SmolVLM", model_types=("smolvlm",)),
+    UpstreamBug(
+        "doge_dynamic_mask_skipped_by_sdpa", ("transformers.models.doge.modeling_doge",), VersionRange("5.0", "5.18"),
+        what="DogeModel adds its dynamic mask onto the causal mask it builds, but under sdpa (and the other "
+        "implementations that may skip a mask) create_causal_mask returns None for a row without padding, so the "
+        "attention runs causal without the dynamic mask, while eager, a padded batch and a packed row (whose mask is "
+        "materialized) apply it: the stock model of one sequence has two answers (5.18 passes "
+        "allow_is_causal_skip=False)",
+        fix="use transformers 4.54-4.57 or >= 5.18 for Doge"),
 )
 
 
