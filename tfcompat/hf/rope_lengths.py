@@ -4,7 +4,9 @@ transformers' ``dynamic_rope_update`` reads ``max(position_ids) + 1`` of the who
 its frequencies for that length once it passes ``max_position_embeddings``, ``longrope`` switches from its short to
 its long factors once it passes ``original_max_position_embeddings``. Over a packed batch that maximum is the longest
 sequence's, so every sequence is rotated with the longest one's frequencies; alone, each takes its own. A packed
-batch is answered per sequence only where both agree (`check_lengths`), from the host lengths: no sync.
+batch is answered per sequence only where both agree (`check_lengths`): from the host lengths (no sync) where a
+sequence's positions are 0, 1, ..., from its largest M-RoPE position where an image keeps those below its token count
+(`seen_lengths`, one sync per forward). Under Ulysses each rank's rotary reads its own slice: refused at `patch()`.
 """
 
 from __future__ import annotations
