@@ -82,3 +82,12 @@ def test_refuses_packed_image_rows_whose_sequences_rotate_otherwise_alone(model_
     with tfcompat.patch(model, prove=False), pytest.raises(tfcompat.InvalidInputError, match=(
             rf"(?s)other {rope_type} rope frequencies alone.*family: {model_type}.*alone, the one of {seen} ")):
         model(**tfcompat.pack(model, examples).model_inputs, use_cache=False)
+
+
+@pytest.mark.parametrize("rope_type", ["longrope", "dynamic"])
+def test_the_proof_packs_sequences_the_rope_answers_with_images(rope_type):
+    """A switch inside the proof's own rows (images set their lengths): the patch-time proof packs lengths past it,
+    or one sequence repeated, and proves the patch rather than failing it."""
+    model = tiny_model("gemma3", KIND, attn_implementation="sdpa", config=_config("gemma3", rope_type, 8))
+    with tfcompat.patch(model) as handle:
+        assert handle.proof is not None and handle.proof.status == "proven", handle.proof
